@@ -1,0 +1,1 @@
+"""bert-serve's TorchServe handler: decoding -> inference -> pipeline, wired by bert_handler."""

@@ -1,0 +1,109 @@
+"""TorchServe entry point: wires the pure stages of ``handler`` to TorchServe's context.
+
+torch-model-archiver puts this file at the root of the .mar (TorchServe imports it as
+``bert_handler``) and the ``handler`` package beside it, so both import the same modules
+the unit tests do. This module must define exactly one class: TorchServe looks it up.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ts.torch_handler.base_handler import BaseHandler
+
+from handler.errors import ErrorCode, error_body
+from handler.inference import BatchStats, Prediction, classify
+from handler.model import LoadedModel, load_model
+from handler.pipeline import IncomingRequest, run_batch
+from handler.settings import HandlerSettings
+
+logger = logging.getLogger(__name__)
+
+MODEL_SUBDIR = "model"
+SANE_REQUEST_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}")
+JSON_CONTENT_TYPE = "application/json"
+
+
+def header_value(headers: Mapping[str, Any], name: str) -> str | None:
+    """Case-insensitive header lookup; TorchServe keeps the client's spelling."""
+    wanted = name.lower()
+    for key, value in headers.items():
+        if key.lower() == wanted and isinstance(value, str):
+            return value
+    return None
+
+
+def request_id_for(headers: Mapping[str, Any], torchserve_id: str) -> str:
+    """The client's X-Request-ID when it is a sane token, else TorchServe's own UUID."""
+    client_id = (header_value(headers, "X-Request-ID") or "").strip()
+    return client_id if SANE_REQUEST_ID.fullmatch(client_id) else torchserve_id
+
+
+def content_type_for(headers: Mapping[str, Any], fields: Mapping[str, Any]) -> str | None:
+    """The request's Content-Type, else the one TorchServe recorded for the body field."""
+    content_type = header_value(headers, "Content-Type")
+    if content_type is None:
+        for key in ("body", "data"):
+            per_field = headers.get(key)
+            if key in fields and isinstance(per_field, dict):
+                content_type = per_field.get("content-type") or None
+    return content_type
+
+
+def incoming_requests(data: Sequence[Any], context: Any) -> list[IncomingRequest]:
+    requests = []
+    for index, fields in enumerate(data):
+        headers = context.get_all_request_header(index) or {}
+        fields = fields if isinstance(fields, dict) else {}
+        requests.append(
+            IncomingRequest(
+                fields=fields,
+                content_type=content_type_for(headers, fields),
+                request_id=request_id_for(headers, str(context.get_request_id(index))),
+            )
+        )
+    return requests
+
+
+class BertHandler(BaseHandler):  # type: ignore[misc]
+    """Validates each request, classifies the valid ones in batches, answers each by index."""
+
+    def initialize(self, context: Any) -> None:
+        properties = context.system_properties
+        self.settings = HandlerSettings.from_mapping((context.model_yaml_config or {}).get("handler"))
+        model_dir = Path(properties["model_dir"])
+        if (model_dir / MODEL_SUBDIR).is_dir():
+            model_dir = model_dir / MODEL_SUBDIR
+        gpu_id = properties.get("gpu_id")
+        gpu_id = int(gpu_id) if gpu_id is not None and int(gpu_id) >= 0 else None
+        self.loaded: LoadedModel = load_model(model_dir, self.settings, gpu_id)
+        self.initialized = True
+
+    def classify(self, texts: Sequence[str]) -> tuple[list[Prediction], BatchStats]:
+        return classify(self.loaded, texts, self.settings.max_length, self.settings.max_batch_tokens)
+
+    def handle(self, data: Any, context: Any) -> list[str]:
+        batch = list(data or [])
+        try:
+            responses = run_batch(incoming_requests(batch, context), self.classify, self.settings.max_chars)
+            for index, response in enumerate(responses):
+                context.set_response_status(response.status, response.phrase, index)
+                context.set_response_content_type(index, JSON_CONTENT_TYPE)
+            return [response.body for response in responses]
+        except Exception:
+            logger.exception("handle failed for a batch of %d; this is a bug", len(batch))
+            return _internal_errors(batch, context)
+
+
+def _internal_errors(batch: Sequence[Any], context: Any) -> list[str]:
+    bodies = []
+    for index in range(len(batch)):
+        context.set_response_status(500, "Internal Server Error", index)
+        body = error_body(ErrorCode.INTERNAL_ERROR, "the batch failed (server bug)", str(context.get_request_id(index)))
+        bodies.append(json.dumps(body))
+    return bodies

@@ -1,0 +1,154 @@
+"""Stage 1: turn one raw TorchServe request into a valid text or a rejection.
+
+What the worker receives for one request depends on how the client sent it:
+
+- a plain body (``text/plain``, JSON, no Content-Type, ...) arrives as ``{"body": ...}``
+  (``"data"`` on some paths); with ``decode_input_request=false`` in config.properties it
+  is always raw bytes, otherwise TorchServe may hand over a ``str`` or already-parsed JSON;
+- a form or multipart body is decoded by TorchServe's frontend into named fields; a bare
+  form body without ``name=value`` pairs (what ``curl -d "some text"`` sends) arrives as
+  no field at all, so the text is gone before the handler runs.
+
+Nothing here raises for bad input: every outcome is a value.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from handler.errors import ErrorCode
+
+BODY_KEYS = ("body", "data")
+TEXT_FIELD = "text"
+FORM_MEDIA_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
+
+
+@dataclass(frozen=True)
+class ValidText:
+    text: str
+
+
+@dataclass(frozen=True)
+class Rejected:
+    code: ErrorCode
+    message: str
+
+
+Decoded = ValidText | Rejected
+
+
+def media_type(content_type: str | None) -> str:
+    """``"Application/JSON; charset=utf-8"`` -> ``"application/json"``; None -> ``""``."""
+    return (content_type or "").split(";", 1)[0].strip().lower()
+
+
+def is_json(media: str) -> bool:
+    return media == "application/json" or media.endswith("+json")
+
+
+def decode_request(fields: Mapping[str, Any], content_type: str | None, max_chars: int) -> Decoded:
+    """Find the text of one request and validate it."""
+    media = media_type(content_type)
+    for key in BODY_KEYS:
+        if key in fields:
+            return decode_body(fields[key], media, max_chars)
+    if TEXT_FIELD in fields:
+        return _checked_text(fields[TEXT_FIELD], max_chars)
+    return Rejected(ErrorCode.MISSING_FIELD, _missing_text_message(media, sorted(fields)))
+
+
+def decode_body(body: Any, media: str, max_chars: int) -> Decoded:
+    """A whole request body: JSON when the Content-Type says so, else UTF-8 text."""
+    if isinstance(body, bytes | bytearray):
+        if not is_json(media):
+            return _checked_text(body, max_chars)
+        text = _utf8(body)
+        if isinstance(text, Rejected):
+            return text
+        try:
+            body = json.loads(text)
+        except (ValueError, RecursionError) as error:
+            return Rejected(ErrorCode.INVALID_JSON, f"the body is not valid JSON: {_short(error)}")
+        return _text_from_json(body, max_chars)
+    if isinstance(body, str) and not is_json(media):
+        return _checked_text(body, max_chars)
+    return _text_from_json(body, max_chars)
+
+
+def _text_from_json(document: Any, max_chars: int) -> Decoded:
+    if not isinstance(document, dict):
+        return Rejected(
+            ErrorCode.INVALID_TYPE,
+            f'the JSON body must be an object like {{"text": "..."}}, '
+            f"got {_json_type(document)}",
+        )
+    if TEXT_FIELD not in document:
+        return Rejected(ErrorCode.MISSING_FIELD, 'the JSON object has no "text" field')
+    text = document[TEXT_FIELD]
+    if not isinstance(text, str):
+        return Rejected(
+            ErrorCode.INVALID_TYPE, f'"text" must be a string, got {_json_type(text)}'
+        )
+    return validate_text(text, max_chars)
+
+
+def _checked_text(value: Any, max_chars: int) -> Decoded:
+    """A form field or raw body: bytes are decoded as strict UTF-8."""
+    if isinstance(value, bytes | bytearray):
+        decoded = _utf8(value)
+        if isinstance(decoded, Rejected):
+            return decoded
+        value = decoded
+    if not isinstance(value, str):
+        return Rejected(ErrorCode.INVALID_TYPE, f"the text must be a string, got {_json_type(value)}")
+    return validate_text(value, max_chars)
+
+
+def validate_text(text: str, max_chars: int) -> Decoded:
+    if len(text) > max_chars:
+        return Rejected(
+            ErrorCode.PAYLOAD_TOO_LARGE,
+            f"text has {len(text):,} characters; the limit is {max_chars:,}",
+        )
+    if not text.strip():
+        return Rejected(ErrorCode.EMPTY_TEXT, "text is empty or only white space")
+    return ValidText(text)
+
+
+def _utf8(raw: bytes | bytearray) -> str | Rejected:
+    try:
+        return bytes(raw).decode("utf-8")
+    except UnicodeDecodeError as error:
+        return Rejected(
+            ErrorCode.INVALID_ENCODING,
+            f"the body is not valid UTF-8: byte 0x{raw[error.start]:02x} at offset {error.start}",
+        )
+
+
+def _missing_text_message(media: str, field_names: list[str]) -> str:
+    if media in FORM_MEDIA_TYPES:
+        return (
+            f'the form has no "text" field (fields: {field_names[:10]}). TorchServe decodes '
+            f"{media} bodies into fields and drops a bare text, which is what `curl -d` "
+            "sends; send the text as a field (curl --data-urlencode 'text=...'), as "
+            "Content-Type: text/plain, or as JSON {\"text\": \"...\"}"
+        )
+    return 'the request has no body and no "text" field'
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    kinds = ((bool, "a boolean"), (dict, "an object"), (list, "an array"), (str, "a string"))
+    for kind, name in (*kinds, (int | float, "a number")):
+        if isinstance(value, kind):
+            return name
+    return type(value).__name__
+
+
+def _short(error: Exception, limit: int = 120) -> str:
+    message = str(error)
+    return message if len(message) <= limit else message[: limit - 3] + "..."

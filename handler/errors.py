@@ -1,0 +1,43 @@
+"""The one table of per-item errors: code, HTTP status, reason phrase.
+
+    code               status  when
+    empty_text         400     the text is empty or only white space
+    missing_field      400     a JSON object without a "text" field
+    invalid_type       400     "text" is not a string, or the JSON body is not an object
+    invalid_json       400     Content-Type is JSON but the body does not parse
+    invalid_encoding   400     the body is not valid UTF-8
+    payload_too_large  413     the text has more characters than max_chars
+    internal_error     500     the model failed on this batch; a bug or a resource problem
+
+Every error answers the same body shape, built by ``error_body``.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+
+class ErrorCode(StrEnum):
+    EMPTY_TEXT = "empty_text"
+    MISSING_FIELD = "missing_field"
+    INVALID_TYPE = "invalid_type"
+    INVALID_JSON = "invalid_json"
+    INVALID_ENCODING = "invalid_encoding"
+    PAYLOAD_TOO_LARGE = "payload_too_large"
+    INTERNAL_ERROR = "internal_error"
+
+
+HTTP_STATUS: dict[ErrorCode, tuple[int, str]] = {
+    ErrorCode.EMPTY_TEXT: (400, "Bad Request"),
+    ErrorCode.MISSING_FIELD: (400, "Bad Request"),
+    ErrorCode.INVALID_TYPE: (400, "Bad Request"),
+    ErrorCode.INVALID_JSON: (400, "Bad Request"),
+    ErrorCode.INVALID_ENCODING: (400, "Bad Request"),
+    ErrorCode.PAYLOAD_TOO_LARGE: (413, "Payload Too Large"),
+    ErrorCode.INTERNAL_ERROR: (500, "Internal Server Error"),
+}
+
+
+def error_body(code: ErrorCode, message: str, request_id: str) -> dict[str, Any]:
+    return {"error": {"code": code.value, "message": message}, "request_id": request_id}

@@ -1,0 +1,63 @@
+"""Loading the classifier once per worker: weights from safetensors only, a fast tokenizer."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+from handler.settings import HandlerSettings
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    model: Any
+    tokenizer: Any
+    labels: tuple[str, ...]
+    device: torch.device
+
+
+def select_device(preference: str, gpu_id: int | None) -> torch.device:
+    """The GPU TorchServe assigned to this worker when there is one, else the CPU."""
+    cuda_ready = gpu_id is not None and torch.cuda.is_available()
+    if preference == "cuda" and not cuda_ready:
+        raise ValueError("device is 'cuda' but TorchServe assigned no GPU or CUDA is unavailable")
+    if preference == "cpu" or not cuda_ready:
+        return torch.device("cpu")
+    return torch.device("cuda", gpu_id)
+
+
+def label_names(id2label: dict[int, str], num_labels: int, override: tuple[str, ...]) -> tuple[str, ...]:
+    """Labels by class index, from the settings when given, else from the model config."""
+    labels = override or tuple(id2label[index] for index in range(num_labels))
+    if len(labels) != num_labels:
+        raise ValueError(f"{len(labels)} labels configured but the model has {num_labels} classes")
+    return labels
+
+
+def load_model(model_dir: Path, settings: HandlerSettings, gpu_id: int | None) -> LoadedModel:
+    device = select_device(settings.device, gpu_id)
+    if settings.torch_threads:
+        torch.set_num_threads(settings.torch_threads)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    if not tokenizer.is_fast:
+        raise ValueError(f"{model_dir} has no fast tokenizer (tokenizer.json); one is required")
+    model = AutoModelForSequenceClassification.from_pretrained(
+        model_dir, local_files_only=True, use_safetensors=True
+    )
+    model.to(device).eval()
+    positions = getattr(model.config, "max_position_embeddings", settings.max_length)
+    if settings.max_length > positions:
+        raise ValueError(f"max_length {settings.max_length} exceeds the model's {positions} positions")
+    labels = label_names(model.config.id2label, model.config.num_labels, settings.labels)
+    logger.info(
+        "loaded %s on %s: labels=%s max_length=%d torch_threads=%d",
+        model.config.model_type, device, list(labels), settings.max_length, torch.get_num_threads(),
+    )
+    return LoadedModel(model=model, tokenizer=tokenizer, labels=labels, device=device)

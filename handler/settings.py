@@ -1,0 +1,83 @@
+"""Handler settings: one frozen object, built once at worker start from the model config.
+
+The source is the ``handler:`` section of ``config/model-config.yaml``, which
+torch-model-archiver packs into the .mar and TorchServe hands to the worker as
+``context.model_yaml_config["handler"]``. Batch size, batch delay and workers are not
+handler settings: they live in ``config/config.properties`` only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+DEVICE_CHOICES = ("auto", "cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class HandlerSettings:
+    """Limits and choices of the handler; every field has a safe default."""
+
+    max_length: int = 128
+    """Tokens per text, special tokens included; longer texts are truncated."""
+    max_chars: int = 10_000
+    """Characters per text; longer texts are rejected before tokenization (413)."""
+    max_batch_tokens: int = 4096
+    """Padded tokens (rows x longest row) per forward pass; larger batches are split."""
+    device: str = "auto"
+    """``auto`` takes the GPU TorchServe assigned when there is one, else the CPU."""
+    torch_threads: int = 0
+    """Intra-op threads per worker; 0 keeps torch's default."""
+    labels: tuple[str, ...] = ()
+    """Label names by class index; empty means ``id2label`` of the model config."""
+
+    def __post_init__(self) -> None:
+        _require(self.max_length >= 8, f"max_length must be at least 8, got {self.max_length}")
+        _require(self.max_chars >= 1, f"max_chars must be at least 1, got {self.max_chars}")
+        _require(
+            self.max_batch_tokens >= self.max_length,
+            f"max_batch_tokens ({self.max_batch_tokens}) must be at least "
+            f"max_length ({self.max_length}), or a long text could never run",
+        )
+        _require(
+            self.device in DEVICE_CHOICES,
+            f"device must be one of {DEVICE_CHOICES}, got {self.device!r}",
+        )
+        _require(self.torch_threads >= 0, f"torch_threads must be >= 0, got {self.torch_threads}")
+        _require(
+            len(set(self.labels)) == len(self.labels),
+            f"labels must be unique, got {list(self.labels)}",
+        )
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any] | None) -> HandlerSettings:
+        """Build settings from the yaml section, rejecting unknown keys and wrong types."""
+        raw = dict(raw or {})
+        known = {field.name: field for field in fields(cls)}
+        unknown = sorted(set(raw) - set(known))
+        _require(not unknown, f"unknown handler settings {unknown}; known: {sorted(known)}")
+        values: dict[str, Any] = {}
+        for name, value in raw.items():
+            default = getattr(cls, name)
+            if isinstance(default, tuple):
+                _require(
+                    isinstance(value, list | tuple) and all(isinstance(v, str) for v in value),
+                    f"{name} must be a list of strings, got {value!r}",
+                )
+                values[name] = tuple(value)
+            elif isinstance(default, int):
+                _require(
+                    isinstance(value, int) and not isinstance(value, bool),
+                    f"{name} must be an integer, got {value!r}",
+                )
+                values[name] = value
+            else:
+                _require(isinstance(value, str), f"{name} must be a string, got {value!r}")
+                values[name] = value
+        return cls(**values)
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
