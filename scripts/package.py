@@ -26,8 +26,7 @@ MODEL_CONFIG = ROOT / "config" / "model-config.yaml"
 MODEL_NAME = "bert"
 MODEL_VERSION = "1.0"
 PICKLED_SUFFIXES = {".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".h5", ".msgpack"}
-BATCH_KEYS = {"batchSize", "maxBatchDelay", "minWorkers", "maxWorkers", "responseTimeout",
-              "parallelLevel", "deviceType", "deviceIds"}
+BATCH_KEYS = {"batchSize", "maxBatchDelay", "minWorkers", "maxWorkers"}
 
 
 def check_model_dir(model_dir: Path) -> None:

@@ -167,6 +167,38 @@ def start(state_dir: Path, overrides: dict[str, str] | None = None, ready_timeou
     return server
 
 
+def start_or_reuse(state_dir: Path) -> Server:
+    """Idempotent start: keep a running instance unless the .mar changed since it started."""
+    if (state_dir / "config.properties").is_file():
+        server = server_for(state_dir)
+        pid = server.pid()
+        if pid is not None:
+            started = (server.tmp_dir / ".model_server.pid").stat().st_mtime
+            archive = Path(server.properties["model_store"]) / f"{MODEL_NAME}.mar"
+            if archive.stat().st_mtime <= started:
+                print(f"TorchServe already runs from {state_dir} (pid {pid}) with the current {archive.name}")
+                return server
+            print(f"{archive.name} changed since TorchServe started: restarting")
+            stop(server)
+    return start(state_dir)
+
+
+def curl_example(server: Server) -> str:
+    """Copy-paste commands; the token is read from the key file, never printed."""
+    ctl = os.path.relpath(__file__)
+    state = os.path.relpath(server.state_dir)
+    python = os.path.relpath(sys.executable) if sys.executable.startswith(str(ROOT)) else sys.executable
+    token = f'TOKEN=$({python} {ctl} key --state-dir {state})' if server.key("inference") else "TOKEN="
+    return (
+        "Try it:\n"
+        f"  {token}\n"
+        f'  curl -H "Authorization: Bearer $TOKEN" -H "Content-Type: text/plain" \\\n'
+        f'       --data "An absolute delight from start to finish." {server.inference_url}/predictions/{MODEL_NAME}\n'
+        f'  curl -H "Authorization: Bearer $TOKEN" -H "Content-Type: application/json" \\\n'
+        f"""       --data '{{"text": "A tedious, joyless mess."}}' {server.inference_url}/predictions/{MODEL_NAME}"""
+    )
+
+
 def wait_ready(server: Server, timeout: float) -> None:
     """Poll /ping and the workers until READY, failing fast if the frontend died."""
     deadline = time.monotonic() + timeout
@@ -204,15 +236,16 @@ def stop(server: Server, timeout: float = 60) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["start", "stop", "status", "key"])
+    parser.add_argument("command", choices=["start", "stop", "status", "key", "url"])
     parser.add_argument("kind", nargs="?", default="inference", help="with key: inference, management or API")
     parser.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR)
     args = parser.parse_args()
     state_dir = args.state_dir.resolve()
     try:
         if args.command == "start":
-            server = start(state_dir)
+            server = start_or_reuse(state_dir)
             print(f"TorchServe is ready on {server.inference_url} (pid {server.pid()}, state in {state_dir})")
+            print(curl_example(server))
             return 0
         if args.command == "stop" and not (state_dir / "config.properties").is_file():
             print("TorchServe is not running")
@@ -225,6 +258,8 @@ def main() -> int:
             pid = server.pid()
             print(f"running, pid {pid}, {server.inference_url}" if pid else "not running")
             return 0 if pid else 1
+        elif args.command == "url":
+            print(server.inference_url)
         else:
             print(server.key(args.kind) or "")
     except ServerError as error:

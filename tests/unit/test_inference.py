@@ -1,0 +1,105 @@
+"""Tokenize, plan, collate and forward, without TorchServe; the real model where answers matter."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from handler.inference import classify, collate, plan_sub_batches, tokenize
+from handler.model import label_names, load_model, select_device
+from handler.settings import HandlerSettings
+
+
+@given(st.lists(st.integers(min_value=2, max_value=128), max_size=64), st.integers(min_value=128, max_value=4096))
+def test_plan_covers_every_item_once_within_budget(lengths: list[int], budget: int) -> None:
+    """Every index lands in exactly one group, and each group's padded size fits the budget."""
+    groups = plan_sub_batches(lengths, budget)
+    assert sorted(i for group in groups for i in group) == list(range(len(lengths)))
+    for group in groups:
+        assert len(group) * max(lengths[i] for i in group) <= budget
+
+
+def test_plan_keeps_one_group_when_everything_fits() -> None:
+    """A batch under the budget stays one forward pass."""
+    assert plan_sub_batches([5, 9, 3], 27) == [[2, 0, 1]]
+    assert plan_sub_batches([], 100) == []
+
+
+def test_plan_isolates_a_long_text_from_short_ones() -> None:
+    """One long text no longer makes fifteen short ones pay for its padding."""
+    groups = plan_sub_batches([10] * 15 + [128], 256)
+    assert groups[-1] == [15]
+    assert sum(len(g) for g in groups[:-1]) == 15
+
+
+def test_collate_pads_to_the_longest_row_only() -> None:
+    ids, mask = collate([[1, 2, 3], [4]], pad_id=0)
+    assert ids.tolist() == [[1, 2, 3], [4, 0, 0]]
+    assert mask.tolist() == [[1, 1, 1], [1, 0, 0]]
+
+
+def test_tokenize_flags_truncation(tiny_model_dir: Path) -> None:
+    """Texts over max_length are cut to exactly max_length tokens and flagged."""
+    loaded = load_model(tiny_model_dir, HandlerSettings(), gpu_id=None)
+    items = tokenize(loaded.tokenizer, ["short text", "word " * 300], max_length=16)
+    assert [item.truncated for item in items] == [False, True]
+    assert len(items[1].input_ids) == 16
+    assert items[1].input_ids[-1] == loaded.tokenizer.sep_token_id
+
+
+def test_device_falls_back_to_cpu_without_a_gpu() -> None:
+    """auto takes the assigned GPU only when CUDA is there; cuda without one is a start error."""
+    if torch.cuda.is_available():
+        assert select_device("auto", 0) == torch.device("cuda", 0)
+    else:
+        assert select_device("auto", 0) == torch.device("cpu")
+        with pytest.raises(ValueError, match="cuda"):
+            select_device("cuda", 0)
+    assert select_device("auto", None) == torch.device("cpu")
+    assert select_device("cpu", 0) == torch.device("cpu")
+
+
+def test_label_names_come_from_config_unless_overridden() -> None:
+    assert label_names({0: "neg", 1: "pos"}, 2, ()) == ("neg", "pos")
+    assert label_names({0: "LABEL_0", 1: "LABEL_1"}, 2, ("bad", "good")) == ("bad", "good")
+    with pytest.raises(ValueError, match="3 labels"):
+        label_names({0: "a", 1: "b"}, 2, ("a", "b", "c"))
+
+
+@pytest.fixture(scope="module")
+def real_model(real_model_dir: Path):
+    return load_model(real_model_dir, HandlerSettings(), gpu_id=None)
+
+
+@pytest.mark.parametrize(
+    ("text", "label"),
+    [
+        ("An absolute delight from start to finish.", "positive"),
+        ("A tedious, joyless mess.", "negative"),
+        ("I would happily stay at this hotel again, the staff were wonderful.", "positive"),
+        ("The battery died within a week and support never answered my emails.", "negative"),
+    ],
+)
+def test_real_model_classifies_held_out_sentences(real_model, text: str, label: str) -> None:
+    """The packaged model really classifies sentences it never saw in training."""
+    predictions, _ = classify(real_model, [text], max_length=128, max_batch_tokens=4096)
+    assert predictions[0].label == label
+    assert predictions[0].score > 0.5
+
+
+def test_real_model_scores_do_not_depend_on_batch_mates(real_model) -> None:
+    """Alone, in one padded batch, or in length groups: the same probabilities within 1e-4."""
+    texts = ["Fine.", "It was okay, I guess, though the ending felt rushed and the middle sagged.",
+             "Brilliant! " * 40, "Not for me.", "The service was slow but the food made up for it."]
+    alone = [classify(real_model, [t], 128, 4096)[0][0].scores for t in texts]
+    together, stats = classify(real_model, texts, 128, 4096)
+    grouped, grouped_stats = classify(real_model, texts, 128, 128)
+    assert len(stats.sub_batches) == 1 and len(grouped_stats.sub_batches) > 1
+    for single, batched, split in zip(alone, together, grouped, strict=True):
+        for label, probability in single.items():
+            assert batched.scores[label] == pytest.approx(probability, abs=1e-4)
+            assert split.scores[label] == pytest.approx(probability, abs=1e-4)

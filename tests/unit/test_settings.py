@@ -1,0 +1,153 @@
+"""Unit tests for handler.settings: defaults, validation, and the repository's own config."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from handler.settings import HandlerSettings
+
+MODEL_CONFIG = Path(__file__).resolve().parents[2] / "config" / "model-config.yaml"
+BATCH_KEYS = ("batchSize", "maxBatchDelay", "minWorkers", "maxWorkers")
+
+
+def test_defaults() -> None:
+    """The documented defaults are the safe ones the handler relies on."""
+    settings = HandlerSettings()
+    assert settings.max_length == 128
+    assert settings.max_chars == 10_000
+    assert settings.max_batch_tokens == 4096
+    assert settings.device == "auto"
+    assert settings.torch_threads == 0
+    assert settings.labels == ()
+
+
+@pytest.mark.parametrize("raw", [None, {}])
+def test_from_mapping_empty_gives_defaults(raw: dict[str, Any] | None) -> None:
+    """A missing or empty handler section means all defaults."""
+    assert HandlerSettings.from_mapping(raw) == HandlerSettings()
+
+
+def test_from_mapping_reads_every_field() -> None:
+    """Every known key is read and typed."""
+    settings = HandlerSettings.from_mapping(
+        {
+            "max_length": 64,
+            "max_chars": 500,
+            "max_batch_tokens": 64,
+            "device": "cpu",
+            "torch_threads": 2,
+            "labels": ["negative", "positive"],
+        }
+    )
+    assert settings == HandlerSettings(64, 500, 64, "cpu", 2, ("negative", "positive"))
+
+
+@pytest.mark.parametrize("labels", [["negative", "positive"], ("negative", "positive")])
+def test_labels_become_a_tuple(labels: Any) -> None:
+    """A yaml list of labels is stored as an immutable tuple."""
+    settings = HandlerSettings.from_mapping({"labels": labels})
+    assert settings.labels == ("negative", "positive")
+    assert isinstance(settings.labels, tuple)
+
+
+@pytest.mark.parametrize("device", ["auto", "cpu", "cuda"])
+def test_valid_devices(device: str) -> None:
+    """auto, cpu and cuda are accepted."""
+    assert HandlerSettings.from_mapping({"device": device}).device == device
+
+
+@pytest.mark.parametrize("key", ["batchSize", "max_lenght", "Max_Length", "labels "])
+def test_unknown_key_is_rejected_by_name(key: str) -> None:
+    """A typo or a TorchServe key in the handler section fails loudly, naming the key."""
+    with pytest.raises(ValueError, match="unknown handler settings") as caught:
+        HandlerSettings.from_mapping({key: 1})
+    assert repr(key) in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        pytest.param("max_length", "128", id="string-for-int"),
+        pytest.param("max_chars", 10.0, id="float-for-int"),
+        pytest.param("max_batch_tokens", None, id="null-for-int"),
+        pytest.param("torch_threads", True, id="bool-for-int"),
+        pytest.param("max_length", False, id="false-for-int"),
+        pytest.param("device", 0, id="int-for-string"),
+        pytest.param("device", None, id="null-for-string"),
+        pytest.param("device", ["cpu"], id="list-for-string"),
+        pytest.param("labels", [0, 1], id="labels-of-ints"),
+        pytest.param("labels", ["a", None], id="labels-with-null"),
+        pytest.param("labels", "positive", id="labels-as-string"),
+        pytest.param("labels", {"0": "a"}, id="labels-as-mapping"),
+        pytest.param("labels", None, id="labels-null"),
+    ],
+)
+def test_wrong_type_is_rejected(key: str, value: Any) -> None:
+    """Each field only takes its own type; the message names the field."""
+    with pytest.raises(ValueError, match=key):
+        HandlerSettings.from_mapping({key: value})
+
+
+@pytest.mark.parametrize(
+    ("raw", "match"),
+    [
+        pytest.param({"max_length": 7}, "max_length must be at least 8", id="max_length-7"),
+        pytest.param({"max_length": 0}, "max_length", id="max_length-0"),
+        pytest.param({"max_chars": 0}, "max_chars must be at least 1", id="max_chars-0"),
+        pytest.param({"max_chars": -5}, "max_chars", id="max_chars-negative"),
+        pytest.param(
+            {"max_length": 256, "max_batch_tokens": 255}, "max_batch_tokens", id="budget-too-small"
+        ),
+        pytest.param({"max_batch_tokens": 127}, "max_batch_tokens", id="budget-below-default"),
+        pytest.param({"device": "gpu"}, "device must be one of", id="device-gpu"),
+        pytest.param({"device": "CPU"}, "device", id="device-upper-case"),
+        pytest.param({"device": "cuda:0"}, "device", id="device-indexed"),
+        pytest.param({"torch_threads": -1}, "torch_threads", id="threads-negative"),
+        pytest.param({"labels": ["a", "b", "a"]}, "labels must be unique", id="duplicate-labels"),
+    ],
+)
+def test_out_of_range_values_are_rejected(raw: dict[str, Any], match: str) -> None:
+    """Values that could never work fail at worker start with a clear message."""
+    with pytest.raises(ValueError, match=match):
+        HandlerSettings.from_mapping(raw)
+
+
+def test_boundary_values_are_accepted() -> None:
+    """The smallest legal values (max_length 8, max_chars 1, budget == max_length) work."""
+    settings = HandlerSettings.from_mapping({"max_length": 8, "max_chars": 1, "max_batch_tokens": 8})
+    assert (settings.max_length, settings.max_chars, settings.max_batch_tokens) == (8, 1, 8)
+
+
+def test_constructor_validates_too() -> None:
+    """Building the dataclass directly runs the same range checks."""
+    with pytest.raises(ValueError, match="max_length"):
+        HandlerSettings(max_length=4)
+
+
+def test_settings_are_frozen() -> None:
+    """Settings cannot be changed after the worker has started."""
+    settings = HandlerSettings()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.max_chars = 1  # type: ignore[misc]
+
+
+def test_repository_model_config_builds_valid_settings() -> None:
+    """config/model-config.yaml's handler section is accepted as it ships."""
+    config = yaml.safe_load(MODEL_CONFIG.read_text(encoding="utf-8"))
+    assert isinstance(config, dict)
+    assert isinstance(config.get("handler"), dict)
+    settings = HandlerSettings.from_mapping(config["handler"])
+    assert settings.max_chars >= 1
+    assert settings.max_batch_tokens >= settings.max_length
+
+
+@pytest.mark.parametrize("key", BATCH_KEYS)
+def test_repository_model_config_has_no_batch_keys(key: str) -> None:
+    """Batch and worker keys belong to config.properties; in the .mar config they would win."""
+    config = yaml.safe_load(MODEL_CONFIG.read_text(encoding="utf-8"))
+    assert key not in config
