@@ -75,7 +75,9 @@ class BertHandler(BaseHandler):  # type: ignore[misc]
 
     def initialize(self, context: Any) -> None:
         properties = context.system_properties
-        self.settings = HandlerSettings.from_mapping((context.model_yaml_config or {}).get("handler"))
+        self.settings = HandlerSettings.from_mapping(
+            (context.model_yaml_config or {}).get("handler")
+        )
         model_dir = Path(properties["model_dir"])
         if (model_dir / MODEL_SUBDIR).is_dir():
             model_dir = model_dir / MODEL_SUBDIR
@@ -85,12 +87,16 @@ class BertHandler(BaseHandler):  # type: ignore[misc]
         self.initialized = True
 
     def classify(self, texts: Sequence[str]) -> tuple[list[Prediction], BatchStats]:
-        return classify(self.loaded, texts, self.settings.max_length, self.settings.max_batch_tokens)
+        return classify(
+            self.loaded, texts, self.settings.max_length, self.settings.max_batch_tokens
+        )
 
     def handle(self, data: Any, context: Any) -> list[str]:
         batch = list(data or [])
         try:
-            responses = run_batch(incoming_requests(batch, context), self.classify, self.settings.max_chars)
+            responses = run_batch(
+                incoming_requests(batch, context), self.classify, self.settings.max_chars
+            )
             for index, response in enumerate(responses):
                 context.set_response_status(response.status, response.phrase, index)
                 context.set_response_content_type(index, JSON_CONTENT_TYPE)
@@ -104,6 +110,10 @@ def _internal_errors(batch: Sequence[Any], context: Any) -> list[str]:
     bodies = []
     for index in range(len(batch)):
         context.set_response_status(500, "Internal Server Error", index)
-        body = error_body(ErrorCode.INTERNAL_ERROR, "the batch failed (server bug)", str(context.get_request_id(index)))
+        body = error_body(
+            ErrorCode.INTERNAL_ERROR,
+            "the batch failed (server bug)",
+            str(context.get_request_id(index)),
+        )
         bodies.append(json.dumps(body))
     return bodies

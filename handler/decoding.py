@@ -82,16 +82,13 @@ def _text_from_json(document: Any, max_chars: int) -> Decoded:
     if not isinstance(document, dict):
         return Rejected(
             ErrorCode.INVALID_TYPE,
-            f'the JSON body must be an object like {{"text": "..."}}, '
-            f"got {_json_type(document)}",
+            f'the JSON body must be an object like {{"text": "..."}}, got {_json_type(document)}',
         )
     if TEXT_FIELD not in document:
         return Rejected(ErrorCode.MISSING_FIELD, 'the JSON object has no "text" field')
     text = document[TEXT_FIELD]
     if not isinstance(text, str):
-        return Rejected(
-            ErrorCode.INVALID_TYPE, f'"text" must be a string, got {_json_type(text)}'
-        )
+        return Rejected(ErrorCode.INVALID_TYPE, f'"text" must be a string, got {_json_type(text)}')
     return validate_text(text, max_chars)
 
 
@@ -103,7 +100,9 @@ def _checked_text(value: Any, max_chars: int) -> Decoded:
             return decoded
         value = decoded
     if not isinstance(value, str):
-        return Rejected(ErrorCode.INVALID_TYPE, f"the text must be a string, got {_json_type(value)}")
+        return Rejected(
+            ErrorCode.INVALID_TYPE, f"the text must be a string, got {_json_type(value)}"
+        )
     return validate_text(value, max_chars)
 
 
@@ -115,6 +114,14 @@ def validate_text(text: str, max_chars: int) -> Decoded:
         )
     if not text.strip():
         return Rejected(ErrorCode.EMPTY_TEXT, "text is empty or only white space")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        return Rejected(
+            ErrorCode.INVALID_ENCODING,
+            f"text has a lone surrogate (U+{ord(text[error.start]):04X}) at character "
+            f"{error.start}, which is not valid Unicode",
+        )
     return ValidText(text)
 
 
@@ -134,7 +141,7 @@ def _missing_text_message(media: str, field_names: list[str]) -> str:
             f'the form has no "text" field (fields: {field_names[:10]}). TorchServe decodes '
             f"{media} bodies into fields and drops a bare text, which is what `curl -d` "
             "sends; send the text as a field (curl --data-urlencode 'text=...'), as "
-            "Content-Type: text/plain, or as JSON {\"text\": \"...\"}"
+            'Content-Type: text/plain, or as JSON {"text": "..."}'
         )
     return 'the request has no body and no "text" field'
 

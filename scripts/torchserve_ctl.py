@@ -32,6 +32,7 @@ BASE_CONFIG = ROOT / "config" / "config.properties"
 DEFAULT_STATE_DIR = ROOT / ".run"
 MODEL_NAME = "bert"
 ADDRESS_KEYS = ("inference_address", "management_address", "metrics_address")
+GRPC_PORT_KEYS = ("grpc_inference_port", "grpc_management_port")
 
 
 class ServerError(RuntimeError):
@@ -63,8 +64,9 @@ def free_port() -> int:
 
 
 def local_port_overrides() -> dict[str, str]:
-    """Three free ports on 127.0.0.1, for a test or benchmark instance."""
-    return {key: f"http://127.0.0.1:{free_port()}" for key in ADDRESS_KEYS}
+    """Free 127.0.0.1 ports for every listener, for a test or benchmark instance."""
+    overrides = {key: f"http://127.0.0.1:{free_port()}" for key in ADDRESS_KEYS}
+    return overrides | {key: str(free_port()) for key in GRPC_PORT_KEYS}
 
 
 @dataclass(frozen=True)
@@ -117,8 +119,11 @@ class Server:
         }
 
     def workers_ready(self) -> bool:
-        response = requests.get(f"{self.management_url}/models/{MODEL_NAME}",
-                                headers=self.headers("management"), timeout=5)
+        response = requests.get(
+            f"{self.management_url}/models/{MODEL_NAME}",
+            headers=self.headers("management"),
+            timeout=5,
+        )
         if response.status_code != 200:
             return False
         workers = response.json()[0].get("workers", [])
@@ -137,7 +142,9 @@ def server_for(state_dir: Path) -> Server:
     return Server(state_dir=state_dir, properties=read_properties(config))
 
 
-def start(state_dir: Path, overrides: dict[str, str] | None = None, ready_timeout: float = 180) -> Server:
+def start(
+    state_dir: Path, overrides: dict[str, str] | None = None, ready_timeout: float = 180
+) -> Server:
     """Start an instance and return once its model's workers are READY."""
     state_dir = state_dir.resolve()
     properties = effective_properties(overrides)
@@ -145,7 +152,9 @@ def start(state_dir: Path, overrides: dict[str, str] | None = None, ready_timeou
     if server.pid() is not None:
         raise ServerError(f"TorchServe already runs from {state_dir} (pid {server.pid()})")
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
-        raise ServerError("Java 17 is required by TorchServe's frontend: install a JDK (apt-get install openjdk-17-jdk-headless)")
+        raise ServerError(
+            "Java 17 is required by TorchServe's frontend: install a JDK (apt-get install openjdk-17-jdk-headless)"
+        )
     store = Path(properties["model_store"])
     for model in filter(None, properties.get("load_models", "").split(",")):
         if not (store / model).is_file():
@@ -156,9 +165,15 @@ def start(state_dir: Path, overrides: dict[str, str] | None = None, ready_timeou
     config = state_dir / "config.properties"
     config.write_text("".join(f"{key}={value}\n" for key, value in properties.items()))
     with (state_dir / "logs" / "console.log").open("ab") as console:
-        subprocess.run([torchserve_command(), "--start", "--ncs", "--ts-config", str(config)],
-                       cwd=state_dir, env=server.environment(), stdout=console, stderr=console,
-                       stdin=subprocess.DEVNULL, check=True)
+        subprocess.run(
+            [torchserve_command(), "--start", "--ncs", "--ts-config", str(config)],
+            cwd=state_dir,
+            env=server.environment(),
+            stdout=console,
+            stderr=console,
+            stdin=subprocess.DEVNULL,
+            check=True,
+        )
     try:
         wait_ready(server, ready_timeout)
     except BaseException:
@@ -176,7 +191,9 @@ def start_or_reuse(state_dir: Path) -> Server:
             started = (server.tmp_dir / ".model_server.pid").stat().st_mtime
             archive = Path(server.properties["model_store"]) / f"{MODEL_NAME}.mar"
             if archive.stat().st_mtime <= started:
-                print(f"TorchServe already runs from {state_dir} (pid {pid}) with the current {archive.name}")
+                print(
+                    f"TorchServe already runs from {state_dir} (pid {pid}) with the current {archive.name}"
+                )
                 return server
             print(f"{archive.name} changed since TorchServe started: restarting")
             stop(server)
@@ -187,8 +204,12 @@ def curl_example(server: Server) -> str:
     """Copy-paste commands; the token is read from the key file, never printed."""
     ctl = os.path.relpath(__file__)
     state = os.path.relpath(server.state_dir)
-    python = os.path.relpath(sys.executable) if sys.executable.startswith(str(ROOT)) else sys.executable
-    token = f'TOKEN=$({python} {ctl} key --state-dir {state})' if server.key("inference") else "TOKEN="
+    python = (
+        os.path.relpath(sys.executable) if sys.executable.startswith(str(ROOT)) else sys.executable
+    )
+    token = (
+        f"TOKEN=$({python} {ctl} key --state-dir {state})" if server.key("inference") else "TOKEN="
+    )
     return (
         "Try it:\n"
         f"  {token}\n"
@@ -213,7 +234,9 @@ def wait_ready(server: Server, timeout: float) -> None:
         except requests.RequestException:
             pass
         time.sleep(0.5)
-    raise ServerError(f"TorchServe was not ready within {timeout:.0f} s; see {server.state_dir / 'logs'}")
+    raise ServerError(
+        f"TorchServe was not ready within {timeout:.0f} s; see {server.state_dir / 'logs'}"
+    )
 
 
 def stop(server: Server, timeout: float = 60) -> None:
@@ -221,9 +244,16 @@ def stop(server: Server, timeout: float = 60) -> None:
     pid = server.pid()
     if pid is None:
         return
-    subprocess.run([torchserve_command(), "--stop", "--foreground"], cwd=server.state_dir,
-                   env=server.environment(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                   stdin=subprocess.DEVNULL, timeout=timeout + 10, check=False)
+    subprocess.run(
+        [torchserve_command(), "--stop", "--foreground"],
+        cwd=server.state_dir,
+        env=server.environment(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+        timeout=timeout + 10,
+        check=False,
+    )
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -235,16 +265,22 @@ def stop(server: Server, timeout: float = 60) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("command", choices=["start", "stop", "status", "key", "url"])
-    parser.add_argument("kind", nargs="?", default="inference", help="with key: inference, management or API")
+    parser.add_argument(
+        "kind", nargs="?", default="inference", help="with key: inference, management or API"
+    )
     parser.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR)
     args = parser.parse_args()
     state_dir = args.state_dir.resolve()
     try:
         if args.command == "start":
             server = start_or_reuse(state_dir)
-            print(f"TorchServe is ready on {server.inference_url} (pid {server.pid()}, state in {state_dir})")
+            print(
+                f"TorchServe is ready on {server.inference_url} (pid {server.pid()}, state in {state_dir})"
+            )
             print(curl_example(server))
             return 0
         if args.command == "stop" and not (state_dir / "config.properties").is_file():

@@ -43,7 +43,9 @@ class Answer:
     body: bytes
 
 
-def make_model_dir(tmp_path: Path, model_dir: Path, handler_settings: dict[str, Any] | None = None) -> Path:
+def make_model_dir(
+    tmp_path: Path, model_dir: Path, handler_settings: dict[str, Any] | None = None
+) -> Path:
     """A folder laid out like an extracted .mar: model/ and model-config.yaml."""
     root = tmp_path / "mar"
     shutil.copytree(model_dir, root / MODEL_SUBDIR)
@@ -54,12 +56,20 @@ def make_model_dir(tmp_path: Path, model_dir: Path, handler_settings: dict[str, 
 
 
 def load_service(mar_dir: Path, batch_size: int = 16) -> tuple[Service, BertHandler]:
-    manifest = {"model": {"modelName": "bert", "configFile": "model-config.yaml", "handler": "bert_handler.py"}}
+    manifest = {
+        "model": {
+            "modelName": "bert",
+            "configFile": "model-config.yaml",
+            "handler": "bert_handler.py",
+        }
+    }
     metrics = MetricsCacheYamlImpl(config_file_path=str(METRICS_CONFIG))
     metrics.initialize_cache()
     metrics.model_name = "bert"
     handler = BertHandler()
-    service = Service("bert", str(mar_dir), manifest, handler.handle, None, batch_size, metrics_cache=metrics)
+    service = Service(
+        "bert", str(mar_dir), manifest, handler.handle, None, batch_size, metrics_cache=metrics
+    )
     service.set_cl_socket(None)
     handler.initialize(service.context)
     return service, handler
@@ -73,16 +83,27 @@ def wire_batch(requests: list[Sent]) -> list[dict[str, Any]]:
         if sent.content_type is not None:
             headers.append((b"Content-Type", sent.content_type.encode()))
         if sent.fields:
-            parameters = [{"name": name, "contentType": "", "value": bytearray(value)} for name, value in sent.fields]
+            parameters = [
+                {"name": name, "contentType": "", "value": bytearray(value)}
+                for name, value in sent.fields
+            ]
         elif sent.body is None:
             parameters = []
         else:
-            parameters = [{"name": "body", "contentType": sent.content_type or "", "value": bytearray(sent.body)}]
-        batch.append({
-            "requestId": f"ts-{index}".encode(),
-            "headers": [{"name": name, "value": value} for name, value in headers],
-            "parameters": parameters,
-        })
+            parameters = [
+                {
+                    "name": "body",
+                    "contentType": sent.content_type or "",
+                    "value": bytearray(sent.body),
+                }
+            ]
+        batch.append(
+            {
+                "requestId": f"ts-{index}".encode(),
+                "headers": [{"name": name, "value": value} for name, value in headers],
+                "parameters": parameters,
+            }
+        )
     return batch
 
 

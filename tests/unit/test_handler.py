@@ -38,8 +38,18 @@ def test_mixed_batch_answers_each_request_at_its_index(service) -> None:
     answers = predict(service[0], sent)
     assert [a.status for a in answers] == [200, 400, 400, 400, 200, 400, 400, 413, 400, 200]
     codes = [body(a).get("error", {}).get("code") for a in answers]
-    assert codes == [None, "empty_text", "invalid_type", "invalid_encoding", None, "invalid_json",
-                     "missing_field", "payload_too_large", "missing_field", None]
+    assert codes == [
+        None,
+        "empty_text",
+        "invalid_type",
+        "invalid_encoding",
+        None,
+        "invalid_json",
+        "missing_field",
+        "payload_too_large",
+        "missing_field",
+        None,
+    ]
     assert all(a.content_type == "application/json" for a in answers)
     for index, answer in enumerate(answers):
         assert body(answer)["request_id"] == f"ts-{index}"
@@ -115,9 +125,17 @@ def test_malformed_worker_input_still_answers_every_request(service) -> None:
 
 def test_sub_batches_give_the_same_scores(tiny_model_dir: Path, tmp_path: Path) -> None:
     """A small token budget splits the batch into length groups without changing any score."""
-    texts = [b"short", b"a bit longer text here", b"word " * 60, b"mid length sentence for the test", b"x"]
+    texts = [
+        b"short",
+        b"a bit longer text here",
+        b"word " * 60,
+        b"mid length sentence for the test",
+        b"x",
+    ]
     whole_service, _ = load_service(make_model_dir(tmp_path / "a", tiny_model_dir))
-    split_service, _ = load_service(make_model_dir(tmp_path / "b", tiny_model_dir, {"max_batch_tokens": 128}))
+    split_service, _ = load_service(
+        make_model_dir(tmp_path / "b", tiny_model_dir, {"max_batch_tokens": 128})
+    )
     whole = [body(a)["scores"] for a in predict(whole_service, [Sent(t) for t in texts])]
     split = [body(a)["scores"] for a in predict(split_service, [Sent(t) for t in texts])]
     for one, other in zip(whole, split, strict=True):

@@ -14,7 +14,10 @@ from handler.model import label_names, load_model, select_device
 from handler.settings import HandlerSettings
 
 
-@given(st.lists(st.integers(min_value=2, max_value=128), max_size=64), st.integers(min_value=128, max_value=4096))
+@given(
+    st.lists(st.integers(min_value=2, max_value=128), max_size=64),
+    st.integers(min_value=128, max_value=4096),
+)
 def test_plan_covers_every_item_once_within_budget(lengths: list[int], budget: int) -> None:
     """Every index lands in exactly one group, and each group's padded size fits the budget."""
     groups = plan_sub_batches(lengths, budget)
@@ -93,8 +96,13 @@ def test_real_model_classifies_held_out_sentences(real_model, text: str, label: 
 
 def test_real_model_scores_do_not_depend_on_batch_mates(real_model) -> None:
     """Alone, in one padded batch, or in length groups: the same probabilities within 1e-4."""
-    texts = ["Fine.", "It was okay, I guess, though the ending felt rushed and the middle sagged.",
-             "Brilliant! " * 40, "Not for me.", "The service was slow but the food made up for it."]
+    texts = [
+        "Fine.",
+        "It was okay, I guess, though the ending felt rushed and the middle sagged.",
+        "Brilliant! " * 40,
+        "Not for me.",
+        "The service was slow but the food made up for it.",
+    ]
     alone = [classify(real_model, [t], 128, 4096)[0][0].scores for t in texts]
     together, stats = classify(real_model, texts, 128, 4096)
     grouped, grouped_stats = classify(real_model, texts, 128, 128)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import zipfile
-from pathlib import Path
 
 import pytest
 import yaml
@@ -36,11 +35,15 @@ def test_mar_model_config_and_version_match_config_properties(archive: zipfile.Z
     """The models= entry is keyed by the .mar's version and the .mar carries no batch keys."""
     manifest = json.loads(archive.read("MAR-INF/MANIFEST.json"))
     properties = dict(
-        line.split("=", 1) for line in (ROOT / "config" / "config.properties").read_text().splitlines()
+        line.split("=", 1)
+        for line in (ROOT / "config" / "config.properties").read_text().splitlines()
         if "=" in line and not line.startswith("#")
     )
     models = json.loads(properties["models"])
     assert manifest["model"]["modelVersion"] in models["bert"]
     packed = yaml.safe_load(archive.read(manifest["model"]["configFile"]))
     assert not {"batchSize", "maxBatchDelay", "minWorkers", "maxWorkers"} & set(packed)
-    assert packed["handler"] == yaml.safe_load((ROOT / "config" / "model-config.yaml").read_text())["handler"]
+    assert (
+        packed["handler"]
+        == yaml.safe_load((ROOT / "config" / "model-config.yaml").read_text())["handler"]
+    )

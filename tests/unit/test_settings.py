@@ -119,7 +119,9 @@ def test_out_of_range_values_are_rejected(raw: dict[str, Any], match: str) -> No
 
 def test_boundary_values_are_accepted() -> None:
     """The smallest legal values (max_length 8, max_chars 1, budget == max_length) work."""
-    settings = HandlerSettings.from_mapping({"max_length": 8, "max_chars": 1, "max_batch_tokens": 8})
+    settings = HandlerSettings.from_mapping(
+        {"max_length": 8, "max_chars": 1, "max_batch_tokens": 8}
+    )
     assert (settings.max_length, settings.max_chars, settings.max_batch_tokens) == (8, 1, 8)
 
 

@@ -1,0 +1,179 @@
+"""HTTP against a real torchserve with the packaged .mar."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+
+from tests.conftest import ROOT
+from tests.integration.conftest import model_log
+
+FORM = "application/x-www-form-urlencoded"
+
+
+def post(
+    server, url: str, data: bytes | str, content_type: str | None = "text/plain", **headers: str
+):
+    all_headers = {**server.headers(), **headers}
+    if content_type is not None:
+        all_headers["Content-Type"] = content_type
+    return requests.post(url, data=data, headers=all_headers, timeout=60)
+
+
+@pytest.mark.parametrize(
+    ("text", "label"),
+    [
+        ("An absolute delight from start to finish.", "positive"),
+        ("A tedious, joyless mess.", "negative"),
+    ],
+)
+def test_valid_text_gets_its_label(server, predict_url, text: str, label: str) -> None:
+    response = post(server, predict_url, text.encode())
+    assert response.status_code == 200
+    assert response.headers["Content-Type"].startswith("application/json")
+    body = response.json()
+    assert body["label"] == label and body["truncated"] is False
+    assert sum(body["scores"].values()) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_json_and_form_field_forms_work(server, predict_url) -> None:
+    """JSON {"text": ...} and a urlencoded text= field are accepted like a raw body."""
+    as_json = post(
+        server, predict_url, json.dumps({"text": "A tedious, joyless mess."}), "application/json"
+    )
+    as_form = post(server, predict_url, "text=A+tedious%2C+joyless+mess.", FORM)
+    assert as_json.status_code == as_form.status_code == 200
+    assert as_json.json()["scores"] == pytest.approx(as_form.json()["scores"], abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("data", "content_type", "status", "code"),
+    [
+        (b"", "text/plain", 400, "empty_text"),
+        (b" \n\t ", "text/plain", 400, "empty_text"),
+        (b'{"txt": "hi"}', "application/json", 400, "missing_field"),
+        (b'{"text": 42}', "application/json", 400, "invalid_type"),
+        (b'["a"]', "application/json", 400, "invalid_type"),
+        (b'{"text": "unterminated', "application/json", 400, "invalid_json"),
+        (b"[" * 50_000, "application/json", 400, "invalid_json"),
+        (b"caf\xc3\xa9 \xff\xfe", "text/plain", 400, "invalid_encoding"),
+        (b"\xc3\x28", None, 400, "invalid_encoding"),
+        (b"a" * 10_001, "text/plain", 413, "payload_too_large"),
+        (b"great film", FORM, 400, "missing_field"),
+    ],
+)
+def test_bad_input_gets_its_own_4xx_and_json_error(
+    server, predict_url, data, content_type, status, code
+) -> None:
+    response = post(server, predict_url, data, content_type, **{"X-Request-ID": "bad-input-1"})
+    assert response.status_code == status
+    assert response.json()["error"]["code"] == code
+    assert response.json()["request_id"] == "bad-input-1"
+
+
+def test_long_text_is_truncated(server, predict_url) -> None:
+    body = post(server, predict_url, ("a wonderful and moving film " * 200).encode()).json()
+    assert body["truncated"] is True and body["label"] == "positive"
+
+
+def test_request_over_max_request_size_is_refused_by_the_frontend(server, predict_url) -> None:
+    """A body over max_request_size (1 MiB) is refused before any worker sees it; the server stays up."""
+    response = post(server, predict_url, b"a" * (1024 * 1024 + 1))
+    assert response.status_code == 413
+    assert post(server, predict_url, b"still fine").status_code == 200
+
+
+def test_inference_requires_the_token(server, predict_url) -> None:
+    """Token authorization is on: no token, no prediction (TorchServe answers 400)."""
+    response = requests.post(
+        predict_url, data=b"hello", headers={"Content-Type": "text/plain"}, timeout=30
+    )
+    assert response.status_code == 400
+    assert "Token" in response.text
+
+
+def test_batch_settings_come_from_config_properties(server) -> None:
+    """batchSize/maxBatchDelay/workers from config.properties, timeouts from the model config."""
+    response = requests.get(
+        f"{server.management_url}/models/bert", headers=server.headers("management"), timeout=30
+    )
+    model = response.json()[0]
+    assert (
+        model["batchSize"],
+        model["maxBatchDelay"],
+        model["minWorkers"],
+        model["maxWorkers"],
+    ) == (16, 20, 1, 1)
+    assert model["responseTimeout"] == 60
+
+
+BAD_ITEMS = [
+    (b"", "text/plain", "empty_text"),
+    (b'{"text": null}', "application/json", "invalid_type"),
+    (b"{oops", "application/json", "invalid_json"),
+    (b"\xff\xff", "text/plain", "invalid_encoding"),
+    (b"z" * 10_050, "text/plain", "payload_too_large"),
+    (b'{"other": 1}', "application/json", "missing_field"),
+]
+GOOD_TEXTS = [
+    "An absolute delight from start to finish.",
+    "A tedious, joyless mess.",
+    "Fine.",
+    "The hotel room was spotless and the view over the harbour was breathtaking every morning.",
+    "Customer support hung up on me twice and never fixed the billing error.",
+    "meh",
+    "I expected more from the sequel; the jokes fell flat and the plot went nowhere at all.",
+    "Five stars, would buy again!",
+]
+
+
+def test_batch_poisoning_does_not_spread(server, predict_url) -> None:
+    """48 concurrent requests, a quarter malformed: every valid one answers 200 with the same
+    scores as when sent alone, every malformed one gets its own 4xx, and batches really formed."""
+    alone = {text: post(server, predict_url, text.encode()).json()["scores"] for text in GOOD_TEXTS}
+    log_offset = model_log(server).stat().st_size
+    jobs = [("good", text.encode(), "text/plain", text) for text in GOOD_TEXTS * 4 + GOOD_TEXTS[:4]]
+    jobs += [("bad", data, content_type, code) for data, content_type, code in BAD_ITEMS * 2]
+    jobs = jobs[::2] + jobs[1::2]
+    assert len(jobs) == 48 and sum(kind == "bad" for kind, *_ in jobs) == 12
+
+    def send(job):
+        kind, data, content_type, expected = job
+        return job, post(server, predict_url, data, content_type)
+
+    with ThreadPoolExecutor(max_workers=48) as pool:
+        results = list(pool.map(send, jobs))
+
+    for (kind, _, _, expected), response in results:
+        if kind == "good":
+            assert response.status_code == 200, response.text
+            assert response.json()["scores"] == pytest.approx(alone[expected], abs=1e-4)
+        else:
+            assert 400 <= response.status_code < 500
+            assert response.json()["error"]["code"] == expected
+
+    with model_log(server).open() as log:
+        log.seek(log_offset)
+        sizes = [int(size) for size in re.findall(r"batch_size=(\d+)", log.read())]
+    print(f"batch sizes formed under the poisoning load: {sizes}")
+    assert sum(sizes) == 48
+    assert max(sizes) > 1, f"no request was batched: {sizes}"
+
+
+def test_curl_smoke_script_passes(server) -> None:
+    """scripts/smoke.sh, the same one `make smoke` runs, against this server."""
+    result = subprocess.run(
+        ["bash", "scripts/smoke.sh", str(server.state_dir)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    print(result.stdout)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 failed" in result.stdout
