@@ -118,13 +118,14 @@ def _log_batch(
         if isinstance(o, Rejected)
     ]
     logger.info(
-        "batch_size=%d valid=%d rejected=%d sub_batches=%s padding_efficiency=%.3f "
+        "batch_size=%d valid=%d rejected=%d sub_batches=%s real_tokens=%d padded_tokens=%d "
         "tokenize_ms=%.1f forward_ms=%.1f",
         len(requests),
         len(requests) - len(rejected),
         len(rejected),
         stats.sub_batches,
-        stats.padding_efficiency,
+        stats.real_tokens,
+        stats.padded_tokens,
         stats.tokenize_ms,
         stats.forward_ms,
     )
