@@ -6,7 +6,10 @@ MODEL_DIR ?= build/bert-sentiment
 MAR       := model_store/bert.mar
 STATE_DIR ?= .run
 
-.PHONY: install model package serve stop status smoke test unit check clean distclean
+BENCH     := $(VENV)/.bench-installed
+P99_MS    ?= 200
+
+.PHONY: install model package serve stop status smoke test unit check bench tune clean distclean
 
 install: $(STAMP)
 
@@ -46,6 +49,18 @@ smoke:
 ## test: the whole suite: unit, integration (a real torchserve on free ports) and curl smoke
 test: $(MAR)
 	bash scripts/test.sh
+
+$(BENCH): $(STAMP) pyproject.toml
+	$(PY) -m pip install --quiet -e ".[dev,bench]"
+	touch $@
+
+## bench: served vs batch size 1 vs in-process ceiling vs LitServe, one run -> docs/bench/
+bench: $(MAR) $(BENCH)
+	$(PY) scripts/bench.py --out docs/bench
+
+## tune: sweep batch size x delay (x workers/threads) -> docs/tune/recommended.properties
+tune: $(MAR) $(BENCH)
+	$(PY) scripts/tune.py --p99-ms $(P99_MS) --out docs/tune
 
 unit: $(STAMP)
 	$(PY) -m pytest tests/unit -q

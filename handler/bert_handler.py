@@ -18,6 +18,7 @@ from ts.torch_handler.base_handler import BaseHandler
 
 from handler.errors import ErrorCode, error_body
 from handler.inference import BatchStats, Prediction, classify
+from handler.metrics import MetricsEmitter
 from handler.model import LoadedModel, load_model
 from handler.pipeline import IncomingRequest, run_batch
 from handler.settings import HandlerSettings
@@ -84,6 +85,7 @@ class BertHandler(BaseHandler):  # type: ignore[misc]
         gpu_id = properties.get("gpu_id")
         gpu_id = int(gpu_id) if gpu_id is not None and int(gpu_id) >= 0 else None
         self.loaded: LoadedModel = load_model(model_dir, self.settings, gpu_id)
+        self.metrics = MetricsEmitter(context.metrics, context.model_name)
         self.initialized = True
 
     def classify(self, texts: Sequence[str]) -> tuple[list[Prediction], BatchStats]:
@@ -95,7 +97,10 @@ class BertHandler(BaseHandler):  # type: ignore[misc]
         batch = list(data or [])
         try:
             responses = run_batch(
-                incoming_requests(batch, context), self.classify, self.settings.max_chars
+                incoming_requests(batch, context),
+                self.classify,
+                self.settings.max_chars,
+                observe=self.metrics.emit,
             )
             for index, response in enumerate(responses):
                 context.set_response_status(response.status, response.phrase, index)

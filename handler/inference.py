@@ -90,14 +90,26 @@ def collate(rows: Sequence[list[int]], pad_id: int) -> tuple[torch.Tensor, torch
 
 
 def forward(
-    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, device: torch.device
+    loaded: LoadedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor
 ) -> list[list[float]]:
-    """Class probabilities per row, as plain floats: one move to the device and one back."""
-    non_blocking = device.type == "cuda"
-    with torch.inference_mode():
-        logits = model(
-            input_ids=input_ids.to(device, non_blocking=non_blocking),
-            attention_mask=attention_mask.to(device, non_blocking=non_blocking),
+    """Class probabilities per row, as plain floats: one move to the device and one back.
+
+    On CUDA the host tensors are pinned (when enabled) so the copy can be asynchronous, and the
+    forward runs under fp16 autocast when ``half_precision`` is on; softmax is always float32.
+    """
+    device = loaded.device
+    on_cuda = device.type == "cuda"
+    if on_cuda and loaded.pin_memory:
+        input_ids, attention_mask = input_ids.pin_memory(), attention_mask.pin_memory()
+    with (
+        torch.inference_mode(),
+        torch.autocast(
+            device_type=device.type, dtype=torch.float16, enabled=on_cuda and loaded.half_precision
+        ),
+    ):
+        logits = loaded.model(
+            input_ids=input_ids.to(device, non_blocking=on_cuda),
+            attention_mask=attention_mask.to(device, non_blocking=on_cuda),
         ).logits
         probabilities = torch.softmax(logits.float(), dim=-1)
     rows: list[list[float]] = probabilities.cpu().tolist()
@@ -133,9 +145,7 @@ def classify(
         input_ids, attention_mask = collate(
             [tokenized[i].input_ids for i in group], loaded.tokenizer.pad_token_id
         )
-        for index, row in zip(
-            group, forward(loaded.model, input_ids, attention_mask, loaded.device), strict=True
-        ):
+        for index, row in zip(group, forward(loaded, input_ids, attention_mask), strict=True):
             probabilities[index] = row
         stats.sub_batches.append(len(group))
         stats.real_tokens += sum(lengths[i] for i in group)

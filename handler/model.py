@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ class LoadedModel:
     tokenizer: Any
     labels: tuple[str, ...]
     device: torch.device
+    half_precision: bool = False
+    pin_memory: bool = False
 
 
 def select_device(preference: str, gpu_id: int | None) -> torch.device:
@@ -29,7 +32,9 @@ def select_device(preference: str, gpu_id: int | None) -> torch.device:
         return torch.device("cpu")
     if gpu_id is None or not torch.cuda.is_available():
         if preference == "cuda":
-            raise ValueError("device is 'cuda' but TorchServe assigned no GPU or CUDA is unavailable")
+            raise ValueError(
+                "device is 'cuda' but TorchServe assigned no GPU or CUDA is unavailable"
+            )
         return torch.device("cpu")
     return torch.device("cuda", gpu_id)
 
@@ -52,9 +57,14 @@ def load_model(model_dir: Path, settings: HandlerSettings, gpu_id: int | None) -
     if not tokenizer.is_fast:
         raise ValueError(f"{model_dir} has no fast tokenizer (tokenizer.json); one is required")
     model = AutoModelForSequenceClassification.from_pretrained(
-        model_dir, local_files_only=True, use_safetensors=True
+        model_dir,
+        local_files_only=True,
+        use_safetensors=True,
+        attn_implementation=settings.attention,
     )
     model.to(device).eval()
+    if settings.quantize_int8 and device.type == "cpu":
+        model = quantize_linear_int8(model)
     positions = getattr(model.config, "max_position_embeddings", settings.max_length)
     if settings.max_length > positions:
         raise ValueError(
@@ -69,4 +79,20 @@ def load_model(model_dir: Path, settings: HandlerSettings, gpu_id: int | None) -
         settings.max_length,
         torch.get_num_threads(),
     )
-    return LoadedModel(model=model, tokenizer=tokenizer, labels=labels, device=device)
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        labels=labels,
+        device=device,
+        half_precision=settings.half_precision,
+        pin_memory=settings.pin_memory,
+    )
+
+
+def quantize_linear_int8(model: Any) -> Any:
+    """CPU dynamic int8 quantization of the Linear layers (weights int8, activations float)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from torch.ao.quantization import quantize_dynamic
+
+        return quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)  # type: ignore[no-untyped-call]

@@ -20,6 +20,7 @@ logger = logging.getLogger(__name__)
 
 Outcome = Prediction | Rejected
 Classifier = Callable[[Sequence[str]], tuple[list[Prediction], BatchStats]]
+BatchObserver = Callable[[Sequence[Outcome], BatchStats], None]
 
 
 @dataclass(frozen=True)
@@ -90,9 +91,15 @@ def render(outcome: Outcome, request_id: str) -> Response:
 
 
 def run_batch(
-    requests: Sequence[IncomingRequest], classifier: Classifier, max_chars: int
+    requests: Sequence[IncomingRequest],
+    classifier: Classifier,
+    max_chars: int,
+    observe: BatchObserver | None = None,
 ) -> list[Response]:
-    """One response per request, in order; an unexpected failure answers 500 to this batch only."""
+    """One response per request, in order; an unexpected failure answers 500 to this batch only.
+
+    ``observe`` sees every batch's outcomes and stats (the metrics); it must not raise.
+    """
     try:
         decoded = [safe_decode(request, max_chars) for request in requests]
         outcomes, stats = classify_valid(decoded, classifier)
@@ -103,6 +110,8 @@ def run_batch(
         )
         stats = BatchStats()
     _log_batch(requests, outcomes, stats)
+    if observe is not None:
+        observe(outcomes, stats)
     return [
         render(outcome, request.request_id)
         for outcome, request in zip(outcomes, requests, strict=True)

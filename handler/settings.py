@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
+ATTENTION_CHOICES = ("sdpa", "eager")
 
 
 @dataclass(frozen=True)
@@ -23,7 +24,7 @@ class HandlerSettings:
     """Tokens per text, special tokens included; longer texts are truncated."""
     max_chars: int = 10_000
     """Characters per text; longer texts are rejected before tokenization (413)."""
-    max_batch_tokens: int = 4096
+    max_batch_tokens: int = 256
     """Padded tokens (rows x longest row) per forward pass; larger batches are split."""
     device: str = "auto"
     """``auto`` takes the GPU TorchServe assigned when there is one, else the CPU."""
@@ -31,6 +32,14 @@ class HandlerSettings:
     """Intra-op threads per worker; 0 keeps torch's default."""
     labels: tuple[str, ...] = ()
     """Label names by class index; empty means ``id2label`` of the model config."""
+    attention: str = "sdpa"
+    """Attention implementation: ``sdpa`` (PyTorch's fused kernel) or ``eager``."""
+    half_precision: bool = False
+    """CUDA only: run the forward under fp16 autocast."""
+    pin_memory: bool = True
+    """CUDA only: pin host tensors so the copy to the GPU is asynchronous."""
+    quantize_int8: bool = False
+    """CPU only: dynamic int8 quantization of the Linear layers (see README for its cost)."""
 
     def __post_init__(self) -> None:
         _require(self.max_length >= 8, f"max_length must be at least 8, got {self.max_length}")
@@ -43,6 +52,10 @@ class HandlerSettings:
         _require(
             self.device in DEVICE_CHOICES,
             f"device must be one of {DEVICE_CHOICES}, got {self.device!r}",
+        )
+        _require(
+            self.attention in ATTENTION_CHOICES,
+            f"attention must be one of {ATTENTION_CHOICES}, got {self.attention!r}",
         )
         _require(self.torch_threads >= 0, f"torch_threads must be >= 0, got {self.torch_threads}")
         _require(
@@ -57,25 +70,28 @@ class HandlerSettings:
         known = {field.name: field for field in fields(cls)}
         unknown = sorted(set(raw) - set(known))
         _require(not unknown, f"unknown handler settings {unknown}; known: {sorted(known)}")
-        values: dict[str, Any] = {}
-        for name, value in raw.items():
-            default = getattr(cls, name)
-            if isinstance(default, tuple):
-                _require(
-                    isinstance(value, list | tuple) and all(isinstance(v, str) for v in value),
-                    f"{name} must be a list of strings, got {value!r}",
-                )
-                values[name] = tuple(value)
-            elif isinstance(default, int):
-                _require(
-                    isinstance(value, int) and not isinstance(value, bool),
-                    f"{name} must be an integer, got {value!r}",
-                )
-                values[name] = value
-            else:
-                _require(isinstance(value, str), f"{name} must be a string, got {value!r}")
-                values[name] = value
+        values = {name: _checked(name, getattr(cls, name), value) for name, value in raw.items()}
         return cls(**values)
+
+
+def _checked(name: str, default: Any, value: Any) -> Any:
+    """The yaml value if it has the type of the field's default (bool is not an int here)."""
+    if isinstance(default, tuple):
+        _require(
+            isinstance(value, list | tuple) and all(isinstance(v, str) for v in value),
+            f"{name} must be a list of strings, got {value!r}",
+        )
+        return tuple(value)
+    if isinstance(default, bool):
+        _require(isinstance(value, bool), f"{name} must be true or false, got {value!r}")
+    elif isinstance(default, int):
+        _require(
+            isinstance(value, int) and not isinstance(value, bool),
+            f"{name} must be an integer, got {value!r}",
+        )
+    else:
+        _require(isinstance(value, str), f"{name} must be a string, got {value!r}")
+    return value
 
 
 def _require(condition: bool, message: str) -> None:

@@ -32,6 +32,7 @@ BASE_CONFIG = ROOT / "config" / "config.properties"
 DEFAULT_STATE_DIR = ROOT / ".run"
 MODEL_NAME = "bert"
 ADDRESS_KEYS = ("inference_address", "management_address", "metrics_address")
+PATH_KEYS = ("model_store", "metrics_config")
 GRPC_PORT_KEYS = ("grpc_inference_port", "grpc_management_port")
 
 
@@ -50,10 +51,12 @@ def read_properties(path: Path) -> dict[str, str]:
 
 
 def effective_properties(overrides: dict[str, str] | None = None) -> dict[str, str]:
-    """The base config with overrides applied and model_store made absolute."""
+    """The base config with overrides applied and its paths made absolute."""
     properties = read_properties(BASE_CONFIG) | (overrides or {})
-    store = Path(properties["model_store"])
-    properties["model_store"] = str(store if store.is_absolute() else ROOT / store)
+    for key in PATH_KEYS:
+        if key in properties:
+            path = Path(properties[key])
+            properties[key] = str(path if path.is_absolute() else ROOT / path)
     return properties
 
 
@@ -73,6 +76,7 @@ def local_port_overrides() -> dict[str, str]:
 class Server:
     state_dir: Path
     properties: dict[str, str]
+    extra_env: tuple[tuple[str, str], ...] = ()
 
     @property
     def inference_url(self) -> str:
@@ -111,12 +115,16 @@ class Server:
         return pid
 
     def environment(self) -> dict[str, str]:
-        return os.environ | {
-            "TMPDIR": str(self.tmp_dir),
-            "TEMP": str(self.tmp_dir),
-            "LOG_LOCATION": str(self.state_dir / "logs"),
-            "METRICS_LOCATION": str(self.state_dir / "logs"),
-        }
+        return (
+            os.environ
+            | {
+                "TMPDIR": str(self.tmp_dir),
+                "TEMP": str(self.tmp_dir),
+                "LOG_LOCATION": str(self.state_dir / "logs"),
+                "METRICS_LOCATION": str(self.state_dir / "logs"),
+            }
+            | dict(self.extra_env)
+        )
 
     def workers_ready(self) -> bool:
         response = requests.get(
@@ -143,12 +151,19 @@ def server_for(state_dir: Path) -> Server:
 
 
 def start(
-    state_dir: Path, overrides: dict[str, str] | None = None, ready_timeout: float = 180
+    state_dir: Path,
+    overrides: dict[str, str] | None = None,
+    ready_timeout: float = 180,
+    extra_env: dict[str, str] | None = None,
 ) -> Server:
-    """Start an instance and return once its model's workers are READY."""
+    """Start an instance and return once its model's workers are READY.
+
+    ``extra_env`` reaches the frontend and its workers (the tuner sets OMP_NUM_THREADS).
+    """
     state_dir = state_dir.resolve()
     properties = effective_properties(overrides)
-    server = Server(state_dir=state_dir, properties=properties)
+    env = tuple((extra_env or {}).items())
+    server = Server(state_dir=state_dir, properties=properties, extra_env=env)
     if server.pid() is not None:
         raise ServerError(f"TorchServe already runs from {state_dir} (pid {server.pid()})")
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import ts
 import yaml
 from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
 from ts.service import Service
@@ -22,7 +21,7 @@ from ts.service import Service
 from handler.bert_handler import MODEL_SUBDIR, BertHandler
 
 ROOT = Path(__file__).resolve().parent.parent
-METRICS_CONFIG = Path(ts.__file__).parent / "configs" / "metrics.yaml"
+METRICS_CONFIG = ROOT / "config" / "metrics.yaml"
 
 
 @dataclass(frozen=True)

@@ -132,7 +132,9 @@ def test_sub_batches_give_the_same_scores(tiny_model_dir: Path, tmp_path: Path) 
         b"mid length sentence for the test",
         b"x",
     ]
-    whole_service, _ = load_service(make_model_dir(tmp_path / "a", tiny_model_dir))
+    whole_service, _ = load_service(
+        make_model_dir(tmp_path / "a", tiny_model_dir, {"max_batch_tokens": 100_000})
+    )
     split_service, _ = load_service(
         make_model_dir(tmp_path / "b", tiny_model_dir, {"max_batch_tokens": 128})
     )

@@ -20,7 +20,7 @@ def test_defaults() -> None:
     settings = HandlerSettings()
     assert settings.max_length == 128
     assert settings.max_chars == 10_000
-    assert settings.max_batch_tokens == 4096
+    assert settings.max_batch_tokens == 256
     assert settings.device == "auto"
     assert settings.torch_threads == 0
     assert settings.labels == ()
