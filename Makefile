@@ -9,7 +9,7 @@ STATE_DIR ?= .run
 BENCH     := $(VENV)/.bench-installed
 P99_MS    ?= 200
 
-.PHONY: install model package serve stop status smoke test unit check bench tune clean distclean
+.PHONY: install model package serve stop status metrics smoke test unit check bench tune chaos clean distclean
 
 install: $(STAMP)
 
@@ -17,12 +17,13 @@ $(STAMP): pyproject.toml scripts/install.sh
 	bash scripts/install.sh $(VENV)
 	touch $@
 
-build/bert-sentiment/config.json: $(STAMP) scripts/build_model.py scripts/data/reviews.tsv
+# The venv is an order-only prerequisite (after |): reinstalling must not retrain or repackage.
+build/bert-sentiment/config.json: scripts/build_model.py scripts/data/reviews.tsv | $(STAMP)
 	$(PY) scripts/build_model.py --out build/bert-sentiment
 
 model: build/bert-sentiment/config.json
 
-$(MAR): $(STAMP) $(MODEL_DIR)/config.json handler/*.py config/model-config.yaml scripts/package.py
+$(MAR): $(MODEL_DIR)/config.json handler/*.py config/model-config.yaml scripts/package.py | $(STAMP)
 	$(PY) scripts/package.py --model-dir $(MODEL_DIR)
 
 ## package: rebuild the .mar (MODEL_DIR=path/to/hf-folder to serve your own model)
@@ -41,6 +42,10 @@ stop:
 
 status:
 	$(PY) scripts/torchserve_ctl.py status --state-dir $(STATE_DIR)
+
+## metrics: a live summary of the handler's metrics of the `make serve` server (60 s)
+metrics:
+	$(PY) scripts/metrics_summary.py --state-dir $(STATE_DIR)
 
 ## smoke: curl smoke tests against the server `make serve` started
 smoke:
@@ -62,12 +67,18 @@ bench: $(MAR) $(BENCH)
 tune: $(MAR) $(BENCH)
 	$(PY) scripts/tune.py --p99-ms $(P99_MS) --out docs/tune
 
+## chaos: faults and overload against a real server -> docs/chaos/chaos.json
+chaos: $(MAR) $(BENCH)
+	$(PY) scripts/chaos.py --out docs/chaos
+
 unit: $(STAMP)
 	$(PY) -m pytest tests/unit -q
 
 check: $(STAMP)
 	$(VENV)/bin/ruff check handler scripts tests
 	$(VENV)/bin/mypy
+	@echo "pip-audit (packages it could not look up are listed as skipped, not as safe):"
+	$(VENV)/bin/pip-audit --skip-editable --progress-spinner off
 
 clean: stop
 	rm -rf build $(STATE_DIR) model_store/*.mar .pytest_cache

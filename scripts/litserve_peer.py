@@ -6,7 +6,6 @@ folder and the same tokenization and forward code. Installed with the ``bench`` 
     python scripts/litserve_peer.py --model-dir build/bert-sentiment --port 8100
 """
 
-from __future__ import annotations
 
 import argparse
 from pathlib import Path
@@ -28,7 +27,7 @@ class SentimentAPI(ls.LitAPI):  # type: ignore[misc]
     def setup(self, device: str) -> None:
         self.loaded = load_model(self.model_dir, self.settings, gpu_id=None)
 
-    def decode_request(self, request: dict[str, Any]) -> str:
+    def decode_request(self, request: dict) -> str:  # a plain dict: LitServe reads this annotation
         return str(request["text"])
 
     def predict(self, text: str) -> dict[str, Any]:

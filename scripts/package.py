@@ -76,9 +76,9 @@ def archiver_command() -> str:
     )
 
 
-def package(model_dir: Path, export_path: Path) -> Path:
+def package(model_dir: Path, export_path: Path, model_config: Path = MODEL_CONFIG) -> Path:
     check_model_dir(model_dir)
-    check_model_config(MODEL_CONFIG)
+    check_model_config(model_config)
     export_path.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="bert-mar-") as temp:
         staging = Path(temp) / "extra"
@@ -96,7 +96,7 @@ def package(model_dir: Path, export_path: Path) -> Path:
                 "--extra-files",
                 str(staging),
                 "--config-file",
-                str(MODEL_CONFIG),
+                str(model_config),
                 "--export-path",
                 str(export_path),
                 "--force",

@@ -2,30 +2,13 @@
 
 from __future__ import annotations
 
-import re
-
-import requests
-
+from metrics_summary import scrape, summary
 from tests.integration.test_serving import post
-
-SAMPLE = re.compile(r"^(\w+)\{([^}]*)\}\s+([0-9.eE+-]+)$")
-
-
-def scrape(server) -> dict[tuple[str, str], float]:
-    """{(metric, reason-or-""): value} for the bert model's series."""
-    text = requests.get(f"{server.metrics_url}/metrics", timeout=30).text
-    values: dict[tuple[str, str], float] = {}
-    for line in text.splitlines():
-        match = SAMPLE.match(line)
-        if match and 'ModelName="bert"' in match.group(2):
-            reason = re.search(r'Reason="([^"]*)"', match.group(2))
-            values[(match.group(1), reason.group(1) if reason else "")] = float(match.group(3))
-    return values
 
 
 def test_metrics_move_by_the_traffic_sent(server, predict_url) -> None:
     """3 valid texts (1 truncated), 2 empty, 1 bad JSON, sent one by one -> exact counter deltas."""
-    before = scrape(server)
+    before = scrape(server.metrics_url)
     for data, content_type in [
         (b"lovely", "text/plain"),
         (b"dreadful", "text/plain"),
@@ -35,7 +18,7 @@ def test_metrics_move_by_the_traffic_sent(server, predict_url) -> None:
         (b"{", "application/json"),
     ]:
         post(server, predict_url, data, content_type)
-    after = scrape(server)
+    after = scrape(server.metrics_url)
 
     def delta(name: str, reason: str = "") -> float:
         return after.get((name, reason), 0.0) - before.get((name, reason), 0.0)
@@ -49,3 +32,4 @@ def test_metrics_move_by_the_traffic_sent(server, predict_url) -> None:
     assert delta("SubBatches") == 3
     assert delta("PaddedTokens") >= delta("RealTokens") > 128
     assert delta("ForwardMs") > 0 and delta("TokenizeMs") > 0
+    assert "rejected: empty_text 2, invalid_json 1" in summary(before, after, 1.0)

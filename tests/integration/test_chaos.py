@@ -1,0 +1,31 @@
+"""scripts/chaos.py end to end in its --quick form: real servers, faults and overload."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import MAR_PATH, ROOT
+
+PARTS = ("poisoning_soak", "worker_crash", "overload", "oversized", "restart")
+
+
+def test_chaos_quick_passes_every_part(tmp_path: Path) -> None:
+    if not MAR_PATH.is_file():
+        pytest.fail(f"{MAR_PATH} is missing: run `make package` (make test does it)")
+    result = subprocess.run(
+        [sys.executable, "scripts/chaos.py", "--quick", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    print(result.stdout)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    report = json.loads((tmp_path / "chaos.json").read_text())
+    assert {part: report[part]["passed"] for part in PARTS} == dict.fromkeys(PARTS, True)
+    assert result.stdout.strip().splitlines()[-1] == "chaos: 5 passed, 0 failed"
