@@ -108,7 +108,7 @@ def test_batch_settings_come_from_config_properties(server) -> None:
         model["maxBatchDelay"],
         model["minWorkers"],
         model["maxWorkers"],
-    ) == (16, 20, 1, 1)
+    ) == (16, 20, 2, 2)
     assert model["responseTimeout"] == 60
 
 

@@ -18,6 +18,7 @@ import requests
 import yaml
 
 import torchserve_ctl
+from bench import models_entry
 from package import MODEL_CONFIG, package
 
 RESPONSE_TIMEOUT_S = 4
@@ -35,7 +36,8 @@ def test_hung_batch_is_cut_by_response_timeout_and_the_worker_restarts(tmp_path,
     (tmp_path / "model-config.yaml").write_text(yaml.safe_dump(config))
     store = tmp_path / "store"
     package(real_model_dir, store, tmp_path / "model-config.yaml")
-    overrides = torchserve_ctl.local_port_overrides() | {"model_store": str(store)}
+    one_worker = {"model_store": str(store), "models": models_entry(workers=1)}
+    overrides = torchserve_ctl.local_port_overrides() | one_worker
     server = torchserve_ctl.start(tmp_path / "state", overrides=overrides)
     hung = None
     try:
