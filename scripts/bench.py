@@ -81,6 +81,26 @@ def ceiling(
     }
 
 
+def best_of(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
+    """Per batch size, the better of two passes (one before, one after the served runs): a
+    ceiling is a best case, and one pass on a noisy 2-core machine can be disturbed."""
+    runs = {
+        size: max(
+            first["by_batch_size"][size],
+            second["by_batch_size"][size],
+            key=lambda r: r["texts_per_s"],
+        )
+        for size in first["by_batch_size"]
+    }
+    best = max(runs, key=lambda size: runs[size]["texts_per_s"])
+    return {
+        "by_batch_size": runs,
+        "best_batch_size": int(best),
+        "texts_per_s": runs[best]["texts_per_s"],
+        "passes": 2,
+    }
+
+
 def execution_options(model_dir: Path, corpus: list[str], seconds: float) -> dict[str, Any]:
     """Attention kernel and CPU int8 quantization: speed at batch 16, and what int8 costs in
     held-out accuracy and in scores against the float32 model."""
@@ -321,13 +341,10 @@ def main() -> int:
         "corpus": corpus_stats(corpus),
         "seconds_per_level": args.seconds,
     }
-    print("[bench] in-process ceiling", file=sys.stderr)
-    results["ceiling"] = ceiling(
-        args.model_dir,
-        corpus,
-        [1, 16] if args.smoke else [1, 8, 16, 32, 64],
-        1 if args.smoke else 8,
-    )
+    ceiling_sizes = [1, 16] if args.smoke else [1, 8, 16, 32, 64]
+    ceiling_seconds = 1 if args.smoke else 6
+    print("[bench] in-process ceiling, first pass", file=sys.stderr)
+    first_pass = ceiling(args.model_dir, corpus, ceiling_sizes, ceiling_seconds)
     if not args.smoke:
         print("[bench] execution options (in-process)", file=sys.stderr)
         results["execution_options"] = execution_options(args.model_dir, corpus, 8)
@@ -352,6 +369,10 @@ def main() -> int:
         scenarios["litserve"] = litserve(
             args.model_dir, corpus, [1, 8, 32], args.seconds, args.warmup
         )
+    print("[bench] in-process ceiling, second pass", file=sys.stderr)
+    results["ceiling"] = best_of(
+        first_pass, ceiling(args.model_dir, corpus, ceiling_sizes, ceiling_seconds)
+    )
     results["scenarios"] = scenarios
     results["ratios"] = ratios(results)
     (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")

@@ -6,7 +6,6 @@ folder and the same tokenization and forward code. Installed with the ``bench`` 
     python scripts/litserve_peer.py --model-dir build/bert-sentiment --port 8100
 """
 
-
 import argparse
 from pathlib import Path
 from typing import Any

@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import requests
-
 import torchserve_ctl
 
 SAMPLE = re.compile(r"^(\w+)\{([^}]*)\}\s+([0-9.eE+-]+)$")
@@ -50,8 +49,13 @@ def summary(before: Series, after: Series, seconds: float) -> str:
 
     batches = delta("Batches")
     per_batch = batches or 1.0
-    rejected = {reason: delta("ItemsRejected", reason) for name, reason in after if name == "ItemsRejected"}
-    rejected_text = ", ".join(f"{reason} {count:.0f}" for reason, count in sorted(rejected.items()) if count) or "none"
+    rejected = {
+        reason: delta("ItemsRejected", reason) for name, reason in after if name == "ItemsRejected"
+    }
+    rejected_text = (
+        ", ".join(f"{reason} {count:.0f}" for reason, count in sorted(rejected.items()) if count)
+        or "none"
+    )
     padded = delta("PaddedTokens")
     requests_seen = delta("ts_inference_requests_total")
     queue_ms = delta("ts_queue_latency_microseconds") / 1000 / (requests_seen or 1.0)
@@ -65,7 +69,9 @@ def summary(before: Series, after: Series, seconds: float) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--state-dir", type=Path, default=torchserve_ctl.DEFAULT_STATE_DIR)
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--every", type=float, default=2)

@@ -76,7 +76,6 @@ def local_port_overrides() -> dict[str, str]:
 class Server:
     state_dir: Path
     properties: dict[str, str]
-    extra_env: tuple[tuple[str, str], ...] = ()
 
     @property
     def inference_url(self) -> str:
@@ -115,16 +114,12 @@ class Server:
         return pid
 
     def environment(self) -> dict[str, str]:
-        return (
-            os.environ
-            | {
-                "TMPDIR": str(self.tmp_dir),
-                "TEMP": str(self.tmp_dir),
-                "LOG_LOCATION": str(self.state_dir / "logs"),
-                "METRICS_LOCATION": str(self.state_dir / "logs"),
-            }
-            | dict(self.extra_env)
-        )
+        return os.environ | {
+            "TMPDIR": str(self.tmp_dir),
+            "TEMP": str(self.tmp_dir),
+            "LOG_LOCATION": str(self.state_dir / "logs"),
+            "METRICS_LOCATION": str(self.state_dir / "logs"),
+        }
 
     def workers_ready(self) -> bool:
         response = requests.get(
@@ -154,16 +149,11 @@ def start(
     state_dir: Path,
     overrides: dict[str, str] | None = None,
     ready_timeout: float = 180,
-    extra_env: dict[str, str] | None = None,
 ) -> Server:
-    """Start an instance and return once its model's workers are READY.
-
-    ``extra_env`` reaches the frontend and its workers (the tuner sets OMP_NUM_THREADS).
-    """
+    """Start an instance and return once its model's workers are READY."""
     state_dir = state_dir.resolve()
     properties = effective_properties(overrides)
-    env = tuple((extra_env or {}).items())
-    server = Server(state_dir=state_dir, properties=properties, extra_env=env)
+    server = Server(state_dir=state_dir, properties=properties)
     if server.pid() is not None:
         raise ServerError(f"TorchServe already runs from {state_dir} (pid {server.pid()})")
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):

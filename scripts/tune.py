@@ -19,39 +19,54 @@ from pathlib import Path
 from typing import Any
 
 import torchserve_ctl
-from bench import models_entry
+import yaml
+from bench import DEFAULT_MODEL_DIR, models_entry
 from loadgen import LogWindow, batch_lines, make_corpus, run_load
+from package import MODEL_CONFIG, package
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def grid(batch_sizes: list[int], delays: list[int]) -> list[dict[str, int]]:
-    """Batch size x delay with one worker at the default threads, plus two workers x one thread."""
+    """Batch size x delay at 2 workers x 1 thread (the default), then workers x threads at b16."""
     configs = [
-        {"batch_size": b, "delay_ms": d, "workers": 1, "threads": 0}
+        {"batch_size": b, "delay_ms": d, "workers": 2, "threads": 1}
         for b in batch_sizes
         for d in delays
     ]
+    middle = delays[len(delays) // 2]
     configs += [
-        {"batch_size": b, "delay_ms": delays[len(delays) // 2], "workers": 2, "threads": 1}
-        for b in (1, 16)
-    ]
-    configs += [
-        {"batch_size": 16, "delay_ms": delays[len(delays) // 2], "workers": 1, "threads": 1}
+        {"batch_size": 16, "delay_ms": middle, "workers": w, "threads": t}
+        for w, t in ((1, 2), (1, 1))
     ]
     return configs
 
 
+def package_with_threads(threads: int, store: Path) -> None:
+    """A .mar whose handler runs ``threads`` torch threads per worker, in its own model store."""
+    config = yaml.safe_load(MODEL_CONFIG.read_text())
+    config["handler"]["torch_threads"] = threads
+    config_file = store / "model-config.yaml"
+    store.mkdir(parents=True, exist_ok=True)
+    config_file.write_text(yaml.safe_dump(config))
+    package(DEFAULT_MODEL_DIR, store, config_file)
+
+
 def measure(
-    config: dict[str, int], corpus: list[str], concurrency: int, seconds: float, warmup: float
+    config: dict[str, int],
+    store: Path,
+    corpus: list[str],
+    concurrency: int,
+    seconds: float,
+    warmup: float,
 ) -> dict[str, Any]:
     overrides = torchserve_ctl.local_port_overrides() | {
-        "models": models_entry(config["batch_size"], config["delay_ms"], config["workers"])
+        "model_store": str(store),
+        "models": models_entry(config["batch_size"], config["delay_ms"], config["workers"]),
     }
-    extra_env = {"OMP_NUM_THREADS": str(config["threads"])} if config["threads"] else {}
-    name = f"b{config['batch_size']} d{config['delay_ms']} w{config['workers']}t{config['threads'] or 'default'}"
+    name = f"b{config['batch_size']} d{config['delay_ms']} w{config['workers']}t{config['threads']}"
     with tempfile.TemporaryDirectory(prefix="tune-") as state:
-        server = torchserve_ctl.start(Path(state), overrides=overrides, extra_env=extra_env)
+        server = torchserve_ctl.start(Path(state), overrides=overrides)
         try:
             url = f"{server.inference_url}/predictions/bert"
             run_load(url, server.headers(), corpus, concurrency, warmup, f"{name} warm-up")
@@ -89,11 +104,9 @@ def snippet(best: dict[str, Any], p99_ms: float, concurrency: int) -> str:
         "# Paste into config/config.properties (replacing the models= line).",
         f"models={models_entry(config['batch_size'], config['delay_ms'], config['workers'])}",
     ]
-    if config["threads"]:
-        lines.append(
-            f"# and start TorchServe with OMP_NUM_THREADS={config['threads']} (or set torch_threads: "
-            f"{config['threads']} in config/model-config.yaml and run make package)"
-        )
+    lines.append(
+        f"# and in config/model-config.yaml: handler.torch_threads: {config['threads']} (then make package)"
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -128,7 +141,7 @@ def main() -> int:
     )
     parser.add_argument("--p99-ms", type=float, default=200)
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "tune")
-    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=12)
     parser.add_argument("--warmup", type=float, default=3)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 16, 32])
@@ -138,9 +151,13 @@ def main() -> int:
     corpus = make_corpus()
     configs = grid(args.batch_sizes, args.delays)
     runs = []
-    for number, config in enumerate(configs, start=1):
-        print(f"[tune] {number}/{len(configs)}: {config}", file=sys.stderr)
-        runs.append(measure(config, corpus, args.concurrency, args.seconds, args.warmup))
+    with tempfile.TemporaryDirectory(prefix="tune-stores-") as stores:
+        for threads in sorted({config["threads"] for config in configs}):
+            package_with_threads(threads, Path(stores) / f"threads{threads}")
+        for number, config in enumerate(configs, start=1):
+            print(f"[tune] {number}/{len(configs)}: {config}", file=sys.stderr)
+            store = Path(stores) / f"threads{config['threads']}"
+            runs.append(measure(config, store, corpus, args.concurrency, args.seconds, args.warmup))
     best = recommend(runs, args.p99_ms)
     results = {
         "command": f"make tune P99_MS={args.p99_ms:g}",
