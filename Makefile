@@ -8,6 +8,7 @@ STATE_DIR ?= .run
 
 BENCH     := $(VENV)/.bench-installed
 P99_MS    ?= 200
+CONCURRENCY ?= 8
 
 .PHONY: install model package serve stop status metrics smoke test unit check bench tune chaos clean distclean
 
@@ -63,9 +64,9 @@ $(BENCH): $(STAMP) pyproject.toml
 bench: $(MAR) $(BENCH)
 	$(PY) scripts/bench.py --out docs/bench
 
-## tune: sweep batch size x delay (x workers/threads) -> docs/tune/recommended.properties
+## tune: sweep batch size x delay (x workers/threads) at CONCURRENCY clients -> docs/tune/
 tune: $(MAR) $(BENCH)
-	$(PY) scripts/tune.py --p99-ms $(P99_MS) --out docs/tune
+	$(PY) scripts/tune.py --p99-ms $(P99_MS) --concurrency $(CONCURRENCY) --out docs/tune
 
 ## chaos: faults and overload against a real server -> docs/chaos/chaos.json
 chaos: $(MAR) $(BENCH)

@@ -101,6 +101,27 @@ def best_of(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def budget_sweep(
+    model_dir: Path, corpus: list[str], budgets: list[int], seconds: float
+) -> dict[str, Any]:
+    """texts/s and padding efficiency of 16-text arrival-order windows per max_batch_tokens
+    (how the default budget was chosen)."""
+    loaded = load_model(model_dir, HandlerSettings(), gpu_id=None)
+    out = {}
+    for budget in budgets:
+        done, real, padded, started = 0, 0, 0, time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            window = [corpus[(done + i) % len(corpus)] for i in range(16)]
+            _, stats = classify(loaded, window, HandlerSettings().max_length, budget)
+            done, real, padded = done + 16, real + stats.real_tokens, padded + stats.padded_tokens
+        out[str(budget)] = {
+            "texts_per_s": round(done / (time.perf_counter() - started), 1),
+            "padding_efficiency": round(real / padded, 3),
+        }
+        print(f"  max_batch_tokens {budget}: {out[str(budget)]}", file=sys.stderr)
+    return out
+
+
 def execution_options(model_dir: Path, corpus: list[str], seconds: float) -> dict[str, Any]:
     """Attention kernel and CPU int8 quantization: speed at batch 16, and what int8 costs in
     held-out accuracy and in scores against the float32 model."""
@@ -348,6 +369,10 @@ def main() -> int:
     if not args.smoke:
         print("[bench] execution options (in-process)", file=sys.stderr)
         results["execution_options"] = execution_options(args.model_dir, corpus, 8)
+        print("[bench] max_batch_tokens sweep (in-process, batch 16)", file=sys.stderr)
+        results["budget_sweep"] = budget_sweep(
+            args.model_dir, corpus, [128, 256, 512, 1024, 2048, 8192], 5
+        )
     scenarios: dict[str, Any] = {}
     if not args.smoke:
         print("[bench] TorchServe, batch size 1", file=sys.stderr)

@@ -177,3 +177,14 @@ def test_curl_smoke_script_passes(server) -> None:
     print(result.stdout)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "0 failed" in result.stdout
+
+
+def test_models_cannot_be_registered_over_http(server) -> None:
+    """enable_model_api=false: even with the management token, POST /models is refused."""
+    response = requests.post(
+        f"{server.management_url}/models",
+        params={"url": "https://example.invalid/evil.mar"},
+        headers=server.headers("management"),
+        timeout=30,
+    )
+    assert response.status_code == 405, response.text
