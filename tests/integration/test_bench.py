@@ -13,7 +13,10 @@ from tests.conftest import ROOT
 def test_bench_smoke_run_writes_results(tmp_path) -> None:
     result = subprocess.run(
         [sys.executable, "scripts/bench.py", "--smoke", "--out", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())

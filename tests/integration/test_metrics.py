@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from metrics_summary import scrape, summary
+
 from tests.integration.test_serving import post
 
 

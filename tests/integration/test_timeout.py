@@ -15,9 +15,8 @@ import time
 
 import pytest
 import requests
-import yaml
-
 import torchserve_ctl
+import yaml
 from bench import models_entry
 from package import MODEL_CONFIG, package
 
@@ -25,13 +24,17 @@ RESPONSE_TIMEOUT_S = 4
 
 
 def worker_pid(server: torchserve_ctl.Server) -> int | None:
-    response = requests.get(f"{server.management_url}/models/bert", headers=server.headers("management"), timeout=10)
+    response = requests.get(
+        f"{server.management_url}/models/bert", headers=server.headers("management"), timeout=10
+    )
     workers = response.json()[0]["workers"]
     ready = [w for w in workers if w["status"] == "READY"]
     return int(ready[0]["pid"]) if ready else None
 
 
-def test_hung_batch_is_cut_by_response_timeout_and_the_worker_restarts(tmp_path, real_model_dir) -> None:
+def test_hung_batch_is_cut_by_response_timeout_and_the_worker_restarts(
+    tmp_path, real_model_dir
+) -> None:
     config = yaml.safe_load(MODEL_CONFIG.read_text()) | {"responseTimeout": RESPONSE_TIMEOUT_S}
     (tmp_path / "model-config.yaml").write_text(yaml.safe_dump(config))
     store = tmp_path / "store"
@@ -62,7 +65,9 @@ def test_hung_batch_is_cut_by_response_timeout_and_the_worker_restarts(tmp_path,
             time.sleep(1)
         else:
             pytest.fail("no new READY worker within 120 s of the timeout")
-        assert requests.post(url, data=b"fine again", headers=headers, timeout=30).status_code == 200
+        assert (
+            requests.post(url, data=b"fine again", headers=headers, timeout=30).status_code == 200
+        )
     finally:
         if hung is not None:
             try:
