@@ -36,7 +36,6 @@ serve:
 	@bash scripts/check_java.sh
 	@$(MAKE) --no-print-directory $(MAR)
 	$(PY) scripts/torchserve_ctl.py start --state-dir $(STATE_DIR)
-	@bash scripts/curl_example.sh $(STATE_DIR)
 
 stop:
 	@if [ -x $(PY) ]; then $(PY) scripts/torchserve_ctl.py stop --state-dir $(STATE_DIR); fi

@@ -187,22 +187,25 @@ def start(
     return server
 
 
-def start_or_reuse(state_dir: Path) -> Server:
-    """Idempotent start: keep a running instance unless the .mar changed since it started."""
+def start_or_reuse(state_dir: Path, overrides: dict[str, str] | None = None) -> Server:
+    """Idempotent start: keep a running instance unless its config or its .mar changed."""
     if (state_dir / "config.properties").is_file():
         server = server_for(state_dir)
         pid = server.pid()
         if pid is not None:
             started = (server.tmp_dir / ".model_server.pid").stat().st_mtime
             archive = Path(server.properties["model_store"]) / f"{MODEL_NAME}.mar"
-            if archive.stat().st_mtime <= started:
+            if server.properties != effective_properties(overrides):
+                print("config.properties changed since TorchServe started: restarting")
+            elif archive.stat().st_mtime > started:
+                print(f"{archive.name} changed since TorchServe started: restarting")
+            else:
                 print(
-                    f"TorchServe already runs from {state_dir} (pid {pid}) with the current {archive.name}"
+                    f"TorchServe already runs from {state_dir} (pid {pid}), config and {archive.name} unchanged"
                 )
                 return server
-            print(f"{archive.name} changed since TorchServe started: restarting")
             stop(server)
-    return start(state_dir)
+    return start(state_dir, overrides)
 
 
 def curl_example(server: Server) -> str:

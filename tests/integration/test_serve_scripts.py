@@ -1,0 +1,46 @@
+"""What `make serve` relies on: an idempotent start, and a clear failure without Java."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import torchserve_ctl
+
+from tests.conftest import MAR_PATH, ROOT
+
+
+def test_second_start_reuses_the_server_and_a_new_mar_restarts_it(tmp_path) -> None:
+    """start_or_reuse keeps a running server, and restarts it when the .mar or the config changed."""
+    overrides = torchserve_ctl.local_port_overrides()
+    server = torchserve_ctl.start(tmp_path, overrides=overrides)
+    try:
+        first_pid = server.pid()
+        again = torchserve_ctl.start_or_reuse(tmp_path, overrides)
+        assert again.pid() == first_pid
+        os.utime(MAR_PATH)
+        restarted = torchserve_ctl.start_or_reuse(tmp_path, overrides)
+        assert restarted.pid() not in (None, first_pid)
+        assert restarted.inference_url == server.inference_url
+        previous_pid = restarted.pid()
+        changed = torchserve_ctl.start_or_reuse(tmp_path, overrides | {"job_queue_size": "50"})
+        assert changed.pid() not in (None, previous_pid)
+        assert changed.properties["job_queue_size"] == "50"
+    finally:
+        torchserve_ctl.stop(torchserve_ctl.server_for(tmp_path))
+    assert torchserve_ctl.server_for(tmp_path).pid() is None
+
+
+def test_missing_java_fails_fast_with_the_fix() -> None:
+    """scripts/check_java.sh, the first step of `make serve`, names the package to install."""
+    env = {"PATH": "/nonexistent", "HOME": os.environ.get("HOME", "/root")}
+    result = subprocess.run(
+        ["/bin/bash", "scripts/check_java.sh"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 1
+    assert "Java 17 is required" in result.stderr and "openjdk-17" in result.stderr
