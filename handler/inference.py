@@ -43,10 +43,6 @@ class BatchStats:
     tokenize_ms: float = 0.0
     forward_ms: float = 0.0
 
-    @property
-    def padding_efficiency(self) -> float:
-        return self.real_tokens / self.padded_tokens if self.padded_tokens else 1.0
-
 
 def tokenize(tokenizer: Any, texts: Sequence[str], max_length: int) -> list[TokenizedText]:
     """One tokenizer call for the whole batch, truncated at ``max_length``, not padded."""
