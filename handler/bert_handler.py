@@ -101,6 +101,7 @@ class BertHandler(BaseHandler):  # type: ignore[misc]
                 self.classify,
                 self.settings.max_chars,
                 observe=self.metrics.emit,
+                max_texts=self.settings.max_texts_per_request,
             )
             for index, response in enumerate(responses):
                 context.set_response_status(response.status, response.phrase, index)

@@ -23,6 +23,8 @@ from handler.errors import ErrorCode
 
 BODY_KEYS = ("body", "data")
 TEXT_FIELD = "text"
+TEXTS_FIELD = "texts"
+DEFAULT_MAX_TEXTS = 64
 FORM_MEDIA_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 
 
@@ -37,7 +39,14 @@ class Rejected:
     message: str
 
 
-Decoded = ValidText | Rejected
+@dataclass(frozen=True)
+class TextList:
+    """A list request: each text validated on its own, in order."""
+
+    items: tuple[ValidText | Rejected, ...]
+
+
+Decoded = ValidText | Rejected | TextList
 
 
 def media_type(content_type: str | None) -> str:
@@ -49,18 +58,25 @@ def is_json(media: str) -> bool:
     return media == "application/json" or media.endswith("+json")
 
 
-def decode_request(fields: Mapping[str, Any], content_type: str | None, max_chars: int) -> Decoded:
+def decode_request(
+    fields: Mapping[str, Any],
+    content_type: str | None,
+    max_chars: int,
+    max_texts: int = DEFAULT_MAX_TEXTS,
+) -> Decoded:
     """Find the text of one request and validate it."""
     media = media_type(content_type)
     for key in BODY_KEYS:
         if key in fields:
-            return decode_body(fields[key], media, max_chars)
+            return decode_body(fields[key], media, max_chars, max_texts)
     if TEXT_FIELD in fields:
         return _checked_text(fields[TEXT_FIELD], max_chars)
     return Rejected(ErrorCode.MISSING_FIELD, _missing_text_message(media, sorted(fields)))
 
 
-def decode_body(body: Any, media: str, max_chars: int) -> Decoded:
+def decode_body(
+    body: Any, media: str, max_chars: int, max_texts: int = DEFAULT_MAX_TEXTS
+) -> Decoded:
     """A whole request body: JSON when the Content-Type says so, else UTF-8 text."""
     if isinstance(body, bytes | bytearray):
         if not is_json(media):
@@ -72,24 +88,54 @@ def decode_body(body: Any, media: str, max_chars: int) -> Decoded:
             body = json.loads(text)
         except (ValueError, RecursionError) as error:
             return Rejected(ErrorCode.INVALID_JSON, f"the body is not valid JSON: {_short(error)}")
-        return _text_from_json(body, max_chars)
+        return _text_from_json(body, max_chars, max_texts)
     if isinstance(body, str) and not is_json(media):
         return _checked_text(body, max_chars)
-    return _text_from_json(body, max_chars)
+    return _text_from_json(body, max_chars, max_texts)
 
 
-def _text_from_json(document: Any, max_chars: int) -> Decoded:
+def _text_from_json(document: Any, max_chars: int, max_texts: int) -> Decoded:
     if not isinstance(document, dict):
         return Rejected(
             ErrorCode.INVALID_TYPE,
             f'the JSON body must be an object like {{"text": "..."}}, got {_json_type(document)}',
         )
+    if TEXTS_FIELD in document:
+        return _text_list(document, max_chars, max_texts)
     if TEXT_FIELD not in document:
         return Rejected(ErrorCode.MISSING_FIELD, 'the JSON object has no "text" field')
     text = document[TEXT_FIELD]
     if not isinstance(text, str):
         return Rejected(ErrorCode.INVALID_TYPE, f'"text" must be a string, got {_json_type(text)}')
     return validate_text(text, max_chars)
+
+
+def _text_list(document: dict[str, Any], max_chars: int, max_texts: int) -> TextList | Rejected:
+    """``{"texts": [...]}``: the list is checked as a whole, then each text on its own."""
+    if TEXT_FIELD in document:
+        return Rejected(ErrorCode.INVALID_TYPE, 'send either "text" or "texts", not both')
+    texts = document[TEXTS_FIELD]
+    if not isinstance(texts, list):
+        return Rejected(
+            ErrorCode.INVALID_TYPE, f'"texts" must be an array of strings, got {_json_type(texts)}'
+        )
+    if not texts:
+        return Rejected(ErrorCode.EMPTY_TEXT, '"texts" is an empty array')
+    if len(texts) > max_texts:
+        return Rejected(
+            ErrorCode.PAYLOAD_TOO_LARGE,
+            f'"texts" has {len(texts):,} items; the limit is {max_texts:,}',
+        )
+    return TextList(
+        tuple(
+            validate_text(text, max_chars)
+            if isinstance(text, str)
+            else Rejected(
+                ErrorCode.INVALID_TYPE, f"texts[{index}] must be a string, got {_json_type(text)}"
+            )
+            for index, text in enumerate(texts)
+        )
+    )
 
 
 def _checked_text(value: Any, max_chars: int) -> Decoded:
@@ -106,7 +152,7 @@ def _checked_text(value: Any, max_chars: int) -> Decoded:
     return validate_text(value, max_chars)
 
 
-def validate_text(text: str, max_chars: int) -> Decoded:
+def validate_text(text: str, max_chars: int) -> ValidText | Rejected:
     if len(text) > max_chars:
         return Rejected(
             ErrorCode.PAYLOAD_TOO_LARGE,

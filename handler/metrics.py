@@ -9,10 +9,10 @@ client's default 0.005..10 buckets, useless for batch sizes and milliseconds.)
 
     metric            dimensions                 per batch, adds
     Batches           ModelName, Level           1
-    BatchItems        ModelName, Level           requests in the batch
+    BatchItems        ModelName, Level           requests in the batch (a list request is one)
     SubBatches        ModelName, Level           forward passes run
-    ItemsAccepted     ModelName, Level           requests answered 200
-    ItemsRejected     Reason, ModelName, Level   requests answered an error, by error code
+    ItemsAccepted     ModelName, Level           texts classified (each text of a list counts)
+    ItemsRejected     Reason, ModelName, Level   requests or texts rejected, by error code
     ItemsTruncated    ModelName, Level           texts cut at max_length
     RealTokens        ModelName, Level           tokens of the texts
     PaddedTokens      ModelName, Level           tokens the forward passes computed
@@ -29,22 +29,30 @@ from typing import Any
 
 from handler.decoding import Rejected
 from handler.inference import BatchStats, Prediction
+from handler.pipeline import ItemOutcome, ListOutcome, Outcome
 
 logger = logging.getLogger(__name__)
 
 LEVEL = "Model"
 
 
-def batch_metrics(outcomes: Sequence[Prediction | Rejected], stats: BatchStats) -> dict[str, float]:
+def texts_of(outcomes: Sequence[Outcome]) -> list[ItemOutcome]:
+    """One outcome per text: a list request counts each of its texts."""
+    items: list[ItemOutcome] = []
+    for outcome in outcomes:
+        items += outcome.items if isinstance(outcome, ListOutcome) else [outcome]
+    return items
+
+
+def batch_metrics(outcomes: Sequence[Outcome], stats: BatchStats) -> dict[str, float]:
     """The counter increments of one batch (without the per-reason rejections)."""
+    texts = texts_of(outcomes)
     return {
         "Batches": 1,
         "BatchItems": len(outcomes),
         "SubBatches": len(stats.sub_batches),
-        "ItemsAccepted": sum(isinstance(outcome, Prediction) for outcome in outcomes),
-        "ItemsTruncated": sum(
-            isinstance(outcome, Prediction) and outcome.truncated for outcome in outcomes
-        ),
+        "ItemsAccepted": sum(isinstance(item, Prediction) for item in texts),
+        "ItemsTruncated": sum(isinstance(item, Prediction) and item.truncated for item in texts),
         "RealTokens": stats.real_tokens,
         "PaddedTokens": stats.padded_tokens,
         "TokenizeMs": round(stats.tokenize_ms, 3),
@@ -52,9 +60,9 @@ def batch_metrics(outcomes: Sequence[Prediction | Rejected], stats: BatchStats) 
     }
 
 
-def rejections_by_reason(outcomes: Sequence[Prediction | Rejected]) -> dict[str, int]:
+def rejections_by_reason(outcomes: Sequence[Outcome]) -> dict[str, int]:
     return dict(
-        Counter(outcome.code.value for outcome in outcomes if isinstance(outcome, Rejected))
+        Counter(item.code.value for item in texts_of(outcomes) if isinstance(item, Rejected))
     )
 
 
@@ -65,7 +73,7 @@ class MetricsEmitter:
         self.cache = cache
         self.model_name = model_name
 
-    def emit(self, outcomes: Sequence[Prediction | Rejected], stats: BatchStats) -> None:
+    def emit(self, outcomes: Sequence[Outcome], stats: BatchStats) -> None:
         if self.cache is None:
             return
         try:

@@ -12,13 +12,31 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from handler.decoding import Decoded, Rejected, ValidText, decode_request
+from handler.decoding import (
+    DEFAULT_MAX_TEXTS,
+    Decoded,
+    Rejected,
+    TextList,
+    ValidText,
+    decode_request,
+)
 from handler.errors import HTTP_STATUS, ErrorCode, error_body
 from handler.inference import BatchStats, Prediction
 
 logger = logging.getLogger(__name__)
 
-Outcome = Prediction | Rejected
+ItemOutcome = Prediction | Rejected
+
+
+@dataclass(frozen=True)
+class ListOutcome:
+    """The answer to a list request: one prediction or error per text, in order."""
+
+    items: tuple[ItemOutcome, ...]
+
+
+Outcome = ItemOutcome | ListOutcome
+Slot = tuple[int, int | None]
 Classifier = Callable[[Sequence[str]], tuple[list[Prediction], BatchStats]]
 BatchObserver = Callable[[Sequence[Outcome], BatchStats], None]
 
@@ -39,41 +57,72 @@ class Response:
     body: str
 
 
-def safe_decode(request: IncomingRequest, max_chars: int) -> Decoded:
+def safe_decode(
+    request: IncomingRequest, max_chars: int, max_texts: int = DEFAULT_MAX_TEXTS
+) -> Decoded:
     try:
-        return decode_request(request.fields, request.content_type, max_chars)
+        return decode_request(request.fields, request.content_type, max_chars, max_texts)
     except Exception:
         logger.exception("request %s: decoding raised; this is a bug", request.request_id)
         return Rejected(ErrorCode.INTERNAL_ERROR, "the request could not be decoded (server bug)")
 
 
+def valid_slots(decoded: Sequence[Decoded]) -> list[tuple[Slot, str]]:
+    """Every valid text of the batch with its place: (request index, index in its list or None)."""
+    slots: list[tuple[Slot, str]] = []
+    for index, item in enumerate(decoded):
+        if isinstance(item, ValidText):
+            slots.append(((index, None), item.text))
+        elif isinstance(item, TextList):
+            slots += [
+                ((index, j), sub.text)
+                for j, sub in enumerate(item.items)
+                if isinstance(sub, ValidText)
+            ]
+    return slots
+
+
+def assemble(index: int, item: Decoded, results: dict[Slot, ItemOutcome]) -> Outcome:
+    """Put the results back into the shape of the request they came from."""
+    if isinstance(item, Rejected):
+        return item
+    if isinstance(item, ValidText):
+        return results.get((index, None), _placeholder())
+    return ListOutcome(
+        tuple(
+            sub if isinstance(sub, Rejected) else results.get((index, j), _placeholder())
+            for j, sub in enumerate(item.items)
+        )
+    )
+
+
 def classify_valid(
     decoded: Sequence[Decoded], classifier: Classifier
 ) -> tuple[list[Outcome], BatchStats]:
-    """Run the valid items in one call and put each result back at its own index."""
-    valid = [(i, item.text) for i, item in enumerate(decoded) if isinstance(item, ValidText)]
-    valid_positions = [i for i, _ in valid]
-    texts = [text for _, text in valid]
-    outcomes: list[Outcome] = [
-        item if isinstance(item, Rejected) else _placeholder() for item in decoded
-    ]
-    if not texts:
-        return outcomes, BatchStats()
-    try:
-        predictions, stats = classifier(texts)
-        if len(predictions) != len(texts):
-            raise AssertionError(
-                f"classifier returned {len(predictions)} predictions for {len(texts)} texts; this is a bug"
+    """Run every valid text of the batch (single and list requests alike) in one call and put
+    each result back at its own place."""
+    slots = valid_slots(decoded)
+    texts = [text for _, text in slots]
+    results: dict[Slot, ItemOutcome] = {}
+    stats = BatchStats()
+    if texts:
+        try:
+            predictions, stats = classifier(texts)
+            if len(predictions) != len(texts):
+                raise AssertionError(
+                    f"classifier returned {len(predictions)} predictions for {len(texts)} texts; this is a bug"
+                )
+            results = {
+                slot: prediction for (slot, _), prediction in zip(slots, predictions, strict=True)
+            }
+        except Exception:
+            logger.exception("classifying a batch of %d texts failed", len(texts))
+            failure = Rejected(
+                ErrorCode.INTERNAL_ERROR, "the model failed on this batch; retry later"
             )
-    except Exception:
-        logger.exception("classifying a batch of %d texts failed", len(texts))
-        failure = Rejected(ErrorCode.INTERNAL_ERROR, "the model failed on this batch; retry later")
-        for i in valid_positions:
-            outcomes[i] = failure
-        return outcomes, BatchStats(texts=len(texts))
-    for i, prediction in zip(valid_positions, predictions, strict=True):
-        outcomes[i] = prediction
-    return outcomes, stats
+            results = {slot: failure for slot, _ in slots}
+            stats = BatchStats(texts=len(texts))
+    return [assemble(index, item, results) for index, item in enumerate(decoded)], stats
 
 
 def _placeholder() -> Rejected:
@@ -81,13 +130,24 @@ def _placeholder() -> Rejected:
 
 
 def render(outcome: Outcome, request_id: str) -> Response:
+    """A rejected request answers its error status; a list request answers 200 with an entry
+    per text (a prediction, or ``{"error": ...}`` for that text alone)."""
     if isinstance(outcome, Rejected):
         status, phrase = HTTP_STATUS[outcome.code]
         body: dict[str, Any] = error_body(outcome.code, outcome.message, request_id)
+    elif isinstance(outcome, ListOutcome):
+        status, phrase = 200, "OK"
+        body = {"results": [_list_entry(item) for item in outcome.items], "request_id": request_id}
     else:
         status, phrase = 200, "OK"
         body = {**asdict(outcome), "request_id": request_id}
     return Response(status=status, phrase=phrase, body=json.dumps(body))
+
+
+def _list_entry(item: ItemOutcome) -> dict[str, Any]:
+    if isinstance(item, Rejected):
+        return {"error": {"code": item.code.value, "message": item.message}}
+    return asdict(item)
 
 
 def run_batch(
@@ -95,13 +155,14 @@ def run_batch(
     classifier: Classifier,
     max_chars: int,
     observe: BatchObserver | None = None,
+    max_texts: int = DEFAULT_MAX_TEXTS,
 ) -> list[Response]:
     """One response per request, in order; an unexpected failure answers 500 to this batch only.
 
     ``observe`` sees every batch's outcomes and stats (the metrics); it must not raise.
     """
     try:
-        decoded = [safe_decode(request, max_chars) for request in requests]
+        decoded = [safe_decode(request, max_chars, max_texts) for request in requests]
         outcomes, stats = classify_valid(decoded, classifier)
     except Exception:
         logger.exception("batch of %d failed unexpectedly; this is a bug", len(requests))

@@ -24,6 +24,8 @@ class HandlerSettings:
     """Tokens per text, special tokens included; longer texts are truncated."""
     max_chars: int = 10_000
     """Characters per text; longer texts are rejected before tokenization (413)."""
+    max_texts_per_request: int = 64
+    """Texts in one ``{"texts": [...]}`` request; a longer list answers 413."""
     max_batch_tokens: int = 256
     """Padded tokens (rows x longest row) per forward pass; larger batches are split."""
     device: str = "auto"
@@ -44,6 +46,10 @@ class HandlerSettings:
     def __post_init__(self) -> None:
         _require(self.max_length >= 8, f"max_length must be at least 8, got {self.max_length}")
         _require(self.max_chars >= 1, f"max_chars must be at least 1, got {self.max_chars}")
+        _require(
+            self.max_texts_per_request >= 1,
+            f"max_texts_per_request must be at least 1, got {self.max_texts_per_request}",
+        )
         _require(
             self.max_batch_tokens >= self.max_length,
             f"max_batch_tokens ({self.max_batch_tokens}) must be at least "

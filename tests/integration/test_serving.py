@@ -188,3 +188,21 @@ def test_models_cannot_be_registered_over_http(server) -> None:
         timeout=30,
     )
     assert response.status_code == 405, response.text
+
+
+def test_list_request_answers_each_text_in_order(server, predict_url) -> None:
+    """{"texts": [...]}: one entry per text; a bad text fails alone; over 64 texts is a 413."""
+    texts = ["An absolute delight from start to finish.", "", "A tedious, joyless mess.", 7]
+    response = post(server, predict_url, json.dumps({"texts": texts}), "application/json")
+    assert response.status_code == 200
+    results = response.json()["results"]
+    assert [entry.get("label") for entry in results] == ["positive", None, "negative", None]
+    assert [entry.get("error", {}).get("code") for entry in results] == [
+        None,
+        "empty_text",
+        None,
+        "invalid_type",
+    ]
+    too_many = post(server, predict_url, json.dumps({"texts": ["fine"] * 65}), "application/json")
+    assert too_many.status_code == 413
+    assert too_many.json()["error"]["code"] == "payload_too_large"

@@ -179,6 +179,10 @@ json_documents = st.builds(
     st.one_of(
         json_values,
         st.builds(lambda text: {"text": text}, st.one_of(st.text(any_char), near_limit_strings)),
+        st.builds(  # list requests: any items, sometimes over the 64-text limit
+            lambda texts: {"texts": texts},
+            st.lists(st.one_of(st.text(any_char, max_size=40), json_scalars), max_size=70),
+        ),
         st.dictionaries(
             st.text(any_char, max_size=8).filter(lambda key: key != "text"), json_values, max_size=4
         ),
@@ -293,6 +297,16 @@ def expected_request_id(sent: Sent, index: int) -> str:
 
 
 def check_success(document: dict[str, Any]) -> None:
+    if "results" in document:  # a list request: one prediction or error per text
+        assert set(document) == {"results", "request_id"}, document
+        for entry in document["results"]:
+            if "error" in entry:
+                assert set(entry) == {"error"} and entry["error"]["code"] in CLIENT_ERROR_CODES, (
+                    entry
+                )
+            else:
+                check_success({**entry, "request_id": document["request_id"]})
+        return
     assert set(document) == SUCCESS_KEYS, document
     scores = document["scores"]
     assert set(scores) == set(LABELS), document

@@ -42,9 +42,26 @@ def test_from_mapping_reads_every_field() -> None:
             "device": "cpu",
             "torch_threads": 2,
             "labels": ["negative", "positive"],
+            "max_texts_per_request": 8,
+            "attention": "eager",
+            "half_precision": True,
+            "pin_memory": False,
+            "quantize_int8": True,
         }
     )
-    assert settings == HandlerSettings(64, 500, 64, "cpu", 2, ("negative", "positive"))
+    assert settings == HandlerSettings(
+        max_length=64,
+        max_chars=500,
+        max_batch_tokens=64,
+        device="cpu",
+        torch_threads=2,
+        labels=("negative", "positive"),
+        max_texts_per_request=8,
+        attention="eager",
+        half_precision=True,
+        pin_memory=False,
+        quantize_int8=True,
+    )
 
 
 @pytest.mark.parametrize("labels", [["negative", "positive"], ("negative", "positive")])
