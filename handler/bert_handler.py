@@ -7,7 +7,6 @@ the unit tests do. This module must define exactly one class: TorchServe looks i
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import Mapping, Sequence
@@ -16,11 +15,12 @@ from typing import Any
 
 from ts.torch_handler.base_handler import BaseHandler
 
-from handler.errors import ErrorCode, error_body
+from handler.decoding import Rejected
+from handler.errors import ErrorCode
 from handler.inference import BatchStats, Prediction, classify
 from handler.metrics import MetricsEmitter
 from handler.model import LoadedModel, load_model
-from handler.pipeline import IncomingRequest, run_batch
+from handler.pipeline import IncomingRequest, render, run_batch
 from handler.settings import HandlerSettings
 
 logger = logging.getLogger(__name__)
@@ -113,13 +113,12 @@ class BertHandler(BaseHandler):  # type: ignore[misc]
 
 
 def _internal_errors(batch: Sequence[Any], context: Any) -> list[str]:
+    """Last resort when the wiring itself failed: 500 for each request, in the usual shape."""
+    failure = Rejected(ErrorCode.INTERNAL_ERROR, "the batch failed (server bug)")
     bodies = []
     for index in range(len(batch)):
-        context.set_response_status(500, "Internal Server Error", index)
-        body = error_body(
-            ErrorCode.INTERNAL_ERROR,
-            "the batch failed (server bug)",
-            str(context.get_request_id(index)),
-        )
-        bodies.append(json.dumps(body))
+        response = render(failure, str(context.get_request_id(index)))
+        context.set_response_status(response.status, response.phrase, index)
+        context.set_response_content_type(index, JSON_CONTENT_TYPE)
+        bodies.append(response.body)
     return bodies
