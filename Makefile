@@ -75,7 +75,7 @@ unit: $(STAMP)
 	$(PY) -m pytest tests/unit -q
 
 check: $(STAMP)
-	$(VENV)/bin/ruff check handler scripts tests
+	$(VENV)/bin/ruff check handler bert_serve scripts tests
 	$(VENV)/bin/mypy
 	@echo "pip-audit (packages it could not look up are listed as skipped, not as safe):"
 	$(VENV)/bin/pip-audit --skip-editable --progress-spinner off

@@ -1,0 +1,112 @@
+"""The Python client and the `bert-serve` command against the real torchserve of the session."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from loadgen import make_corpus
+
+from bert_serve import BertServeError, Client
+
+BERT_SERVE = Path(sys.executable).parent / "bert-serve"
+# Positions (0-based) and contents of the bad lines mixed into the 500-line file.
+BAD_LINES = {
+    3: (b"", "empty_text"),
+    77: (b"   \t ", "empty_text"),
+    150: (b"caf\xe9 latin-1, not UTF-8", "invalid_encoding"),
+    321: (b"long " * 2001, "payload_too_large"),
+    499: (b"", "empty_text"),
+}
+
+
+@pytest.fixture(scope="module")
+def client(server) -> Client:
+    return Client(server.inference_url, token=server.key("inference"))
+
+
+def test_classify_one_text(client: Client) -> None:
+    assert client.classify("An absolute delight from start to finish.").label == "positive"
+    assert client.classify("A tedious, joyless mess.").label == "negative"
+
+
+def test_classify_raises_the_servers_code(client: Client) -> None:
+    with pytest.raises(BertServeError) as caught:
+        client.classify("  ")
+    assert (caught.value.code, caught.value.status) == ("empty_text", 400)
+    assert caught.value.request_id and caught.value.request_id.startswith("bert-serve-")
+
+
+def test_a_wrong_token_is_a_typed_error(server) -> None:
+    with pytest.raises(BertServeError) as caught:
+        Client(server.inference_url, token="not-the-key").classify("fine")
+    assert caught.value.code == "unauthorized"
+
+
+def test_classify_many_mixed_valid_and_invalid_texts(client: Client) -> None:
+    """Bad texts fail alone, in place; good texts score as they do when sent one by one."""
+    texts = make_corpus(size=120, seed=3)
+    bad = {5: ("", "empty_text"), 40: ("\ud800 lone surrogate", "invalid_encoding"), 41: ("x" * 10_001, "payload_too_large")}
+    for position, (text, _) in bad.items():
+        texts[position] = text
+    results = client.classify_many(texts, chunk_size=16, concurrency=3)
+    assert len(results) == len(texts)
+    for position, result in enumerate(results):
+        if position in bad:
+            assert result.error is not None and result.error.code == bad[position][1]
+        else:
+            assert result.ok, (position, result)
+    for position in (0, 39, 42, 119):
+        alone = client.classify(texts[position])
+        batched = results[position].prediction
+        assert batched is not None and batched.label == alone.label
+        assert batched.scores == pytest.approx(alone.scores, abs=1e-4)
+
+
+def write_texts_file(path: Path, size: int = 500) -> list[bytes]:
+    lines = [text.encode() for text in make_corpus(size=size, seed=5)]
+    for position, (line, _) in BAD_LINES.items():
+        lines[position] = line
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return lines
+
+
+def test_cli_classifies_a_500_line_file_into_jsonl(server, tmp_path: Path) -> None:
+    """The issue's 'done means': 500 texts, one command, a JSONL with per-line errors, exit 1."""
+    texts_file, out = tmp_path / "texts.txt", tmp_path / "results.jsonl"
+    write_texts_file(texts_file)
+    key_file = server.state_dir / "key_file.json"
+    command = [str(BERT_SERVE), "classify", "--file", str(texts_file), "--out", str(out)]
+    command += ["--url", server.inference_url, "--key-file", str(key_file), "--no-progress"]
+    finished = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert finished.returncode == 1, finished.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [row["line"] for row in rows] == list(range(1, 501))
+    for position, row in enumerate(rows):
+        if position in BAD_LINES:
+            assert row["error"]["code"] == BAD_LINES[position][1], row
+        else:
+            assert row["label"] in ("positive", "negative") and "error" not in row, row
+    assert "500 texts: 495 classified" in finished.stderr
+    assert "5 failed (empty_text 3, invalid_encoding 1, payload_too_large 1)" in finished.stderr
+
+
+def test_cli_one_text_finds_the_key_file_in_the_working_directory(server) -> None:
+    finished = subprocess.run(
+        [str(BERT_SERVE), "classify", "--url", server.inference_url, "An absolute delight."],
+        capture_output=True, text=True, timeout=60, cwd=server.state_dir,
+    )
+    assert finished.returncode == 0, finished.stderr
+    assert json.loads(finished.stdout)["label"] == "positive"
+
+
+def test_cli_without_a_token_fails_clearly(server, tmp_path: Path) -> None:
+    finished = subprocess.run(
+        [str(BERT_SERVE), "classify", "--url", server.inference_url, "fine"],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+    )
+    assert finished.returncode == 2
+    assert "unauthorized" in finished.stderr and "--key-file" in finished.stderr
