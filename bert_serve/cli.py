@@ -43,11 +43,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     classify.add_argument("--url", default=os.environ.get("BERT_SERVE_URL", DEFAULT_URL))
     classify.add_argument("--model", default=DEFAULT_MODEL)
     auth = classify.add_mutually_exclusive_group()
-    auth.add_argument("--token", default=os.environ.get("BERT_SERVE_TOKEN"), help="TorchServe inference key")
+    auth.add_argument("--token", help="TorchServe inference key (or $BERT_SERVE_TOKEN)")
     auth.add_argument(
         "--key-file",
-        default=os.environ.get("BERT_SERVE_KEY_FILE"),
-        help="TorchServe's key_file.json (default: ./key_file.json or ./.run/key_file.json if present)",
+        help="TorchServe's key_file.json (or $BERT_SERVE_KEY_FILE; default: ./key_file.json or ./.run/key_file.json if present)",
     )
     classify.add_argument("--chunk-size", type=int, default=DEFAULT_CHUNK_SIZE, help="texts per request")
     classify.add_argument("--concurrency", type=int, default=4, help="requests in flight")
@@ -58,11 +57,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def resolve_token(args: argparse.Namespace) -> str | None:
-    """--token, else --key-file, else a key file where TorchServe or `make serve` leaves it."""
-    if args.token:
-        return str(args.token)
-    if args.key_file:
-        return token_from_key_file(args.key_file)
+    """--token, --key-file, their environment variables, else a key file where TorchServe or
+    `make serve` leaves it; None (no Authorization header) if there is none."""
+    token = args.token or (None if args.key_file else os.environ.get("BERT_SERVE_TOKEN"))
+    if token:
+        return str(token)
+    key_file = args.key_file or os.environ.get("BERT_SERVE_KEY_FILE")
+    if key_file:
+        return token_from_key_file(key_file)
     found = next((path for path in KEY_FILE_CANDIDATES if path.is_file()), None)
     return token_from_key_file(found) if found else None
 

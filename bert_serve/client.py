@@ -12,12 +12,14 @@ Errors, by where they come from:
       code from TorchServe's status  unauthorized (token), model_not_found,
                                      unavailable (503, queue full), worker_died (507),
                                      payload_too_large (413, over max_request_size), http_<status>
-      no status                      connection_failed (after the retries)
+      no status                      connection_failed (after the retries), timeout,
+                                     bad_response (not the JSON the API promises)
 
 503, 507 and connection errors are retried with exponential backoff and jitter: a
-classification can be repeated safely. In `classify_many`, an error that would repeat for
-every chunk (`REQUEST_WIDE_CODES`, or no connection) raises; any other failure of a chunk
-becomes that chunk's items' error, and the other chunks go on.
+classification can be repeated safely. A timeout is not retried: the server may still be
+working on it. In `classify_many`, an error that would repeat for every chunk
+(`REQUEST_WIDE_CODES`) raises; any other failure of a chunk becomes that chunk's items'
+error, and the other chunks go on.
 """
 
 from __future__ import annotations
@@ -41,7 +43,9 @@ DEFAULT_MODEL = "bert"
 DEFAULT_CHUNK_SIZE = 64
 DEFAULT_MAX_REQUEST_BYTES = 1_000_000
 RETRY_STATUSES = frozenset({503, 507})
-REQUEST_WIDE_CODES = frozenset({"unauthorized", "model_not_found", "http_400", "http_404", "http_405"})
+REQUEST_WIDE_CODES = frozenset(
+    {"unauthorized", "model_not_found", "connection_failed", "http_400", "http_404", "http_405"}
+)
 TORCHSERVE_STATUS_CODES = {
     404: "model_not_found",
     413: "payload_too_large",
@@ -69,13 +73,16 @@ class Prediction:
     truncated: bool
 
     @classmethod
-    def from_json(cls, body: dict[str, Any]) -> Prediction:
-        return cls(
-            label=str(body["label"]),
-            score=float(body["score"]),
-            scores={str(k): float(v) for k, v in body["scores"].items()},
-            truncated=bool(body.get("truncated", False)),
-        )
+    def from_json(cls, body: Any) -> Prediction:
+        try:
+            return cls(
+                label=str(body["label"]),
+                score=float(body["score"]),
+                scores={str(k): float(v) for k, v in body["scores"].items()},
+                truncated=bool(body.get("truncated", False)),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise BertServeError("bad_response", f"not a prediction: {body!r:.200}") from error
 
 
 @dataclass(frozen=True)
@@ -199,10 +206,11 @@ class Client:
                 response = self._session().post(self.predict_url, json=payload, headers=headers, timeout=self.timeout)
             except requests.ConnectionError as error:
                 failure = BertServeError("connection_failed", f"{self.predict_url}: {error}")
+            except requests.Timeout as error:
+                raise BertServeError("timeout", f"no answer within {self.timeout} s: {error}") from error
             else:
                 if response.status_code == 200:
-                    body: dict[str, Any] = response.json()
-                    return body
+                    return _json_object(response)
                 failure = error_from_response(response)
                 if response.status_code not in RETRY_STATUSES:
                     raise failure
@@ -220,7 +228,7 @@ class Client:
         try:
             body = self._post({"texts": texts})
         except BertServeError as error:
-            if error.code in REQUEST_WIDE_CODES or error.status is None:
+            if error.code in REQUEST_WIDE_CODES:
                 raise
             return [ItemResult(error=ItemError(error.code, error.message))] * len(texts)
         results = body.get("results")
@@ -259,6 +267,16 @@ class Client:
     def classify_many(self, texts: Iterable[str], **options: Any) -> list[ItemResult]:
         """All results, in order; see `classify_iter` for the options."""
         return list(self.classify_iter(texts, **options))
+
+
+def _json_object(response: requests.Response) -> dict[str, Any]:
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        raise BertServeError("bad_response", f"expected a JSON object, got {response.text!r:.200}", response.status_code)
+    return body
 
 
 def _item_result(entry: Any) -> ItemResult:

@@ -58,10 +58,13 @@ class Stub:
                 stub.requests.append((dict(self.headers), body))
                 status, answer = stub.reply(body)
                 data = b"" if answer is None else json.dumps(answer).encode()
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up first (the timeout test)
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -207,6 +210,26 @@ def test_a_request_wide_error_stops_classify_many(stub_factory: Callable[..., St
         client.classify_many(["a"] * 10, chunk_size=2, concurrency=2)
 
 
+def test_a_timeout_is_not_retried(stub_factory: Callable[..., Stub]) -> None:
+    def slow(body: dict[str, Any]) -> Reply:
+        time.sleep(0.5)
+        return echo(body)
+
+    stub = stub_factory(slow)
+    client, sleeps = client_for(stub, timeout=0.1)
+    with pytest.raises(BertServeError) as caught:
+        client.classify("x")
+    assert caught.value.code == "timeout" and len(stub.requests) == 1 and sleeps == []
+
+
+@pytest.mark.parametrize("body", [[1, 2], {"label": "x"}, {"label": "x", "score": "high", "scores": {}}])
+def test_a_200_that_is_not_a_prediction_is_a_bad_response(stub_factory: Callable[..., Stub], body: Any) -> None:
+    stub = stub_factory(lambda _: (200, body))
+    client, _ = client_for(stub)
+    with pytest.raises(BertServeError, match="bad_response"):
+        client.classify("x")
+
+
 def test_a_short_results_list_is_a_bad_response(stub_factory: Callable[..., Stub]) -> None:
     stub = stub_factory(lambda body: (200, {"results": [], "request_id": "r"}))
     client, _ = client_for(stub)
@@ -270,6 +293,19 @@ def test_cli_reads_the_key_file(stub_factory: Callable[..., Stub], tmp_path: Pat
     key_file.write_text(json.dumps({"inference": {"key": "from-file"}}))
     assert cli.main(["classify", "--url", stub.url, "--key-file", str(key_file), "great"]) == cli.EXIT_OK
     assert stub.requests[0][0]["Authorization"] == "Bearer from-file"
+
+
+def test_cli_token_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Flags beat environment variables, which beat a key file found in the working directory."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "key_file.json").write_text(json.dumps({"inference": {"key": "found"}}))
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"inference": {"key": "other"}}))
+    assert cli.resolve_token(cli.parse_args(["classify", "x"])) == "found"
+    monkeypatch.setenv("BERT_SERVE_TOKEN", "env")
+    assert cli.resolve_token(cli.parse_args(["classify", "x"])) == "env"
+    assert cli.resolve_token(cli.parse_args(["classify", "--key-file", str(other), "x"])) == "other"
+    assert cli.resolve_token(cli.parse_args(["classify", "--token", "flag", "x"])) == "flag"
 
 
 def test_item_result_json_shapes() -> None:
