@@ -7,7 +7,9 @@ Scenarios, all on the same model and the same deterministic mixed-length corpus:
 - ``torchserve_bs1``: TorchServe with batchSize 1, the one-request-at-a-time path;
 - ``torchserve_batched``: TorchServe with the default config/config.properties;
 - ``litserve``: a minimal LitServe server of the same model without batching
-  (``scripts/litserve_peer.py``), what users pick instead.
+  (``scripts/litserve_peer.py``), what users pick instead;
+- ``client_lists``: on the default server, the Python client's ``classify_many`` (list
+  requests of up to 64 texts, a few in flight) over a fixed set of texts.
 
 Each served scenario starts its own server on free 127.0.0.1 ports, warms up, runs a closed
 loop per concurrency level for a bounded time, and stops the server it started. Writes
@@ -28,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +39,7 @@ import torch
 import torchserve_ctl
 from loadgen import LogWindow, batch_lines, corpus_stats, make_corpus, run_load
 
+from bert_serve import Client
 from handler.inference import classify
 from handler.model import load_model
 from handler.settings import HandlerSettings
@@ -179,6 +183,24 @@ def models_entry(
     return json.dumps(models)
 
 
+def client_lists(
+    server: torchserve_ctl.Server, texts: Sequence[str], chunk_size: int, concurrency: int
+) -> dict[str, Any]:
+    """Texts/s of `Client.classify_many` over `texts`, after a warm-up of one round of chunks."""
+    client = Client(server.inference_url, token=server.key("inference"))
+    options = {"chunk_size": chunk_size, "concurrency": concurrency}
+    client.classify_many(list(texts[: chunk_size * concurrency]), **options)
+    start = time.perf_counter()
+    results = client.classify_many(texts, **options)
+    elapsed = time.perf_counter() - start
+    return options | {
+        "texts": len(texts),
+        "seconds": round(elapsed, 2),
+        "texts_per_s": round(len(texts) / elapsed, 1),
+        "errors": sum(not result.ok for result in results),
+    }
+
+
 def served(
     name: str,
     overrides: dict[str, str],
@@ -186,8 +208,11 @@ def served(
     levels: list[int],
     seconds: float,
     warmup: float,
+    client_runs: Sequence[tuple[int, int]] = (),
+    client_texts: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """One TorchServe config across concurrency levels, with the batches it formed."""
+    """One TorchServe config across concurrency levels, with the batches it formed, then the
+    client's list requests over `client_texts` for each (chunk_size, concurrency) in `client_runs`."""
     with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as state:
         server = torchserve_ctl.start(
             Path(state), overrides=torchserve_ctl.local_port_overrides() | overrides
@@ -207,10 +232,11 @@ def served(
                     time.sleep(0.5)
                     result |= batch_lines(window.read())
                 results[str(level)] = result
+            lists = [client_lists(server, client_texts, size, clients) for size, clients in client_runs]
         finally:
             torchserve_ctl.stop(server)
     config = {key: model[key] for key in ("batchSize", "maxBatchDelay", "minWorkers", "maxWorkers")}
-    return {"config": config, "by_concurrency": results}
+    return {"config": config, "by_concurrency": results} | ({"client_lists": lists} if lists else {})
 
 
 def litserve(
@@ -283,6 +309,11 @@ def ratios(results: dict[str, Any]) -> dict[str, Any]:
         out["batched_vs_litserve"] = round(
             batched[top]["rps"] / max(scenarios["litserve"]["by_concurrency"][top]["rps"], 1e-9), 2
         )
+    lists = scenarios["torchserve_batched"].get("client_lists")
+    if lists:
+        best_lists = max(run["texts_per_s"] for run in lists)
+        out["client_lists_vs_single_texts"] = round(best_lists / batched[top]["rps"], 2)
+        out["client_lists_vs_ceiling"] = round(best_lists / results["ceiling"]["texts_per_s"], 2)
     out["padding_efficiency"] = batched[top].get("padding_efficiency")
     out["errors_batched"] = sum(level["errors"] for level in batched.values())
     if "8" in batched:
@@ -386,8 +417,10 @@ def main() -> int:
         )
     print("[bench] TorchServe, default config", file=sys.stderr)
     levels = [2] if args.smoke else [1, 8, 32, 64]
+    client_runs = [(16, 2)] if args.smoke else [(64, 2), (64, 4), (16, 8)]
+    client_texts = corpus[: 64 if args.smoke else 1500]
     scenarios["torchserve_batched"] = served(
-        "torchserve_batched", {}, corpus, levels, args.seconds, args.warmup
+        "torchserve_batched", {}, corpus, levels, args.seconds, args.warmup, client_runs, client_texts
     )
     if not args.smoke:
         print("[bench] LitServe peer", file=sys.stderr)

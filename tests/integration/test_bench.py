@@ -24,6 +24,9 @@ def test_bench_smoke_run_writes_results(tmp_path) -> None:
     level = results["scenarios"]["torchserve_batched"]["by_concurrency"]["2"]
     assert level["requests"] > 0 and level["errors"] == 0
     assert level["batches"] > 0 and level["padding_efficiency"] is not None
+    lists = results["scenarios"]["torchserve_batched"]["client_lists"]
+    assert lists[0]["texts"] == 64 and lists[0]["errors"] == 0 and lists[0]["texts_per_s"] > 0
     assert {"served_vs_ceiling", "padding_efficiency", "errors_batched"} <= set(results["ratios"])
+    assert "client_lists_vs_single_texts" in results["ratios"]
     assert (tmp_path / "throughput.png").stat().st_size > 0
     assert (tmp_path / "latency.png").stat().st_size > 0
