@@ -50,9 +50,11 @@ def read_properties(path: Path) -> dict[str, str]:
     return properties
 
 
-def effective_properties(overrides: dict[str, str] | None = None) -> dict[str, str]:
+def effective_properties(
+    overrides: dict[str, str] | None = None, base_config: Path = BASE_CONFIG
+) -> dict[str, str]:
     """The base config with overrides applied and its paths made absolute."""
-    properties = read_properties(BASE_CONFIG) | (overrides or {})
+    properties = read_properties(base_config) | (overrides or {})
     for key in PATH_KEYS:
         if key in properties:
             path = Path(properties[key])
@@ -149,10 +151,15 @@ def start(
     state_dir: Path,
     overrides: dict[str, str] | None = None,
     ready_timeout: float = 180,
+    base_config: Path = BASE_CONFIG,
 ) -> Server:
-    """Start an instance and return once its model's workers are READY."""
+    """Start an instance and return once its model's workers are READY.
+
+    ``base_config`` is config/config.properties unless another layout's config is started
+    (the container layout of scripts/deploy_layout.py, for its test).
+    """
     state_dir = state_dir.resolve()
-    properties = effective_properties(overrides)
+    properties = effective_properties(overrides, base_config)
     server = Server(state_dir=state_dir, properties=properties)
     if server.pid() is not None:
         raise ServerError(f"TorchServe already runs from {state_dir} (pid {server.pid()})")

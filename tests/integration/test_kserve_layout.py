@@ -1,0 +1,115 @@
+"""The container / KServe layout starts with TorchServe and answers.
+
+A real torchserve runs from the layout's own config/config.properties and model-store/,
+as the container would, with only its listeners moved to free 127.0.0.1 ports and its
+/mnt/models paths pointed at the generated folder.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import deploy_layout
+import pytest
+import requests
+import torchserve_ctl
+
+from tests.conftest import MAR_PATH
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def layout_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[torchserve_ctl.Server]:
+    if not MAR_PATH.is_file():
+        pytest.fail(f"{MAR_PATH} is missing: run `make package` (make test does it)")
+    root = tmp_path_factory.mktemp("kserve")
+    layout = deploy_layout.write_layout(root / "layout")
+    config = layout / "config" / "config.properties"
+    metrics_name = Path(torchserve_ctl.read_properties(config)["metrics_config"]).name
+    overrides = torchserve_ctl.local_port_overrides() | {
+        "model_store": str(layout / "model-store"),
+        "metrics_config": str(layout / "config" / metrics_name),
+    }
+    server = torchserve_ctl.start(root / "state", overrides=overrides, base_config=config)
+    try:
+        yield server
+    finally:
+        torchserve_ctl.stop(server)
+
+
+def test_ping_answers_without_a_token(layout_server: torchserve_ctl.Server) -> None:
+    """Kubelet probes send no token: the layout's TorchServe must answer /ping without one."""
+    assert not (layout_server.state_dir / "key_file.json").exists()
+    response = requests.get(f"{layout_server.inference_url}/ping", timeout=10)
+    assert response.status_code == 200
+    assert response.json()["status"] == "Healthy"
+
+
+@pytest.mark.parametrize(
+    ("text", "label"),
+    [
+        ("An absolute delight from start to finish.", "positive"),
+        ("A tedious, joyless mess.", "negative"),
+    ],
+)
+def test_predictions_from_the_layout(
+    layout_server: torchserve_ctl.Server, text: str, label: str
+) -> None:
+    response = requests.post(
+        f"{layout_server.inference_url}/predictions/bert",
+        data=text.encode(),
+        headers={"Content-Type": "text/plain"},
+        timeout=60,
+    )
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["label"] == label
+    assert abs(sum(body["scores"].values()) - 1) < 1e-4
+
+
+def test_kserve_v1_path_takes_our_body_not_the_instances_envelope(
+    layout_server: torchserve_ctl.Server,
+) -> None:
+    """TorchServe routes /v1/models/bert:predict to the handler with the body unchanged (no
+    service envelope is set): our JSON works there, KServe's {"instances": [...]} does not."""
+    url = f"{layout_server.inference_url}/v1/models/bert:predict"
+    ours = requests.post(
+        url, json={"text": "An absolute delight from start to finish."}, timeout=60
+    )
+    assert ours.status_code == 200, ours.text
+    assert ours.json()["label"] == "positive"
+    envelope = requests.post(
+        url, json={"instances": [{"text": "A tedious, joyless mess."}]}, timeout=60
+    )
+    assert envelope.status_code == 400
+    assert envelope.json()["error"]["code"] == "missing_field"
+
+
+def test_layout_serves_the_configured_batching(layout_server: torchserve_ctl.Server) -> None:
+    """The batch settings the server applied are those of config/config.properties."""
+    response = requests.get(f"{layout_server.management_url}/models/bert", timeout=10)
+    assert response.status_code == 200
+    (model,) = response.json()
+    base = torchserve_ctl.read_properties(torchserve_ctl.BASE_CONFIG)
+    expected = next(iter(json.loads(base["models"])["bert"].values()))
+    assert model["batchSize"] == expected["batchSize"]
+    assert model["maxBatchDelay"] == expected["maxBatchDelay"]
+    assert len(model["workers"]) == expected["minWorkers"]
+
+
+def test_metrics_endpoint_has_the_autoscaling_counters(
+    layout_server: torchserve_ctl.Server,
+) -> None:
+    """The README's autoscaling signals exist under these names on the metrics port."""
+    requests.post(
+        f"{layout_server.inference_url}/predictions/bert",
+        data=b"fine",
+        headers={"Content-Type": "text/plain"},
+        timeout=60,
+    )
+    text = requests.get(f"{layout_server.metrics_url}/metrics", timeout=10).text
+    for name in ("ts_inference_requests_total", "ts_queue_latency_microseconds"):
+        assert f'{name}{{model_name="bert"' in text, name
