@@ -225,13 +225,18 @@ def curl_example(server: Server) -> str:
     token = (
         f"TOKEN=$({python} {ctl} key --state-dir {state})" if server.key("inference") else "TOKEN="
     )
+    client = f"{Path(python).parent / 'bert-serve'} classify --url {server.inference_url}"
+    if server.key("inference"):
+        client += f" --key-file {os.path.relpath(server.state_dir / 'key_file.json')}"
     return (
         "Try it:\n"
         f"  {token}\n"
         f'  curl -H "Authorization: Bearer $TOKEN" -H "Content-Type: text/plain" \\\n'
         f'       --data "An absolute delight from start to finish." {server.inference_url}/predictions/{MODEL_NAME}\n'
         f'  curl -H "Authorization: Bearer $TOKEN" -H "Content-Type: application/json" \\\n'
-        f"""       --data '{{"text": "A tedious, joyless mess."}}' {server.inference_url}/predictions/{MODEL_NAME}"""
+        f"""       --data '{{"text": "A tedious, joyless mess."}}' {server.inference_url}/predictions/{MODEL_NAME}\n"""
+        f'  {client} "An absolute delight from start to finish."\n'
+        f"  {client} --file texts.txt --out results.jsonl"
     )
 
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torchserve_ctl
 from loadgen import make_corpus
 
 from bert_serve import BertServeError, Client
@@ -110,3 +111,17 @@ def test_cli_without_a_token_fails_clearly(server, tmp_path: Path) -> None:
     )
     assert finished.returncode == 2
     assert "unauthorized" in finished.stderr and "--key-file" in finished.stderr
+
+
+def test_the_commands_make_serve_prints_work_as_printed(server) -> None:
+    """`make serve` ends by printing commands to paste: the curl ones and `bert-serve classify`."""
+    lines = torchserve_ctl.curl_example(server).splitlines()[1:]
+    script = "\n".join(line for line in lines if "--file" not in line)
+    finished = subprocess.run(["bash", "-euo", "pipefail", "-c", script], capture_output=True, text=True, timeout=120)
+    assert finished.returncode == 0, finished.stderr
+    decoder, text, labels = json.JSONDecoder(), finished.stdout.strip(), []
+    while text:
+        body, end = decoder.raw_decode(text)
+        labels.append(body["label"])
+        text = text[end:].strip()
+    assert labels == ["positive", "negative", "positive"]
