@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from bert_serve.client import (
     DEFAULT_CHUNK_SIZE,
+    DEFAULT_CONCURRENCY,
     DEFAULT_MODEL,
     DEFAULT_URL,
     BertServeError,
@@ -49,7 +50,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="TorchServe's key_file.json (or $BERT_SERVE_KEY_FILE; default: ./key_file.json or ./.run/key_file.json if present)",
     )
     classify.add_argument("--chunk-size", type=int, default=DEFAULT_CHUNK_SIZE, help="texts per request")
-    classify.add_argument("--concurrency", type=int, default=4, help="requests in flight")
+    classify.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="requests in flight")
     classify.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
     classify.add_argument("--retries", type=int, default=4, help="retries on 503/507/connection errors")
     classify.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")

@@ -417,7 +417,7 @@ def main() -> int:
         )
     print("[bench] TorchServe, default config", file=sys.stderr)
     levels = [2] if args.smoke else [1, 8, 32, 64]
-    client_runs = [(16, 2)] if args.smoke else [(64, 2), (64, 4), (16, 8)]
+    client_runs = [(16, 2)] if args.smoke else [(64, 4), (16, 8), (16, 32), (32, 32)]
     client_texts = corpus[: 64 if args.smoke else 1500]
     scenarios["torchserve_batched"] = served(
         "torchserve_batched", {}, corpus, levels, args.seconds, args.warmup, client_runs, client_texts

@@ -310,3 +310,5 @@ def test_cli_token_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
 def test_item_result_json_shapes() -> None:
     assert ItemResult(error=ItemError("empty_text", "m")).to_json() == {"error": {"code": "empty_text", "message": "m"}}
+    with pytest.raises(ValueError, match="not both or neither"):
+        ItemResult()
