@@ -24,6 +24,10 @@ from handler.errors import ErrorCode
 BODY_KEYS = ("body", "data")
 TEXT_FIELD = "text"
 TEXTS_FIELD = "texts"
+INSTANCES_FIELD = "instances"
+# A list arrives as ours ({"texts": [...]}) or as KServe's v1 protocol ({"instances": [...]});
+# the answer puts its entries under the key that goes with the request's.
+LIST_ANSWER_KEYS = {TEXTS_FIELD: "results", INSTANCES_FIELD: "predictions"}
 DEFAULT_MAX_TEXTS = 64
 FORM_MEDIA_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 
@@ -41,9 +45,10 @@ class Rejected:
 
 @dataclass(frozen=True)
 class TextList:
-    """A list request: each text validated on its own, in order."""
+    """A list request: each text validated on its own, in order; `field` is the list's key."""
 
     items: tuple[ValidText | Rejected, ...]
+    field: str = TEXTS_FIELD
 
 
 Decoded = ValidText | Rejected | TextList
@@ -100,42 +105,51 @@ def _text_from_json(document: Any, max_chars: int, max_texts: int) -> Decoded:
             ErrorCode.INVALID_TYPE,
             f'the JSON body must be an object like {{"text": "..."}}, got {_json_type(document)}',
         )
-    if TEXTS_FIELD in document:
-        return _text_list(document, max_chars, max_texts)
+    list_fields = [key for key in LIST_ANSWER_KEYS if key in document]
+    if list_fields:
+        return _text_list(document, list_fields, max_chars, max_texts)
     if TEXT_FIELD not in document:
-        return Rejected(ErrorCode.MISSING_FIELD, 'the JSON object has no "text" field')
+        return Rejected(ErrorCode.MISSING_FIELD, 'the JSON object has no "text", "texts" or "instances" field')
     text = document[TEXT_FIELD]
     if not isinstance(text, str):
         return Rejected(ErrorCode.INVALID_TYPE, f'"text" must be a string, got {_json_type(text)}')
     return validate_text(text, max_chars)
 
 
-def _text_list(document: dict[str, Any], max_chars: int, max_texts: int) -> TextList | Rejected:
-    """``{"texts": [...]}``: the list is checked as a whole, then each text on its own."""
-    if TEXT_FIELD in document:
-        return Rejected(ErrorCode.INVALID_TYPE, 'send either "text" or "texts", not both')
-    texts = document[TEXTS_FIELD]
-    if not isinstance(texts, list):
+def _text_list(
+    document: dict[str, Any], list_fields: list[str], max_chars: int, max_texts: int
+) -> TextList | Rejected:
+    """``{"texts": [...]}`` or ``{"instances": [...]}``: the list is checked as a whole, then
+    each item on its own. An item is a string or an object ``{"text": "..."}``."""
+    if len(list_fields) > 1 or TEXT_FIELD in document:
+        return Rejected(ErrorCode.INVALID_TYPE, 'send one of "text", "texts" or "instances"')
+    (field,) = list_fields
+    items = document[field]
+    if not isinstance(items, list):
         return Rejected(
-            ErrorCode.INVALID_TYPE, f'"texts" must be an array of strings, got {_json_type(texts)}'
+            ErrorCode.INVALID_TYPE, f'"{field}" must be an array of strings, got {_json_type(items)}'
         )
-    if not texts:
-        return Rejected(ErrorCode.EMPTY_TEXT, '"texts" is an empty array')
-    if len(texts) > max_texts:
+    if not items:
+        return Rejected(ErrorCode.EMPTY_TEXT, f'"{field}" is an empty array')
+    if len(items) > max_texts:
         return Rejected(
             ErrorCode.PAYLOAD_TOO_LARGE,
-            f'"texts" has {len(texts):,} items; the limit is {max_texts:,}',
+            f'"{field}" has {len(items):,} items; the limit is {max_texts:,}',
         )
     return TextList(
-        tuple(
-            validate_text(text, max_chars)
-            if isinstance(text, str)
-            else Rejected(
-                ErrorCode.INVALID_TYPE, f"texts[{index}] must be a string, got {_json_type(text)}"
-            )
-            for index, text in enumerate(texts)
-        )
+        tuple(_list_item(item, f"{field}[{index}]", max_chars) for index, item in enumerate(items)),
+        field,
     )
+
+
+def _list_item(item: Any, place: str, max_chars: int) -> ValidText | Rejected:
+    text = item.get(TEXT_FIELD) if isinstance(item, dict) else item
+    if not isinstance(text, str):
+        return Rejected(
+            ErrorCode.INVALID_TYPE,
+            f'{place} must be a string or {{"text": "..."}}, got {_json_type(item)}',
+        )
+    return validate_text(text, max_chars)
 
 
 def _checked_text(value: Any, max_chars: int) -> Decoded:

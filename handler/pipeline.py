@@ -14,6 +14,8 @@ from typing import Any
 
 from handler.decoding import (
     DEFAULT_MAX_TEXTS,
+    LIST_ANSWER_KEYS,
+    TEXTS_FIELD,
     Decoded,
     Rejected,
     TextList,
@@ -33,6 +35,7 @@ class ListOutcome:
     """The answer to a list request: one prediction or error per text, in order."""
 
     items: tuple[ItemOutcome, ...]
+    field: str = TEXTS_FIELD
 
 
 Outcome = ItemOutcome | ListOutcome
@@ -92,7 +95,8 @@ def assemble(index: int, item: Decoded, results: dict[Slot, ItemOutcome]) -> Out
         tuple(
             sub if isinstance(sub, Rejected) else results.get((index, j), _placeholder())
             for j, sub in enumerate(item.items)
-        )
+        ),
+        item.field,
     )
 
 
@@ -137,7 +141,8 @@ def render(outcome: Outcome, request_id: str) -> Response:
         body: dict[str, Any] = error_body(outcome.code, outcome.message, request_id)
     elif isinstance(outcome, ListOutcome):
         status, phrase = 200, "OK"
-        body = {"results": [_list_entry(item) for item in outcome.items], "request_id": request_id}
+        entries = [_list_entry(item) for item in outcome.items]
+        body = {LIST_ANSWER_KEYS[outcome.field]: entries, "request_id": request_id}
     else:
         status, phrase = 200, "OK"
         body = {**asdict(outcome), "request_id": request_id}

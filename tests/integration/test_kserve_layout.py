@@ -70,22 +70,19 @@ def test_predictions_from_the_layout(
     assert abs(sum(body["scores"].values()) - 1) < 1e-4
 
 
-def test_kserve_v1_path_takes_our_body_not_the_instances_envelope(
-    layout_server: torchserve_ctl.Server,
-) -> None:
+def test_kserve_v1_predict_path_answers_instances(layout_server: torchserve_ctl.Server) -> None:
     """TorchServe routes /v1/models/bert:predict to the handler with the body unchanged (no
-    service envelope is set): our JSON works there, KServe's {"instances": [...]} does not."""
+    service envelope): KServe's v1 {"instances": [...]} gets {"predictions": [...]}, one per
+    instance, a bad one failing alone; our {"text": ...} works on that path too."""
     url = f"{layout_server.inference_url}/v1/models/bert:predict"
-    ours = requests.post(
-        url, json={"text": "An absolute delight from start to finish."}, timeout=60
-    )
-    assert ours.status_code == 200, ours.text
-    assert ours.json()["label"] == "positive"
-    envelope = requests.post(
-        url, json={"instances": [{"text": "A tedious, joyless mess."}]}, timeout=60
-    )
-    assert envelope.status_code == 400
-    assert envelope.json()["error"]["code"] == "missing_field"
+    instances = ["An absolute delight from start to finish.", "", {"text": "A tedious, joyless mess."}]
+    response = requests.post(url, json={"instances": instances}, timeout=60)
+    assert response.status_code == 200, response.text
+    predictions = response.json()["predictions"]
+    assert predictions[0]["label"] == "positive" and predictions[2]["label"] == "negative"
+    assert predictions[1]["error"]["code"] == "empty_text"
+    ours = requests.post(url, json={"text": "An absolute delight from start to finish."}, timeout=60)
+    assert ours.status_code == 200 and ours.json()["label"] == "positive"
 
 
 def test_layout_serves_the_configured_batching(layout_server: torchserve_ctl.Server) -> None:

@@ -30,6 +30,29 @@ def test_each_text_of_a_list_is_validated_on_its_own() -> None:
     assert "texts[2]" in result.items[2].message
 
 
+def test_kserve_instances_take_strings_or_text_objects() -> None:
+    """KServe's v1 {"instances": [...]}: each item a string or {"text": ...}, checked alone."""
+    result = decode({"instances": ["good", {"text": "fine", "id": 7}, {"txt": "x"}]})
+    assert isinstance(result, TextList) and result.field == "instances"
+    assert result.items[:2] == (ValidText("good"), ValidText("fine"))
+    assert isinstance(result.items[2], Rejected) and result.items[2].code is ErrorCode.INVALID_TYPE
+    assert "instances[2]" in result.items[2].message
+
+
+def test_instances_are_answered_as_predictions() -> None:
+    """The answer to {"instances": [...]} uses KServe's "predictions" key, in order."""
+
+    def classifier(texts):
+        return [Prediction(t, 1.0, {t: 1.0}, False) for t in texts], BatchStats(texts=len(texts))
+
+    request = IncomingRequest({"body": b'{"instances": ["one", "", {"text": "two"}]}'}, JSON, "r")
+    (response,) = run_batch([request], classifier, max_chars=100)
+    body = json.loads(response.body)
+    assert response.status == 200 and set(body) == {"predictions", "request_id"}
+    assert [entry.get("label") for entry in body["predictions"]] == ["one", None, "two"]
+    assert body["predictions"][1]["error"]["code"] == "empty_text"
+
+
 @pytest.mark.parametrize(
     ("document", "code"),
     [
@@ -37,6 +60,10 @@ def test_each_text_of_a_list_is_validated_on_its_own() -> None:
         ({"texts": []}, ErrorCode.EMPTY_TEXT),
         ({"texts": "not a list"}, ErrorCode.INVALID_TYPE),
         ({"texts": ["a"], "text": "b"}, ErrorCode.INVALID_TYPE),
+        ({"texts": ["a"], "instances": ["b"]}, ErrorCode.INVALID_TYPE),
+        ({"instances": ["a", "b", "c", "d"]}, ErrorCode.PAYLOAD_TOO_LARGE),
+        ({"instances": []}, ErrorCode.EMPTY_TEXT),
+        ({"instances": {"text": "a"}}, ErrorCode.INVALID_TYPE),
     ],
 )
 def test_a_malformed_list_rejects_the_whole_request(document: object, code: ErrorCode) -> None:
