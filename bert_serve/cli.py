@@ -100,10 +100,14 @@ def classify_file(client: Client, args: argparse.Namespace) -> int:
         results = client.classify_iter(
             read_lines(source), chunk_size=args.chunk_size, concurrency=args.concurrency
         )
-        for line, result in enumerate(results, start=1):
-            out.write(json.dumps({"line": line, **result.to_json()}) + "\n")
-            outcomes[_outcome_name(result)] += 1
-            progress.update()
+        try:
+            for line, result in enumerate(results, start=1):
+                out.write(json.dumps({"line": line, **result.to_json()}) + "\n")
+                outcomes[_outcome_name(result)] += 1
+                progress.update()
+        except BertServeError as error:
+            message = f"{error.message}; stopped after {sum(outcomes.values())} texts (their results are written)"
+            raise BertServeError(error.code, message, error.status, error.request_id) from error
     print(summary(outcomes), file=sys.stderr)
     return EXIT_ITEM_FAILED if any(name.startswith("error:") for name in outcomes) else EXIT_OK
 

@@ -287,6 +287,19 @@ def test_cli_exit_codes(stub_factory: Callable[..., Stub], capsys: pytest.Captur
     assert "connection_failed" in capsys.readouterr().err
 
 
+def test_cli_stops_on_a_request_wide_error_and_says_how_far_it_got(
+    stub_factory: Callable[..., Stub], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad_token = (400, {"code": 400, "type": "InvalidKeyException", "message": "Token expired"})
+    stub = stub_factory(lambda body: bad_token if "third" in body["texts"] else echo(body))
+    texts, out = tmp_path / "texts.txt", tmp_path / "out.jsonl"
+    texts.write_text("first\nsecond\nthird\nfourth\n")
+    command = ["classify", "--url", stub.url, "--file", str(texts), "--out", str(out)]
+    assert cli.main([*command, "--chunk-size", "2", "--concurrency", "1"]) == cli.EXIT_FAILED
+    assert len(out.read_text().splitlines()) == 2
+    assert "unauthorized" in (err := capsys.readouterr().err) and "stopped after 2 texts" in err
+
+
 def test_cli_reads_the_key_file(stub_factory: Callable[..., Stub], tmp_path: Path) -> None:
     stub = stub_factory()
     key_file = tmp_path / "key_file.json"
