@@ -1,7 +1,7 @@
 """`bert-serve classify`: classify one text, or every line of a file into a JSONL of results.
 
 Exit status: 0 when every text was classified, 1 when any text got an error (its line in the
-output says which), 2 when nothing could be done (bad arguments, no server, bad token).
+output says which), 2 when the run could not go on (bad arguments, no server, bad token).
 """
 
 from __future__ import annotations
