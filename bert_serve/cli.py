@@ -120,7 +120,7 @@ def _outcome_name(result: ItemResult) -> str:
 
 
 def summary(outcomes: Counter[str]) -> str:
-    """e.g. '500 texts: 497 classified (positive 260, negative 237), 3 failed (empty_text 3)'."""
+    """'500 texts: 495 classified (negative 270, positive 225), 5 failed (empty_text 3, ...)'."""
     labels = {name: n for name, n in outcomes.most_common() if not name.startswith("error:")}
     errors = {name.removeprefix("error:"): n for name, n in outcomes.most_common() if name.startswith("error:")}
     parts = [f"{sum(outcomes.values())} texts: {sum(labels.values())} classified"]
