@@ -13,7 +13,8 @@ Errors, by where they come from:
                                      unavailable (503, queue full), worker_died (507),
                                      payload_too_large (413, over max_request_size), http_<status>
       no status                      connection_failed (after the retries), timeout,
-                                     bad_response (not the JSON the API promises)
+                                     bad_response (not the JSON the API promises),
+                                     request_failed (e.g. a malformed URL)
 
 503, 507 and connection errors are retried with exponential backoff and jitter: a
 classification can be repeated safely. A timeout is not retried: the server may still be
@@ -50,7 +51,7 @@ DEFAULT_CONCURRENCY = 32
 DEFAULT_MAX_REQUEST_BYTES = 1_000_000
 RETRY_STATUSES = frozenset({503, 507})
 REQUEST_WIDE_CODES = frozenset(
-    {"unauthorized", "model_not_found", "connection_failed", "http_400", "http_404", "http_405"}
+    {"unauthorized", "model_not_found", "connection_failed", "request_failed", "http_400", "http_404", "http_405"}
 )
 TORCHSERVE_STATUS_CODES = {
     404: "model_not_found",
@@ -218,6 +219,8 @@ class Client:
                 failure = BertServeError("connection_failed", f"{self.predict_url}: {error}")
             except requests.Timeout as error:
                 raise BertServeError("timeout", f"no answer within {self.timeout} s: {error}") from error
+            except requests.RequestException as error:
+                raise BertServeError("request_failed", f"{self.predict_url}: {error}") from error
             else:
                 if response.status_code == 200:
                     return _json_object(response)

@@ -157,6 +157,11 @@ def test_connection_errors_are_retried_then_raised() -> None:
     assert caught.value.code == "connection_failed" and caught.value.status is None
 
 
+def test_a_malformed_url_is_a_typed_error() -> None:
+    with pytest.raises(BertServeError, match="request_failed"):
+        Client("127.0.0.1:8080").classify("x")
+
+
 @pytest.mark.parametrize(
     ("status", "body", "code"),
     [
