@@ -59,7 +59,7 @@ $(BENCH): $(STAMP) pyproject.toml
 	$(PY) -m pip install --quiet -e ".[dev,bench]"
 	touch $@
 
-## bench: served vs batch size 1 vs in-process ceiling vs LitServe, one run -> docs/bench/
+## bench: served vs batch size 1 vs in-process ceiling vs LitServe vs client list requests -> docs/bench/
 bench: $(MAR) $(BENCH)
 	$(PY) scripts/bench.py --out docs/bench
 
