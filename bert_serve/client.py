@@ -42,9 +42,9 @@ import requests
 DEFAULT_URL = "http://127.0.0.1:8080"
 DEFAULT_MODEL = "bert"
 # TorchServe counts a list request as one item of its batch: an idle worker takes every request
-# that arrives within maxBatchDelay, up to batchSize. With fewer requests in flight than about
-# 2 x batchSize (16 by default), they all land on one worker while the others idle; measured
-# with the default server (make bench, client_lists), 16 texts x 32 in flight is about twice
+# that arrives within maxBatchDelay, up to batchSize. With fewer requests in flight than
+# batchSize x workers (16 x 2 by default), most land on one worker while the others idle; measured
+# with the default server (make bench, client_lists), 16 texts x 32 in flight was 1.8x
 # as fast as 64 x 4.
 DEFAULT_CHUNK_SIZE = 16
 DEFAULT_CONCURRENCY = 32
