@@ -74,6 +74,9 @@ class BertServeError(Exception):
 
 @dataclass(frozen=True)
 class Prediction:
+    """The wire shape of handler.inference.Prediction, mirrored rather than imported: the
+    client must not pull in torch."""
+
     label: str
     score: float
     scores: dict[str, float]

@@ -222,11 +222,10 @@ def curl_example(server: Server) -> str:
     python = (
         os.path.relpath(sys.executable) if sys.executable.startswith(str(ROOT)) else sys.executable
     )
-    token = (
-        f"TOKEN=$({python} {ctl} key --state-dir {state})" if server.key("inference") else "TOKEN="
-    )
+    token_auth = server.key("inference") is not None
+    token = f"TOKEN=$({python} {ctl} key --state-dir {state})" if token_auth else "TOKEN="
     client = f"{Path(python).parent / 'bert-serve'} classify --url {server.inference_url}"
-    if server.key("inference"):
+    if token_auth:
         client += f" --key-file {os.path.relpath(server.state_dir / 'key_file.json')}"
     return (
         "Try it:\n"
