@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from torchserve_ctl import free_port
 
 from bert_serve import cli
 from bert_serve.client import (
@@ -23,6 +22,7 @@ from bert_serve.client import (
     chunk_texts,
     token_from_key_file,
 )
+from bert_serve.harness.config import free_port
 
 Reply = tuple[int, Any]  # (status, JSON body or None for an empty body)
 
