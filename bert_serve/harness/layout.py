@@ -10,7 +10,7 @@ a container needs is rewritten:
   management and gRPC stay on 127.0.0.1 inside the pod, on the same ports;
 - paths point into /mnt/models (model_store, and metrics_config, whose yaml is copied too);
 - token authorization is off: kubelet probes cannot send a token that TorchServe generates
-  at start, so authentication belongs to the ingress, mesh or NetworkPolicy (README).
+  at start, so authentication belongs to the ingress, mesh or NetworkPolicy (deploy/README.md).
 
 The folder also gets ``requirements.txt``: the handler's runtime packages pinned to the
 versions installed in this venv (the versions the tests ran), for the image build.

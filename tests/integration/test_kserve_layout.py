@@ -103,7 +103,7 @@ def test_layout_serves_the_configured_batching(layout_server: Server) -> None:
 def test_metrics_endpoint_has_the_autoscaling_counters(
     layout_server: Server,
 ) -> None:
-    """The README's autoscaling signals exist under these names on the metrics port."""
+    """deploy/README.md's autoscaling signals exist under these names on the metrics port."""
     requests.post(
         layout_server.predict_url,
         data=b"fine",
