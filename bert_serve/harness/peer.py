@@ -36,7 +36,11 @@ def wait_healthy(process: subprocess.Popen[bytes], url: str, timeout: float) -> 
 
 def end(process: subprocess.Popen[bytes]) -> None:
     """Stop the peer's process group (it started its own session), forcefully if it lingers."""
-    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+    except ProcessLookupError:  # the whole group has exited already
+        process.wait(timeout=30)
+        return
     try:
         process.wait(timeout=30)
     except subprocess.TimeoutExpired:
