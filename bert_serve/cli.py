@@ -22,6 +22,7 @@ from bert_serve.client import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_CONCURRENCY,
     DEFAULT_MODEL,
+    DEFAULT_TIMEOUT_S,
     DEFAULT_URL,
     BertServeError,
     Client,
@@ -51,8 +52,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     classify.add_argument("--chunk-size", type=int, default=DEFAULT_CHUNK_SIZE, help="texts per request")
     classify.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="requests in flight")
-    classify.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
-    classify.add_argument("--retries", type=int, default=4, help="retries on 503/507/connection errors")
+    classify.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        help="seconds one attempt may wait for an answer before it is retried (default: the server's responseTimeout + 10)",
+    )
+    classify.add_argument(
+        "--retries", type=int, default=4, help="retries on a dead worker, 503, connection errors and timeouts"
+    )
     classify.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     return parser.parse_args(argv)
 

@@ -10,17 +10,20 @@ Errors, by where they come from:
     BertServeError(code, message, status, request_id)
       code from the handler's body   empty_text, invalid_encoding, payload_too_large, ...
       code from TorchServe's status  unauthorized (token), model_not_found,
-                                     unavailable (503, queue full), worker_died (507),
-                                     payload_too_large (413, over max_request_size), http_<status>
-      no status                      connection_failed (after the retries), timeout,
-                                     bad_response (not the JSON the API promises),
-                                     request_failed (e.g. a malformed URL)
+                                     unavailable (503, queue full), worker_died (507, or
+                                     "Worker died." with any status), payload_too_large
+                                     (413, over max_request_size), http_<status>
+      no status                      connection_failed (after the retries), timeout (no answer
+                                     within `timeout` on any attempt), bad_response (not the
+                                     JSON the API promises), request_failed (e.g. a malformed URL)
 
-503, 507 and connection errors are retried with exponential backoff and jitter: a
-classification can be repeated safely. A timeout is not retried: the server may still be
-working on it. In `classify_many`, an error that would repeat for every chunk
-(`REQUEST_WIDE_CODES`) raises; any other failure of a chunk becomes that chunk's items'
-error, and the other chunks go on.
+Every answer that means "the worker is gone" (`is_worker_gone`), 503, connection errors and
+attempts that get no answer within `timeout` are retried with exponential backoff and jitter:
+classification is idempotent, so sending a text twice is harmless. The per-attempt deadline is
+what keeps a call from hanging: TorchServe 0.12 drops, without any answer, the requests a worker
+had collected for its next batch when that worker dies (see README, "When a worker dies").
+In `classify_many`, an error that would repeat for every chunk (`REQUEST_WIDE_CODES`) raises;
+any other failure of a chunk becomes that chunk's items' error, and the other chunks go on.
 """
 
 from __future__ import annotations
@@ -49,7 +52,17 @@ DEFAULT_MODEL = "bert"
 DEFAULT_CHUNK_SIZE = 16
 DEFAULT_CONCURRENCY = 32
 DEFAULT_MAX_REQUEST_BYTES = 1_000_000
+# The server's responseTimeout (config/model-config.yaml; a unit test keeps the two equal):
+# TorchServe kills a worker whose batch runs longer and answers that batch "Worker died.", so
+# a request that is really being worked on is answered within it. The margin covers the
+# batch delay and a queue of a few batches. An attempt with no answer by then was lost.
+SERVER_RESPONSE_TIMEOUT_S = 60.0
+ATTEMPT_MARGIN_S = 10.0
+DEFAULT_TIMEOUT_S = SERVER_RESPONSE_TIMEOUT_S + ATTEMPT_MARGIN_S
 RETRY_STATUSES = frozenset({503, 507})
+# TorchServe's messages for requests whose worker went away (WorkerThread.java,
+# BatchAggregator.java); its status varies: 500, 507 (exit code 137), or the worker's own.
+WORKER_GONE_MESSAGES = frozenset({"Worker died.", "Worker scaled down."})
 REQUEST_WIDE_CODES = frozenset(
     {"unauthorized", "model_not_found", "connection_failed", "request_failed", "http_400", "http_404", "http_405"}
 )
@@ -170,9 +183,26 @@ def error_from_response(response: requests.Response) -> BertServeError:
     if kind == "InvalidKeyException" or response.status_code in (401, 403):
         code = "unauthorized"
         message = f"{message or kind}; token auth is on: pass the inference key (token=, --token or --key-file)"
+    elif message in WORKER_GONE_MESSAGES:
+        code = "worker_died"
     else:
         code = TORCHSERVE_STATUS_CODES.get(response.status_code, f"http_{response.status_code}")
     return BertServeError(code, message or kind or response.reason or "no message", response.status_code, request_id)
+
+
+def is_worker_gone(response: requests.Response) -> bool:
+    """True for TorchServe's answer to a request whose worker died, whatever its status.
+
+    Only TorchServe's own error body counts (`{"code", "type", "message"}`); the handler's
+    errors (`{"error": ...}`) and a bare 413 from the body-size limit are final answers.
+    """
+    if response.status_code in RETRY_STATUSES:
+        return True
+    try:
+        body = response.json()
+    except ValueError:
+        return False
+    return isinstance(body, dict) and "error" not in body and body.get("message") in WORKER_GONE_MESSAGES
 
 
 def backoff_delays(retries: int, base: float, cap: float) -> Iterator[float]:
@@ -182,7 +212,12 @@ def backoff_delays(retries: int, base: float, cap: float) -> Iterator[float]:
 
 
 class Client:
-    """Talks to one bert-serve model; safe to share between threads."""
+    """Talks to one bert-serve model; safe to share between threads.
+
+    `timeout` is the deadline of one attempt (connect, and each wait for the answer); the
+    default follows from the server's responseTimeout (`DEFAULT_TIMEOUT_S`). A call takes at
+    most (retries + 1) x timeout plus the backoff sleeps (each at most `max_backoff`).
+    """
 
     def __init__(
         self,
@@ -190,7 +225,7 @@ class Client:
         *,
         model: str = DEFAULT_MODEL,
         token: str | None = None,
-        timeout: float = 60.0,
+        timeout: float = DEFAULT_TIMEOUT_S,
         retries: int = 4,
         backoff: float = 0.25,
         max_backoff: float = 8.0,
@@ -212,7 +247,8 @@ class Client:
         return session
 
     def _post(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """POST with retries on 503/507/connection errors; the 200 body, or BertServeError."""
+        """POST with retries on a gone worker, 503, connection errors and attempts with no
+        answer within `timeout`; the 200 body, or BertServeError."""
         headers = {**self._headers, "X-Request-ID": f"bert-serve-{uuid.uuid4().hex}"}
         delays = backoff_delays(self.retries, self.backoff, self.max_backoff)
         while True:
@@ -221,14 +257,14 @@ class Client:
             except requests.ConnectionError as error:
                 failure = BertServeError("connection_failed", f"{self.predict_url}: {error}")
             except requests.Timeout as error:
-                raise BertServeError("timeout", f"no answer within {self.timeout} s: {error}") from error
+                failure = BertServeError("timeout", f"no answer within {self.timeout} s: {error}")
             except requests.RequestException as error:
                 raise BertServeError("request_failed", f"{self.predict_url}: {error}") from error
             else:
                 if response.status_code == 200:
                     return _json_object(response)
                 failure = error_from_response(response)
-                if response.status_code not in RETRY_STATUSES:
+                if not is_worker_gone(response):
                     raise failure
             delay = next(delays, None)
             if delay is None:

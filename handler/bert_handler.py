@@ -20,6 +20,7 @@ from handler.errors import ErrorCode
 from handler.inference import BatchStats, Prediction, classify
 from handler.metrics import MetricsEmitter
 from handler.model import LoadedModel, load_model
+from handler.open_inference import route_content_type
 from handler.pipeline import IncomingRequest, render, run_batch
 from handler.settings import HandlerSettings
 
@@ -64,8 +65,10 @@ def incoming_requests(data: Sequence[Any], context: Any) -> list[IncomingRequest
         requests.append(
             IncomingRequest(
                 fields=fields,
-                content_type=content_type_for(headers, fields),
+                content_type=route_content_type(headers, content_type_for(headers, fields)),
                 request_id=request_id_for(headers, str(context.get_request_id(index))),
+                headers=headers,
+                model_name=str(context.model_name),
             )
         )
     return requests

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from handler.decoding import (
@@ -24,6 +24,13 @@ from handler.decoding import (
 )
 from handler.errors import HTTP_STATUS, ErrorCode, error_body
 from handler.inference import BatchStats, Prediction
+from handler.open_inference import (
+    InferRejected,
+    InferRequest,
+    decode_infer,
+    render_infer,
+    render_infer_error,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +43,13 @@ class ListOutcome:
 
     items: tuple[ItemOutcome, ...]
     field: str = TEXTS_FIELD
+
+
+@dataclass(frozen=True)
+class InferOutcome(ListOutcome):
+    """The answer to an Open Inference (KServe v2) request: its texts' outcomes and the request."""
+
+    request: InferRequest = field(kw_only=True)
 
 
 Outcome = ItemOutcome | ListOutcome
@@ -51,6 +65,8 @@ class IncomingRequest:
     fields: dict[str, Any]
     content_type: str | None
     request_id: str
+    headers: Mapping[str, Any] = field(default_factory=dict)
+    model_name: str = ""
 
 
 @dataclass(frozen=True)
@@ -64,6 +80,11 @@ def safe_decode(
     request: IncomingRequest, max_chars: int, max_texts: int = DEFAULT_MAX_TEXTS
 ) -> Decoded:
     try:
+        infer = decode_infer(
+            request.fields, request.content_type, request.headers, request.model_name, max_chars, max_texts
+        )
+        if infer is not None:
+            return infer
         return decode_request(request.fields, request.content_type, max_chars, max_texts)
     except Exception:
         logger.exception("request %s: decoding raised; this is a bug", request.request_id)
@@ -91,13 +112,13 @@ def assemble(index: int, item: Decoded, results: dict[Slot, ItemOutcome]) -> Out
         return item
     if isinstance(item, ValidText):
         return results.get((index, None), _placeholder())
-    return ListOutcome(
-        tuple(
-            sub if isinstance(sub, Rejected) else results.get((index, j), _placeholder())
-            for j, sub in enumerate(item.items)
-        ),
-        item.field,
+    items = tuple(
+        sub if isinstance(sub, Rejected) else results.get((index, j), _placeholder())
+        for j, sub in enumerate(item.items)
     )
+    if isinstance(item, InferRequest):
+        return InferOutcome(items, item.field, request=item)
+    return ListOutcome(items, item.field)
 
 
 def classify_valid(
@@ -136,6 +157,10 @@ def _placeholder() -> Rejected:
 def render(outcome: Outcome, request_id: str) -> Response:
     """A rejected request answers its error status; a list request answers 200 with an entry
     per text (a prediction, or ``{"error": ...}`` for that text alone)."""
+    if isinstance(outcome, InferRejected):
+        return Response(*render_infer_error(outcome))
+    if isinstance(outcome, InferOutcome):
+        return Response(*render_infer(outcome.request, outcome.items, request_id))
     if isinstance(outcome, Rejected):
         status, phrase = HTTP_STATUS[outcome.code]
         body: dict[str, Any] = error_body(outcome.code, outcome.message, request_id)

@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from bert_serve import cli
+from bert_serve import client as client_module
 from bert_serve.client import (
     BertServeError,
     Client,
@@ -23,6 +25,7 @@ from bert_serve.client import (
     token_from_key_file,
 )
 from bert_serve.harness.config import free_port
+from tests.conftest import ROOT
 
 Reply = tuple[int, Any]  # (status, JSON body or None for an empty body)
 
@@ -215,16 +218,101 @@ def test_a_request_wide_error_stops_classify_many(stub_factory: Callable[..., St
         client.classify_many(["a"] * 10, chunk_size=2, concurrency=2)
 
 
-def test_a_timeout_is_not_retried(stub_factory: Callable[..., Stub]) -> None:
-    def slow(body: dict[str, Any]) -> Reply:
-        time.sleep(0.5)
+def test_an_attempt_with_no_answer_is_retried_after_the_deadline(stub_factory: Callable[..., Stub]) -> None:
+    """A request TorchServe dropped without an answer (a worker died while collecting its batch)
+    must not hang the call: after `timeout` the client sends it again, and the retry succeeds."""
+    release = threading.Event()
+    attempts = iter(range(100))
+
+    def first_never_answers(body: dict[str, Any]) -> Reply:
+        if next(attempts) == 0:
+            release.wait(30)
         return echo(body)
 
-    stub = stub_factory(slow)
-    client, sleeps = client_for(stub, timeout=0.1)
+    stub = stub_factory(first_never_answers)
+    client, sleeps = client_for(stub, timeout=0.3)
+    started = time.monotonic()
+    try:
+        assert client.classify("fine").label == "label-4"
+    finally:
+        release.set()
+    assert len(stub.requests) == 2 and len(sleeps) == 1
+    assert 0.3 <= time.monotonic() - started < 5
+
+
+def test_a_call_with_no_answers_at_all_ends_within_its_bound(stub_factory: Callable[..., Stub]) -> None:
+    """Never hang: (retries + 1) attempts of `timeout` each plus the backoff sleeps, then `timeout`."""
+    release = threading.Event()
+    stub = stub_factory(lambda body: (release.wait(30), echo(body))[1])
+    client = Client(stub.url, timeout=0.2, retries=2, backoff=0.05, max_backoff=0.1)
+    started = time.monotonic()
+    try:
+        with pytest.raises(BertServeError) as caught:
+            client.classify("x")
+    finally:
+        release.set()
+    elapsed = time.monotonic() - started
+    assert caught.value.code == "timeout" and caught.value.status is None
+    assert len(stub.requests) == 3
+    assert 3 * 0.2 <= elapsed < 3 * 0.2 + 2 * 0.1 + 2.0
+
+
+WORKER_DIED = {"code": 500, "type": "InternalServerException", "message": "Worker died."}
+
+
+@pytest.mark.parametrize(
+    ("status", "body"),
+    [
+        (500, WORKER_DIED),
+        (507, {**WORKER_DIED, "code": 507}),
+        (413, {**WORKER_DIED, "code": 413}),
+        (500, {**WORKER_DIED, "message": "Worker scaled down."}),
+        (503, {"code": 503, "type": "ServiceUnavailableException", "message": "Prediction failed"}),
+        (507, None),
+    ],
+)
+def test_every_worker_died_answer_is_retried(stub_factory: Callable[..., Stub], status: int, body: Any) -> None:
+    """TorchServe answers a dead worker's requests with 500, 507 or the worker's own status;
+    the message, not the status, says the worker died."""
+    replies = iter([(status, body)])
+    stub = stub_factory(lambda request: next(replies, None) or echo(request))
+    client, sleeps = client_for(stub)
+    assert client.classify("fine").label == "label-4"
+    assert len(stub.requests) == 2 and len(sleeps) == 1
+
+
+def test_worker_died_after_the_retries_has_its_own_code(stub_factory: Callable[..., Stub]) -> None:
+    stub = stub_factory(lambda _: (500, WORKER_DIED))
+    client, _ = client_for(stub, retries=1)
     with pytest.raises(BertServeError) as caught:
         client.classify("x")
-    assert caught.value.code == "timeout" and len(stub.requests) == 1 and sleeps == []
+    assert (caught.value.code, caught.value.status) == ("worker_died", 500)
+    assert len(stub.requests) == 2
+
+
+@pytest.mark.parametrize(
+    ("status", "body"),
+    [
+        (413, None),
+        (413, {"error": {"code": "payload_too_large", "message": "Worker died."}, "request_id": "r"}),
+        (500, {"error": {"code": "internal_error", "message": "the model failed"}, "request_id": "r"}),
+        (500, {"code": 500, "type": "InternalServerException", "message": "boom"}),
+    ],
+)
+def test_final_answers_are_not_retried(stub_factory: Callable[..., Stub], status: int, body: Any) -> None:
+    """A real 413 (the body-size limit, or the handler's own) and other errors are final."""
+    stub = stub_factory(lambda _: (status, body))
+    client, sleeps = client_for(stub)
+    with pytest.raises(BertServeError):
+        client.classify("x")
+    assert len(stub.requests) == 1 and sleeps == []
+
+
+def test_the_default_deadline_follows_the_servers_response_timeout() -> None:
+    """The client's constant must be the responseTimeout the .mar ships with."""
+    config = yaml.safe_load((ROOT / "config" / "model-config.yaml").read_text())
+    assert client_module.SERVER_RESPONSE_TIMEOUT_S == config["responseTimeout"]
+    assert Client().timeout == client_module.DEFAULT_TIMEOUT_S > config["responseTimeout"]
 
 
 @pytest.mark.parametrize("body", [[1, 2], {"label": "x"}, {"label": "x", "score": "high", "scores": {}}])

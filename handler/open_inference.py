@@ -1,0 +1,334 @@
+"""The Open Inference Protocol (KServe v2) REST inference request, in the same batch as the rest.
+
+TorchServe routes ``POST /v2/models/{model}/infer`` to this handler with the body unchanged
+(its own ``kservev2`` envelope reads only the first request of a batch). A v2 request is a
+JSON object with an ``"inputs"`` key; its texts join the TorchServe batch like a list request's.
+
+    request   {"id": "...",                                        optional
+               "inputs": [{"name": "text", "datatype": "BYTES", "shape": [n] or [n, 1],
+                           "data": ["...", ...]},                   n texts, flat or nested
+                          {"name": "text_pair", ...}],              optional, same shape
+               "outputs": [{"name": "label"}, ...],                 optional: which, in order
+               "parameters": {...}}                                 optional, ignored
+    response  {"model_name": "...", "id": <the request's id, else the request id>,
+               "outputs": [{"name": "label", "datatype": "BYTES", "shape": [n], "data": [...]},
+                           {"name": "scores", "datatype": "FP32", "shape": [n, num_labels],
+                            "parameters": {"labels": "<JSON array: the columns' labels>"}, ...},
+                           {"name": "truncated", "datatype": "BOOL", "shape": [n], ...}]}
+    error     {"error": "<code>: <message>"}, with the status of the code (handler/errors.py)
+
+The protocol has no per-item error, so a bad text (empty, too long, not a string) rejects its
+whole v2 request and the message names its index, e.g. ``text[3]``. The other requests of the
+TorchServe batch are not affected. Outputs are always JSON (a ``binary_data_output`` parameter
+is ignored, which the protocol allows); binary tensor data in the request (the
+``Inference-Header-Content-Length`` header) is not supported and answers 400.
+
+TorchServe tells the handler nothing about the route except that ``/predictions`` requests
+carry a ``url_path`` header and KServe's routes (v1 ``:predict`` and v2 ``/infer``) carry an
+``explain`` header without it. On those routes the body is JSON by protocol, so a missing
+Content-Type means JSON (tritonclient sends none); any other Content-Type there answers 400.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from handler.decoding import (
+    BODY_KEYS,
+    Rejected,
+    TextList,
+    ValidText,
+    _json_type,
+    is_json,
+    media_type,
+    validate_text,
+)
+from handler.errors import HTTP_STATUS, ErrorCode
+from handler.inference import Prediction
+
+INPUTS_FIELD = "inputs"
+TEXT_INPUT = "text"
+TEXT_PAIR_INPUT = "text_pair"
+INPUT_NAMES = (TEXT_INPUT, TEXT_PAIR_INPUT)
+LABEL_OUTPUT = "label"
+SCORES_OUTPUT = "scores"
+TRUNCATED_OUTPUT = "truncated"
+OUTPUT_NAMES = (LABEL_OUTPUT, SCORES_OUTPUT, TRUNCATED_OUTPUT)
+BINARY_HEADER = "Inference-Header-Content-Length"
+# TorchServe adds url_path to /predictions requests only, and explain to those and KServe's.
+PREDICTIONS_ROUTE_HEADER = "url_path"
+KSERVE_ROUTE_HEADER = "explain"
+JSON_MEDIA = "application/json"
+
+
+@dataclass(frozen=True)
+class InferRejected(Rejected):
+    """A v2 request refused as a whole; answered in the protocol's error shape."""
+
+
+@dataclass(frozen=True)
+class InferRequest(TextList):
+    """A valid v2 request: its texts (every one valid) and what the answer must echo."""
+
+    field: str = INPUTS_FIELD
+    infer_id: str | None = None
+    outputs: tuple[str, ...] = OUTPUT_NAMES
+    model_name: str = ""
+
+
+def decode_infer(
+    fields: Mapping[str, Any],
+    content_type: str | None,
+    headers: Mapping[str, Any],
+    model_name: str,
+    max_chars: int,
+    max_texts: int,
+) -> InferRequest | InferRejected | None:
+    """The request as a v2 request, or None when it is not one (the usual decoding applies).
+
+    ``content_type`` is the one ``route_content_type`` gave, so JSON on KServe's routes.
+    """
+    if _header(headers, BINARY_HEADER) is not None:
+        return InferRejected(
+            ErrorCode.INVALID_TYPE,
+            f"binary tensor data ({BINARY_HEADER}) is not supported; send the tensors as JSON "
+            "(tritonclient: set_data_from_numpy(..., binary_data=False))",
+        )
+    media = media_type(content_type)
+    if not is_json(media):
+        if is_kserve_route(headers):
+            return InferRejected(
+                ErrorCode.INVALID_TYPE,
+                f"KServe's v1 and v2 routes take JSON bodies (Content-Type: application/json "
+                f"or none), got {media!r}; binary tensor data is not supported",
+            )
+        return None
+    body = next((fields[key] for key in BODY_KEYS if key in fields), None)
+    if isinstance(body, str):
+        body = body.encode("utf-8", "surrogatepass")
+    if not isinstance(body, bytes | bytearray) or f'"{INPUTS_FIELD}"'.encode() not in body:
+        return None
+    try:
+        document = json.loads(bytes(body).decode("utf-8"))
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(document, dict) or INPUTS_FIELD not in document:
+        return None
+    return decode_infer_document(document, model_name, max_chars, max_texts)
+
+
+def decode_infer_document(
+    document: Mapping[str, Any], model_name: str, max_chars: int, max_texts: int
+) -> InferRequest | InferRejected:
+    """A parsed v2 request: the envelope, the tensors, then each text."""
+    infer_id = document.get("id")
+    if infer_id is not None and not isinstance(infer_id, str):
+        return _invalid(f'"id" must be a string, got {_json_type(infer_id)}')
+    outputs = _requested_outputs(document.get("outputs"))
+    if isinstance(outputs, InferRejected):
+        return outputs
+    parameters = document.get("parameters", {})
+    if not isinstance(parameters, dict):
+        return _invalid(f'"parameters" must be an object, got {_json_type(parameters)}')
+    tensors = _input_tensors(document[INPUTS_FIELD], max_texts)
+    if isinstance(tensors, InferRejected):
+        return tensors
+    texts, pairs = tensors
+    items: list[ValidText] = []
+    for index, text in enumerate(texts):
+        item = _valid_item(index, text, None if pairs is None else pairs[index], max_chars)
+        if isinstance(item, InferRejected):
+            return item
+        items.append(item)
+    return InferRequest(
+        items=tuple(items), infer_id=infer_id, outputs=outputs, model_name=model_name
+    )
+
+
+def _requested_outputs(outputs: Any) -> tuple[str, ...] | InferRejected:
+    if outputs is None:
+        return OUTPUT_NAMES
+    if not isinstance(outputs, list) or not all(isinstance(o, dict) for o in outputs):
+        return _invalid(f'"outputs" must be an array of objects, got {_json_type(outputs)}')
+    names = tuple(output.get("name") for output in outputs)
+    unknown = [name for name in names if name not in OUTPUT_NAMES]
+    if unknown:
+        return _invalid(f"unknown output {unknown[0]!r}; this model has {list(OUTPUT_NAMES)}")
+    return tuple(str(name) for name in names)
+
+
+def _input_tensors(
+    inputs: Any, max_texts: int
+) -> tuple[list[Any], list[Any] | None] | InferRejected:
+    """The ``text`` tensor's elements and, when sent, the ``text_pair`` tensor's."""
+    if not isinstance(inputs, list) or not all(isinstance(i, dict) for i in inputs):
+        return _invalid(f'"inputs" must be an array of tensor objects, got {_json_type(inputs)}')
+    names = [tensor.get("name") for tensor in inputs]
+    unknown = [name for name in names if name not in INPUT_NAMES]
+    if unknown:
+        return _invalid(f"unknown input {unknown[0]!r}; this model takes {list(INPUT_NAMES)}")
+    if len(set(names)) != len(names):
+        return _invalid(f"each input may be sent once, got {names}")
+    if TEXT_INPUT not in names:
+        return InferRejected(ErrorCode.MISSING_FIELD, f'no "{TEXT_INPUT}" input; got {names}')
+    elements: dict[str, list[Any]] = {}
+    shapes: dict[str, list[int]] = {}
+    for tensor in inputs:
+        shape = _text_shape(tensor, max_texts)
+        if isinstance(shape, InferRejected):
+            return shape
+        data = _tensor_data(tensor, shape)
+        if isinstance(data, InferRejected):
+            return data
+        elements[tensor["name"]], shapes[tensor["name"]] = data, shape
+    if TEXT_PAIR_INPUT in shapes and shapes[TEXT_PAIR_INPUT] != shapes[TEXT_INPUT]:
+        return _invalid(
+            f'"{TEXT_PAIR_INPUT}" has shape {shapes[TEXT_PAIR_INPUT]}, '
+            f'"{TEXT_INPUT}" has {shapes[TEXT_INPUT]}; they must match'
+        )
+    return elements[TEXT_INPUT], elements.get(TEXT_PAIR_INPUT)
+
+
+def _text_shape(tensor: Mapping[str, Any], max_texts: int) -> list[int] | InferRejected:
+    name = tensor["name"]
+    if tensor.get("datatype") != "BYTES":
+        return _invalid(f'input "{name}" must have datatype "BYTES", got {tensor.get("datatype")!r}')
+    shape = tensor.get("shape")
+    if (
+        not isinstance(shape, list)
+        or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape)
+        or len(shape) not in (1, 2)
+        or (len(shape) == 2 and shape[1] != 1)
+        or shape[0] < 0
+    ):
+        return _invalid(f'input "{name}" must have shape [n] or [n, 1], got {shape!r}')
+    if shape[0] == 0:
+        return InferRejected(ErrorCode.EMPTY_TEXT, f'input "{name}" has no texts')
+    if shape[0] > max_texts:
+        return InferRejected(
+            ErrorCode.PAYLOAD_TOO_LARGE,
+            f'input "{name}" has {shape[0]:,} texts; the limit is {max_texts:,}',
+        )
+    return shape
+
+
+def _tensor_data(tensor: Mapping[str, Any], shape: list[int]) -> list[Any] | InferRejected:
+    """The elements in row-major order; the protocol allows flat or nested arrays."""
+    name = tensor["name"]
+    parameters = tensor.get("parameters")
+    if "data" not in tensor:
+        if isinstance(parameters, dict) and "binary_data_size" in parameters:
+            return _invalid(
+                f'input "{name}" is binary tensor data, which is not supported; send it as JSON '
+                '"data" (tritonclient: binary_data=False)'
+            )
+        return InferRejected(ErrorCode.MISSING_FIELD, f'input "{name}" has no "data"')
+    data = tensor["data"]
+    flat = _flatten(data, len(shape))
+    count = math.prod(shape)
+    if flat is None or len(flat) != count:
+        return _invalid(f'input "{name}" must hold {count} elements for shape {shape}')
+    return flat
+
+
+def _flatten(data: Any, depth: int) -> list[Any] | None:
+    """A flat list from at most ``depth`` levels of arrays; None if ``data`` is not an array."""
+    if not isinstance(data, list):
+        return None
+    flat: list[Any] = []
+    for element in data:
+        if isinstance(element, list):
+            if depth <= 1:
+                return None
+            inner = _flatten(element, depth - 1)
+            if inner is None:
+                return None
+            flat += inner
+        else:
+            flat.append(element)
+    return flat
+
+
+def _valid_item(
+    index: int, text: Any, pair: Any, max_chars: int
+) -> ValidText | InferRejected:
+    """One text (and its pair) checked like any text; the error names its place."""
+    for name, value in ((TEXT_INPUT, text), (TEXT_PAIR_INPUT, pair)):
+        if value is None and name == TEXT_PAIR_INPUT:
+            continue
+        if not isinstance(value, str):
+            return _invalid(f"{name}[{index}] must be a string, got {_json_type(value)}")
+        checked = validate_text(value, max_chars)
+        if isinstance(checked, Rejected):
+            return InferRejected(checked.code, f"{name}[{index}]: {checked.message}")
+    if pair is not None:
+        return InferRejected(
+            ErrorCode.INVALID_TYPE,
+            f'"{TEXT_PAIR_INPUT}" is not supported by this version of the handler',
+        )
+    return ValidText(text)
+
+
+def render_infer(
+    request: InferRequest, results: tuple[Prediction | Rejected, ...], request_id: str
+) -> tuple[int, str, str]:
+    """Status, reason phrase and body of a v2 answer; one failed text fails the request."""
+    failed = next((item for item in results if isinstance(item, Rejected)), None)
+    if failed is not None:
+        return render_infer_error(failed)
+    predictions = [item for item in results if isinstance(item, Prediction)]
+    labels = list(predictions[0].scores)
+    count = len(predictions)
+    tensors: dict[str, dict[str, Any]] = {
+        LABEL_OUTPUT: {"datatype": "BYTES", "shape": [count], "data": [p.label for p in predictions]},
+        SCORES_OUTPUT: {
+            "datatype": "FP32",
+            "shape": [count, len(labels)],
+            "parameters": {"labels": json.dumps(labels)},
+            "data": [p.scores[label] for p in predictions for label in labels],
+        },
+        TRUNCATED_OUTPUT: {
+            "datatype": "BOOL",
+            "shape": [count],
+            "data": [p.truncated for p in predictions],
+        },
+    }
+    body = {
+        "model_name": request.model_name,
+        "id": request.infer_id if request.infer_id is not None else request_id,
+        "outputs": [{"name": name, **tensors[name]} for name in request.outputs],
+    }
+    return 200, "OK", json.dumps(body)
+
+
+def render_infer_error(rejected: Rejected) -> tuple[int, str, str]:
+    status, phrase = HTTP_STATUS[rejected.code]
+    return status, phrase, json.dumps({"error": f"{rejected.code.value}: {rejected.message}"})
+
+
+def route_content_type(headers: Mapping[str, Any], content_type: str | None) -> str | None:
+    """JSON when a KServe route's request has no Content-Type (tritonclient sends none)."""
+    if content_type is None and is_kserve_route(headers):
+        return JSON_MEDIA
+    return content_type
+
+
+def is_kserve_route(headers: Mapping[str, Any]) -> bool:
+    return (
+        _header(headers, KSERVE_ROUTE_HEADER) is not None
+        and _header(headers, PREDICTIONS_ROUTE_HEADER) is None
+    )
+
+
+def _header(headers: Mapping[str, Any], name: str) -> Any:
+    wanted = name.lower()
+    return next((value for key, value in headers.items() if key.lower() == wanted), None)
+
+
+def _invalid(message: str) -> InferRejected:
+    return InferRejected(ErrorCode.INVALID_TYPE, message)
+
