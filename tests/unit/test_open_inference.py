@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +18,7 @@ from handler.open_inference import (
 )
 from handler.pipeline import IncomingRequest, run_batch
 from tests.unit.test_pipeline import FakeClassifier, fake_prediction
-from tests.worker_harness import Sent, load_service, make_model_dir, predict
+from tests.worker_harness import Sent, predict
 
 MAX_CHARS = 30
 KSERVE_ROUTE = {"explain": "False"}
@@ -188,8 +187,8 @@ def test_a_model_failure_answers_every_v2_request_500_in_the_v2_shape() -> None:
 
 
 @pytest.fixture(scope="module")
-def service(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    return load_service(make_model_dir(tmp_path_factory.mktemp("v2"), tiny_model_dir))
+def service(tiny_worker):
+    return tiny_worker()
 
 
 def test_through_torchserves_worker_code_v2_scores_equal_plain_requests(service) -> None:
@@ -197,7 +196,7 @@ def test_through_torchserves_worker_code_v2_scores_equal_plain_requests(service)
     sends), a v2 request answers the same scores as the same texts sent as plain requests."""
     texts = ["a fine film", "dull and far too long for its own good", "ok"]
     v2 = Sent(json.dumps(infer_body(*texts, outputs=[{"name": "scores"}])).encode(), None, (("explain", "False"),))
-    answers = predict(service[0], [v2, *(Sent(t.encode()) for t in texts)])
+    answers = predict(service.service, [v2, *(Sent(t.encode()) for t in texts)])
     assert [a.status for a in answers] == [200] * 4
     (scores,) = json.loads(answers[0].body)["outputs"]
     labels = json.loads(scores["parameters"]["labels"])
