@@ -1,15 +1,19 @@
 """Chaos: faults and overload against a real TorchServe, and a JSON report of what happened.
 
-The experiments (``bert_serve.harness.faults``), each on its own server with a pass/fail
-verdict computed from its numbers: a poisoning soak (10 % malformed traffic), a worker
-SIGKILL under load, a burst over a small queue, a body over the frontend's limit, and a
-restart in the same state folder. Every loop is bounded in count and time.
+The experiments (``bert_serve.harness.faults`` and ``.kills``), each on its own server with a
+pass/fail verdict computed from its numbers: a poisoning soak (10 % malformed traffic), a
+worker SIGKILL under load, a burst over a small queue, a body over the frontend's limit, a
+restart in the same state folder, and the kill runs (--kills worker kills per load level,
+counting the requests nobody answers) with the configured maxBatchDelay and with 2 ms. Every
+loop is bounded in count and time.
 
     python scripts/chaos.py --out docs/chaos              # the full run (make chaos)
-    python scripts/chaos.py --quick --out /tmp/chaos      # every duration a few seconds
+    python scripts/chaos.py --quick --out /tmp/chaos      # every duration a few seconds, 3 kills
+    python scripts/chaos.py --only kill_runs kill_runs_short_delay --kills 50 --out docs/chaos
 
-Writes ``chaos.json`` ({part: result}) into --out, prints a summary table and a last line
-``chaos: N passed, M failed``; exits 1 if any part failed.
+Writes ``chaos.json`` ({part: result}) into --out (with --only, the other parts already in it
+are kept), prints a summary table and a last line ``chaos: N passed, M failed``; exits 1 if
+any part failed.
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-from bert_serve.harness import faults
+from bert_serve.harness import faults, kills
 
 EXPERIMENTS = {
     "poisoning_soak": faults.poisoning_soak,
@@ -28,7 +33,13 @@ EXPERIMENTS = {
     "overload": faults.overload,
     "oversized": faults.oversized,
     "restart": faults.restart,
+    "kill_runs": kills.kill_runs,
+    "kill_runs_short_delay": kills.kill_runs_short_delay,
 }
+
+
+def previous_report(path: Path) -> dict[str, Any]:
+    return dict(json.loads(path.read_text())) if path.is_file() else {}
 
 
 def main() -> int:
@@ -38,15 +49,20 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("docs/chaos"))
     parser.add_argument("--seconds", type=float, default=30.0, help="soak duration")
     parser.add_argument("--quick", action="store_true", help="every duration a few seconds")
+    parser.add_argument("--only", nargs="+", choices=EXPERIMENTS, help="run these parts only")
+    parser.add_argument("--kills", type=int, help="worker kills per load level (50; quick: 3)")
     args = parser.parse_args()
-    durations = faults.durations(args.seconds, args.quick)
+    durations = faults.durations(args.seconds, args.quick, args.kills)
+    names = args.only or list(EXPERIMENTS)
     started = time.monotonic()
-    report = {name: faults.run_part(name, part, durations) for name, part in EXPERIMENTS.items()}
+    report = {name: faults.run_part(name, EXPERIMENTS[name], durations) for name in names}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "chaos.json").write_text(json.dumps(report, indent=2) + "\n")
+    path = args.out / "chaos.json"
+    merged = (previous_report(path) if args.only else {}) | report
+    path.write_text(json.dumps(merged, indent=2) + "\n")
     passed = sum(result["passed"] for result in report.values())
     print(faults.summary_table(report))
-    print(f"report: {args.out / 'chaos.json'} ({time.monotonic() - started:.0f} s)")
+    print(f"report: {path} ({time.monotonic() - started:.0f} s)")
     print(f"chaos: {passed} passed, {len(report) - passed} failed")
     return 0 if passed == len(report) else 1
 

@@ -17,6 +17,8 @@ always stopped at the end), each with a pass/fail verdict computed from its numb
 - ``restart``: answers for 5 texts, stop, a second server in the same state folder (same
   ports) starts without any cleanup and gives the same answers (within 1e-6).
 
+The kill runs (many kills, counting requests nobody answers) live in ``kills``.
+
 Every loop is bounded in count and time.
 """
 
@@ -61,14 +63,24 @@ class Durations:
     crash_limit_s: float = RECOVERY_LIMIT_S
     overload_requests: int = 400
     overload_concurrency: int = 200
+    kills: int = 50
 
 
-def durations(seconds: float, quick: bool) -> Durations:
+def durations(seconds: float, quick: bool, kills: int | None = None) -> Durations:
+    """``kills`` per load level of the kill runs: 3 in the quick form, 50 otherwise."""
     if quick:
         return Durations(
-            soak_s=min(seconds, 4.0), crash_before_kill_s=1.0, crash_after_recovery_s=1.0
+            soak_s=min(seconds, 4.0),
+            crash_before_kill_s=1.0,
+            crash_after_recovery_s=1.0,
+            kills=3 if kills is None else kills,
         )
-    return Durations(soak_s=seconds, crash_before_kill_s=3.0, crash_after_recovery_s=5.0)
+    return Durations(
+        soak_s=seconds,
+        crash_before_kill_s=3.0,
+        crash_after_recovery_s=5.0,
+        kills=50 if kills is None else kills,
+    )
 
 
 def malformed(kind: str, data: bytes, content_type: str, code: str, status: int = 400) -> Job:
@@ -585,9 +597,9 @@ def run_part(
 
 
 def summary_table(report: dict[str, dict[str, Any]]) -> str:
-    rows = [f"{'part':<16} {'verdict':<7} {'s':>6}  what happened"]
+    rows = [f"{'part':<22} {'verdict':<7} {'s':>6}  what happened"]
     for name, result in report.items():
         verdict = "pass" if result["passed"] else "FAIL"
         detail = result.get("error") or result.get("summary", "")
-        rows.append(f"{name:<16} {verdict:<7} {result['part_seconds']:>6}  {detail}")
+        rows.append(f"{name:<22} {verdict:<7} {result['part_seconds']:>6}  {detail}")
     return "\n".join(rows)

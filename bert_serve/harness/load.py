@@ -14,7 +14,7 @@ import statistics
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,13 +68,16 @@ async def send(
 
 
 Progress = Callable[[int, float], None]
+# Sends one job some other way than a plain POST (e.g. through bert_serve.Client); never raises.
+Sender = Callable[[Job], Awaitable[Outcome]]
 
 
 @dataclass
 class ClosedLoop:
     """A bounded closed loop: ``concurrency`` clients, each sending ``job_for(n)`` for the n-th
     request as soon as its last one ended, until ``max_requests`` were sent, ``seconds``
-    passed, or ``stopped`` is set."""
+    passed, or ``stopped`` is set. Each request is a POST to ``url`` unless a ``sender`` is
+    given."""
 
     url: str
     headers: dict[str, str]
@@ -84,6 +87,7 @@ class ClosedLoop:
     max_requests: int | None = None
     request_timeout_s: float = 120.0
     progress: Progress | None = None
+    sender: Sender | None = None
     sent: int = 0
     stopped: bool = False
     elapsed: float = 0.0
@@ -91,7 +95,7 @@ class ClosedLoop:
 
     def run(self, *others: Coroutine[Any, Any, None]) -> ClosedLoop:
         """Run the load, and alongside it ``others`` (e.g. a fault injector)."""
-        asyncio.run(self._run(*others))
+        asyncio.run(self.run_async(*others))
         return self
 
     @property
@@ -102,7 +106,8 @@ class ClosedLoop:
         under_count = self.max_requests is None or self.sent < self.max_requests
         return not self.stopped and under_count and time.monotonic() < deadline
 
-    async def _run(self, *others: Coroutine[Any, Any, None]) -> None:
+    async def run_async(self, *others: Coroutine[Any, Any, None]) -> None:
+        """``run`` inside a running event loop (to run two loads side by side)."""
         started = time.monotonic()
         deadline = started + self.seconds
         connector = aiohttp.TCPConnector(limit=self.concurrency)
@@ -116,7 +121,10 @@ class ClosedLoop:
         while self._more(deadline):
             job = self.job_for(self.sent)
             self.sent += 1
-            self.outcomes.append(await send(session, self.url, self.headers, job))
+            if self.sender is not None:
+                self.outcomes.append(await self.sender(job))
+            else:
+                self.outcomes.append(await send(session, self.url, self.headers, job))
 
     async def _report(self, started: float, deadline: float) -> None:
         while self.progress is not None and self._more(deadline):

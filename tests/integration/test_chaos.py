@@ -11,7 +11,15 @@ import pytest
 
 from tests.conftest import MAR_PATH, ROOT
 
-PARTS = ("poisoning_soak", "worker_crash", "overload", "oversized", "restart")
+PARTS = (
+    "poisoning_soak",
+    "worker_crash",
+    "overload",
+    "oversized",
+    "restart",
+    "kill_runs",
+    "kill_runs_short_delay",
+)
 
 
 def test_chaos_quick_passes_every_part(tmp_path: Path) -> None:
@@ -22,10 +30,14 @@ def test_chaos_quick_passes_every_part(tmp_path: Path) -> None:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=900,
     )
     print(result.stdout)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     report = json.loads((tmp_path / "chaos.json").read_text())
     assert {part: report[part]["passed"] for part in PARTS} == dict.fromkeys(PARTS, True)
-    assert result.stdout.strip().splitlines()[-1] == "chaos: 5 passed, 0 failed"
+    assert result.stdout.strip().splitlines()[-1] == "chaos: 7 passed, 0 failed"
+    for part in ("kill_runs", "kill_runs_short_delay"):
+        levels = report[part]["levels"].values()
+        assert [level["kills"] for level in levels] == [3, 3]
+        assert report[part]["client_failed"] == report[part]["client_hung"] == 0
