@@ -24,6 +24,7 @@ import json
 import os
 import random
 import signal
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -59,30 +60,48 @@ LEVELS = (Level("light", 1, 1), Level("heavy", 16, 16))
 
 
 class ClientSender:
-    """Sends a job's text with ``Client.classify`` in a thread of its own pool. A call that
-    has not returned within the client's worst case (every attempt timing out, every backoff
-    at its cap) is recorded as ``client_hung``; a raised error as ``client_error_<code>``."""
+    """Sends a job's text with ``Client.classify`` (the client's defaults) in a thread of its
+    own pool. A call that has not returned within the client's worst case (every attempt
+    timing out, every backoff at its cap) is recorded as ``client_hung``; a raised error as
+    ``client_error_<code>``. The client's sleep hook counts its retries, per call."""
 
-    def __init__(self, client: Client, threads: int) -> None:
-        self.client = client
+    def __init__(self, server: Server, threads: int) -> None:
+        self.client = Client(server.inference_url, token=server.key("inference"), sleep=self._sleep)
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kill-runs")
-        attempts = client.retries + 1
-        self.limit_s = attempts * client.timeout + client.retries * client.max_backoff + 5
-
-    async def __call__(self, job: Job) -> Outcome:
-        sent = time.monotonic()
-        call = asyncio.get_running_loop().run_in_executor(
-            self.pool, self.client.classify, job.expected
+        attempts = self.client.retries + 1
+        self.limit_s = (
+            attempts * self.client.timeout + self.client.retries * self.client.max_backoff + 5
         )
+        self.local = threading.local()
+        self.lock = threading.Lock()
+        self.retries = 0
+        self.calls_retried = 0
+
+    def _sleep(self, seconds: float) -> None:
+        self.local.retries += 1
+        time.sleep(seconds)
+
+    def _call(self, text: str) -> tuple[str, bytes]:
+        self.local.retries = 0
         try:
-            prediction = await asyncio.wait_for(call, self.limit_s)
+            prediction = self.client.classify(text)
             status, body = "200", json.dumps(prediction.scores).encode()
         except BertServeError as error:
             status, body = f"client_error_{error.code}", str(error).encode()
-        except TimeoutError:
-            status, body = HUNG, b""
         except Exception as error:  # recorded: a sender never raises
             status, body = f"client_error_{type(error).__name__}", str(error).encode()
+        with self.lock:
+            self.retries += self.local.retries
+            self.calls_retried += self.local.retries > 0
+        return status, body
+
+    async def __call__(self, job: Job) -> Outcome:
+        sent = time.monotonic()
+        call = asyncio.get_running_loop().run_in_executor(self.pool, self._call, job.expected)
+        try:
+            status, body = await asyncio.wait_for(call, self.limit_s)
+        except TimeoutError:
+            status, body = HUNG, b""
         return Outcome(job, status, body, sent, time.monotonic())
 
     def close(self) -> None:
@@ -139,7 +158,7 @@ class KillSeries:
 
     server: Server
     loads: list[ClosedLoop]
-    client_sender: ClientSender
+    probe_sender: ClientSender
     texts: list[str]
     kills: int
     rng: random.Random
@@ -172,7 +191,7 @@ class KillSeries:
         job = json_job(self.rng.choice(self.texts))
         url, headers = self.server.predict_url, self.server.headers()
         self.log.raw_probes.append(asyncio.create_task(send(session, url, headers, job)))
-        self.log.client_probes.append(asyncio.create_task(self.client_sender(job)))
+        self.log.client_probes.append(asyncio.create_task(self.probe_sender(job)))
 
 
 def raw_counts(outcomes: list[Outcome]) -> dict[str, Any]:
@@ -184,14 +203,17 @@ def raw_counts(outcomes: list[Outcome]) -> dict[str, Any]:
     }
 
 
-def client_counts(outcomes: list[Outcome]) -> dict[str, Any]:
-    """``slower_than_one_attempt``: calls that outlived one attempt's deadline, i.e. that got
-    their answer from a retry after an attempt nobody answered."""
+def client_counts(outcomes: list[Outcome], sender: ClientSender) -> dict[str, Any]:
+    """``retried_calls``: calls that got their answer only after a retry (a "Worker died."
+    answer, a 503 or an attempt nobody answered); ``slower_than_one_attempt``: calls that
+    outlived one attempt's deadline, i.e. that had an attempt nobody answered."""
     return {
         "calls": len(outcomes),
         "statuses": statuses(outcomes),
         "failed": sum(o.status not in ("200", HUNG) for o in outcomes),
         "hung": sum(o.status == HUNG for o in outcomes),
+        "retried_calls": sender.calls_retried,
+        "retries": sender.retries,
         "slower_than_one_attempt": sum(o.ms > NO_ANSWER_DEADLINE_S * 1000 for o in outcomes),
     }
 
@@ -206,8 +228,8 @@ def seconds_summary(values: list[float]) -> dict[str, float]:
 def run_level(server: Server, level: Level, kills: int, seed: int) -> dict[str, Any]:
     """One load level: the loads, the kill series beside them, and what every request got."""
     corpus = make_corpus()
-    client = Client(server.inference_url, token=server.key("inference"))
-    sender = ClientSender(client, level.client_threads + kills)
+    sender = ClientSender(server, level.client_threads)
+    probe_sender = ClientSender(server, kills)
     bound_s = kills * (MAX_PAUSE_S + RECOVERY_LIMIT_S) + 60
 
     def job_for(n: int) -> Job:
@@ -218,11 +240,12 @@ def run_level(server: Server, level: Level, kills: int, seed: int) -> dict[str, 
         url, headers, job_for, level.raw_clients, bound_s, request_timeout_s=NO_ANSWER_DEADLINE_S
     )
     calls = ClosedLoop(url, headers, job_for, level.client_threads, bound_s, sender=sender)
-    series = KillSeries(server, [raw, calls], sender, corpus, kills, random.Random(seed))
+    series = KillSeries(server, [raw, calls], probe_sender, corpus, kills, random.Random(seed))
     try:
         raw.run(calls.run_async(), series.run())
     finally:
         sender.close()
+        probe_sender.close()
     log = series.log
     result: dict[str, Any] = {
         "raw_clients": level.raw_clients,
@@ -232,8 +255,8 @@ def run_level(server: Server, level: Level, kills: int, seed: int) -> dict[str, 
         "worker_replaced_s": seconds_summary(log.replaced_s),
         "raw_http": raw_counts(raw.outcomes),
         "raw_probes": raw_counts([task.result() for task in log.raw_probes]),
-        "client": client_counts(calls.outcomes),
-        "client_probes": client_counts([task.result() for task in log.client_probes]),
+        "client": client_counts(calls.outcomes, sender),
+        "client_probes": client_counts([t.result() for t in log.client_probes], probe_sender),
         "silently_lost": raw.silently_lost + calls.silently_lost,
     }
     if log.error:
@@ -256,6 +279,8 @@ def totals(levels: dict[str, dict[str, Any]]) -> dict[str, int]:
         "client_calls": total("client", "calls") + total("client_probes", "calls"),
         "client_failed": total("client", "failed") + total("client_probes", "failed"),
         "client_hung": total("client", "hung") + total("client_probes", "hung"),
+        "client_retried_calls": total("client", "retried_calls")
+        + total("client_probes", "retried_calls"),
         "client_retried_unanswered": total("client", "slower_than_one_attempt")
         + total("client_probes", "slower_than_one_attempt"),
     }
@@ -289,7 +314,7 @@ def kill_runs_with(d: Durations, overrides: dict[str, str] | None) -> dict[str, 
         f"raw HTTP {counts['raw_no_answer']} of {counts['raw_requests']} unanswered within "
         f"{NO_ANSWER_DEADLINE_S:.0f} s, {counts['raw_worker_died']} 'Worker died.'; Client "
         f"{counts['client_failed']} failed, {counts['client_hung']} hung of "
-        f"{counts['client_calls']}"
+        f"{counts['client_calls']} ({counts['client_retried_calls']} answered after a retry)"
     )
     return result
 
