@@ -153,11 +153,15 @@ def series(samples: list[Sample]) -> dict[str, list[float | None]]:
 
 
 def drift(values: list[float | None]) -> dict[str, float | None]:
-    """Baseline (the first value), range and the largest relative drift from the baseline."""
+    """Baseline (the first value), range and the largest relative drift from the baseline.
+
+    ``second_half_growth_pct`` (last value against the one halfway) tells a leak, which keeps
+    growing, from a warm-up that outlasted the warm-up window and levelled off.
+    """
     present = [value for value in values if value is not None]
     if not present or len(present) != len(values):
         return {"baseline_mb": None, "max_drift_pct": None}
-    baseline = present[0]
+    baseline, halfway = present[0], present[len(present) // 2]
     worst = max(abs(value - baseline) for value in present) / baseline
     return {
         "baseline_mb": baseline,
@@ -165,6 +169,7 @@ def drift(values: list[float | None]) -> dict[str, float | None]:
         "max_mb": max(present),
         "last_mb": present[-1],
         "max_drift_pct": round(100 * worst, 1),
+        "second_half_growth_pct": round(100 * (present[-1] - halfway) / halfway, 1),
     }
 
 
