@@ -10,7 +10,9 @@
 - ``measure``: "this config at these loads", the step bench and tune repeat;
 - ``inprocess``, ``peer``, ``reports``: the benchmark's in-process runs, its LitServe peer,
   and the JSON summaries and plots of bench and tune;
-- ``faults``: the chaos experiments; ``metrics``: the live metrics summary;
+- ``faults``: the chaos experiments; ``kills``: the chaos kill runs (many worker kills, counting
+  the requests nobody answers); ``soak``: the long mixed-traffic run watching memory and logs;
+- ``metrics``: the live metrics summary;
 - ``layout``: the container / KServe layout; ``archive``: .mar variants; ``training``: the
   default model's fine-tuning.
 
