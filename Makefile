@@ -10,7 +10,7 @@ BENCH     := $(VENV)/.bench-installed
 P99_MS    ?= 200
 CONCURRENCY ?= 8
 
-.PHONY: install model package serve stop status metrics smoke test unit check bench tune chaos deploy-layout clean distclean
+.PHONY: install model package serve stop status metrics smoke test unit check bench tune chaos fuzz deploy-layout clean distclean
 
 install: $(STAMP)
 
@@ -70,6 +70,10 @@ tune: $(MAR) $(BENCH)
 ## chaos: faults and overload against a real server -> docs/chaos/chaos.json
 chaos: $(MAR) $(BENCH)
 	$(PY) scripts/chaos.py --out docs/chaos
+
+## fuzz: schemathesis from docs/openapi.yaml against a real server, 5 minutes -> docs/fuzz/fuzz.json
+fuzz: $(MAR) | $(STAMP)
+	$(PY) scripts/fuzz.py --max-examples 500 --max-time 300 --out docs/fuzz
 
 ## deploy-layout: the container / KServe layout (config/ + model-store/) -> build/kserve
 deploy-layout: $(MAR) | $(STAMP)
