@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml scripts/install.sh
 	touch $@
 
 # The venv is an order-only prerequisite (after |): reinstalling must not retrain or repackage.
-build/bert-sentiment/config.json: scripts/build_model.py scripts/data/reviews.tsv | $(STAMP)
+build/bert-sentiment/config.json: scripts/build_model.py bert_serve/harness/training.py scripts/data/reviews.tsv | $(STAMP)
 	$(PY) scripts/build_model.py --out build/bert-sentiment
 
 model: build/bert-sentiment/config.json
@@ -79,11 +79,13 @@ fuzz: $(MAR) | $(STAMP)
 deploy-layout: $(MAR) | $(STAMP)
 	$(PY) scripts/deploy_layout.py --out build/kserve
 
+## unit: the fast layer, no server (every test not marked integration)
 unit: $(STAMP)
-	$(PY) -m pytest tests/unit -q
+	$(PY) -m pytest -m "not integration" -q
 
 check: $(STAMP)
 	$(VENV)/bin/ruff check handler bert_serve scripts tests
+	$(VENV)/bin/ruff format --check handler bert_serve scripts tests
 	$(VENV)/bin/mypy
 	@echo "pip-audit (packages it could not look up are listed as skipped, not as safe):"
 	$(VENV)/bin/pip-audit --skip-editable --progress-spinner off

@@ -1,10 +1,9 @@
 """Fuzz the API from docs/openapi.yaml with schemathesis against a real torchserve (``make fuzz``).
 
-Every answer must conform to the document (status, Content-Type, body, headers) and none may be
-a 5xx; the two answers TorchServe's frontend gives before the handler runs are counted, not
-failed (scripts/fuzz_checks.py). Starts its own server on free local ports and always stops it.
+``bert_serve.harness.fuzz`` holds the run; this starts its own server on free local ports
+(always stopped), runs it, prints the summary and writes it as ``fuzz.json`` into --out.
 
-    python scripts/fuzz.py --max-examples 30 --max-time 45             # about what make test runs
+    python scripts/fuzz.py --max-examples 30 --max-time 45              # about what make test runs
     python scripts/fuzz.py --max-examples 500 --max-time 300 --out docs/fuzz   # make fuzz
 
 ``--max-examples`` bounds each operation's cases per round; ``--max-time`` bounds the run
@@ -15,96 +14,28 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import tempfile
-from collections import Counter
 from pathlib import Path
-from typing import Any
 
-import torchserve_ctl
-
-ROOT = Path(__file__).resolve().parent.parent
-OPENAPI = ROOT / "docs" / "openapi.yaml"
-CONFIG = ROOT / "config" / "schemathesis.toml"
-TOKEN_ENV = "BERT_SERVE_TOKEN"
-REFUSALS_ENV = "BERT_SERVE_FUZZ_REFUSALS"
-
-
-def run_fuzz(
-    server: torchserve_ctl.Server, *, max_examples: int, max_time: int, seed: int
-) -> dict[str, Any]:
-    """One schemathesis run against ``server``; its counts as a small dict."""
-    with tempfile.TemporaryDirectory(prefix="fuzz-") as workdir:
-        report, refusals = Path(workdir) / "report.json", Path(workdir) / "refusals.jsonl"
-        refusals.touch()
-        command = [
-            str(Path(sys.executable).parent / "st"),
-            "--config-file", str(CONFIG),
-            "run", str(OPENAPI),
-            "--url", server.inference_url,
-            "--checks", "conforms",
-            "--max-examples", str(max_examples),
-            "--max-time", str(max_time),
-            "--seed", str(seed),
-            "--report", "json", "--report-json-path", str(report),
-            "--output-truncate", "true",
-        ]  # fmt: skip
-        environment = {
-            **os.environ,
-            TOKEN_ENV: server.key("inference") or "",
-            REFUSALS_ENV: str(refusals),
-        }
-        done = subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True)
-        if not report.is_file():
-            raise RuntimeError(f"schemathesis wrote no report:\n{done.stdout[-4000:]}{done.stderr[-4000:]}")
-        return summarize(
-            json.loads(report.read_text()),
-            [json.loads(line) for line in refusals.read_text().splitlines()],
-            done.stdout,
-        )
-
-
-def summarize(report: dict[str, Any], refusals: list[dict[str, str]], output: str) -> dict[str, Any]:
-    cases = report["test_cases"]
-    return {
-        "schemathesis": report["schemathesis_version"],
-        "seed": report["seed"],
-        "running_time_s": round(report["running_time"], 1),
-        "stop_reason": report["stop_reason"],
-        "operations_tested": report["operations"]["tested"],
-        "phases": {name: phase["status"] for name, phase in report["phases"].items()},
-        "test_cases": cases["generated"],
-        "test_cases_with_failures": cases["with_failures"],
-        "unique_failures": cases["unique_failures"],
-        "errors": len(report["errors"]),
-        "failures": [
-            {key: failure[key] for key in ("code", "title", "count", "operations")}
-            for failure in report["failures"]
-        ],
-        "frontend_refusals": dict(Counter(entry["refusal"] for entry in refusals)),
-        "output_tail": output[-6000:] if cases["with_failures"] or report["errors"] else "",
-    }
-
-
-def passed(summary: dict[str, Any]) -> bool:
-    return not summary["unique_failures"] and not summary["errors"] and summary["test_cases"] > 0
+from bert_serve.harness.fuzz import passed, run_fuzz
+from bert_serve.harness.server import running
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--max-examples", type=int, default=30, help="cases per operation per round")
-    parser.add_argument("--max-time", type=int, default=60, help="seconds for the whole run")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--max-examples", type=int, default=30, help="cases per operation per round"
+    )
+    parser.add_argument("--max-time", type=int, default=45, help="seconds for the whole run")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, help="folder for fuzz.json (the summary)")
     args = parser.parse_args()
-    state_dir = Path(tempfile.mkdtemp(prefix="fuzz-server-"))
-    server = torchserve_ctl.start(state_dir, overrides=torchserve_ctl.local_port_overrides())
-    try:
-        summary = run_fuzz(server, max_examples=args.max_examples, max_time=args.max_time, seed=args.seed)
-    finally:
-        torchserve_ctl.stop(server)
+    with running(prefix="bert-serve-fuzz-") as server:
+        summary = run_fuzz(
+            server, max_examples=args.max_examples, max_time=args.max_time, seed=args.seed
+        )
     tail = summary.pop("output_tail")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

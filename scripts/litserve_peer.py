@@ -26,7 +26,7 @@ class SentimentAPI(ls.LitAPI):  # type: ignore[misc]
     def setup(self, device: str) -> None:
         self.loaded = load_model(self.model_dir, self.settings, gpu_id=None)
 
-    def decode_request(self, request: dict) -> str:  # a plain dict: LitServe reads this annotation
+    def decode_request(self, request: dict) -> str:  # type: ignore[type-arg]  # LitServe reads this plain dict annotation
         return str(request["text"])
 
     def predict(self, text: str) -> dict[str, Any]:

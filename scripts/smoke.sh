@@ -9,6 +9,7 @@ state_dir="${1:-.run}"
 python="${PYTHON:-.venv/bin/python}"
 ctl=(scripts/torchserve_ctl.py --state-dir "$state_dir")
 url=$("$python" "${ctl[0]}" url "${ctl[@]:1}")
+predict=$("$python" "${ctl[0]}" predict-url "${ctl[@]:1}")
 token=$("$python" "${ctl[0]}" key "${ctl[@]:1}")
 failures=0
 passed=0
@@ -28,11 +29,11 @@ call() {  # call EXPECTED_STATUS EXPECTED_FRAGMENT curl-args...
 
 call 200 '"status": "Healthy"' "$url/ping"
 call 200 '"label": "positive"' -H 'Content-Type: text/plain' \
-  --data 'An absolute delight from start to finish.' "$url/predictions/bert"
+  --data 'An absolute delight from start to finish.' "$predict"
 call 200 '"label": "negative"' -H 'Content-Type: application/json' \
-  --data '{"text": "A tedious, joyless mess."}' "$url/predictions/bert"
-call 200 '"label": "positive"' --data-urlencode 'text=Loved it & would watch again: 10/10!' "$url/predictions/bert"
-call 400 '"code": "empty_text"' -H 'Content-Type: text/plain' --data '   ' "$url/predictions/bert"
-call 400 '"code": "invalid_json"' -H 'Content-Type: application/json' --data '{"text": ' "$url/predictions/bert"
+  --data '{"text": "A tedious, joyless mess."}' "$predict"
+call 200 '"label": "positive"' --data-urlencode 'text=Loved it & would watch again: 10/10!' "$predict"
+call 400 '"code": "empty_text"' -H 'Content-Type: text/plain' --data '   ' "$predict"
+call 400 '"code": "invalid_json"' -H 'Content-Type: application/json' --data '{"text": ' "$predict"
 echo "smoke: $passed passed, $failures failed"
 [ "$failures" -eq 0 ]

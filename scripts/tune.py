@@ -14,17 +14,14 @@ import argparse
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-import torchserve_ctl
-import yaml
-from bench import DEFAULT_MODEL_DIR, models_entry
-from loadgen import LogWindow, batch_lines, make_corpus, run_load
-from package import MODEL_CONFIG, package
-
-ROOT = Path(__file__).resolve().parent.parent
+from bert_serve.harness.archive import package_variant
+from bert_serve.harness.config import ROOT, models_entry
+from bert_serve.harness.corpus import make_corpus
+from bert_serve.harness.measure import Loads, measure_config
+from bert_serve.harness.reports import plot_tune, recommend, tune_snippet
 
 
 def grid(batch_sizes: list[int], delays: list[int]) -> list[dict[str, int]]:
@@ -42,97 +39,28 @@ def grid(batch_sizes: list[int], delays: list[int]) -> list[dict[str, int]]:
     return configs
 
 
-def package_with_threads(threads: int, store: Path) -> None:
-    """A .mar whose handler runs ``threads`` torch threads per worker, in its own model store."""
-    config = yaml.safe_load(MODEL_CONFIG.read_text())
-    config["handler"]["torch_threads"] = threads
-    config_file = store / "model-config.yaml"
-    store.mkdir(parents=True, exist_ok=True)
-    config_file.write_text(yaml.safe_dump(config))
-    package(DEFAULT_MODEL_DIR, store, config_file)
-
-
-def measure(
-    config: dict[str, int],
-    store: Path,
-    corpus: list[str],
-    concurrency: int,
-    seconds: float,
-    warmup: float,
-) -> dict[str, Any]:
-    overrides = torchserve_ctl.local_port_overrides() | {
+def measure(config: dict[str, int], store: Path, corpus: list[str], loads: Loads) -> dict[str, Any]:
+    """One config on its own server, from the store whose .mar has its torch_threads."""
+    name = f"b{config['batch_size']} d{config['delay_ms']} w{config['workers']}t{config['threads']}"
+    overrides = {
         "model_store": str(store),
         "models": models_entry(config["batch_size"], config["delay_ms"], config["workers"]),
     }
-    name = f"b{config['batch_size']} d{config['delay_ms']} w{config['workers']}t{config['threads']}"
-    with tempfile.TemporaryDirectory(prefix="tune-") as state:
-        server = torchserve_ctl.start(Path(state), overrides=overrides)
-        try:
-            url = f"{server.inference_url}/predictions/bert"
-            run_load(url, server.headers(), corpus, concurrency, warmup, f"{name} warm-up")
-            with LogWindow(server.state_dir / "logs" / "model_log.log") as window:
-                result = run_load(
-                    url, server.headers(), corpus, concurrency, seconds, name
-                ).as_dict()
-                time.sleep(0.5)
-                result |= batch_lines(window.read())
-        finally:
-            torchserve_ctl.stop(server)
-    return {"config": config, "name": name, **result}
+    measured = measure_config(name, overrides, corpus, loads)
+    return {"config": config, "name": name, **measured["by_concurrency"][str(loads.levels[0])]}
 
 
-def recommend(runs: list[dict[str, Any]], p99_ms: float) -> dict[str, Any]:
-    clean = [run for run in runs if run["errors"] == 0]
-    meeting = [run for run in clean if run["p99_ms"] <= p99_ms]
-    if meeting:
-        best = max(meeting, key=lambda run: run["rps"])
-        return {"meets_target": True, **best}
-    best = min(clean or runs, key=lambda run: run["p99_ms"])
-    return {"meets_target": False, **best}
-
-
-def snippet(best: dict[str, Any], p99_ms: float, concurrency: int) -> str:
-    config = best["config"]
-    lines = [
-        f"# Recommended by `make tune P99_MS={p99_ms:g}` at {concurrency} concurrent clients:",
-        f"# {best['rps']} requests/s, p99 {best['p99_ms']} ms"
-        + (
-            ""
-            if best["meets_target"]
-            else f" (NO config met p99 <= {p99_ms:g} ms; this is the lowest p99)"
-        ),
-        "# Paste into config/config.properties (replacing the models= line).",
-        f"models={models_entry(config['batch_size'], config['delay_ms'], config['workers'])}",
-    ]
-    lines.append(
-        f"# and in config/model-config.yaml: handler.torch_threads: {config['threads']} (then make package)"
-    )
-    return "\n".join(lines) + "\n"
-
-
-def plot(runs: list[dict[str, Any]], p99_ms: float, out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = [run["name"] for run in runs]
-    figure, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6.5), sharex=True)
-    top.bar(names, [run["rps"] for run in runs], color="tab:blue")
-    top.set_ylabel("requests/s")
-    top.set_title(
-        "Throughput and p99 latency per config (b=batch size, d=max batch delay ms, w=workers, t=threads)"
-    )
-    bottom.bar(names, [run["p99_ms"] for run in runs], color="tab:orange")
-    bottom.axhline(p99_ms, linestyle="--", color="grey", label=f"p99 target {p99_ms:g} ms")
-    bottom.set_ylabel("p99 latency (ms)")
-    bottom.legend(fontsize=8)
-    plt.setp(bottom.get_xticklabels(), rotation=45, ha="right", fontsize=8)
-    for axes in (top, bottom):
-        axes.grid(axis="y", alpha=0.3)
-    figure.tight_layout()
-    figure.savefig(out / "tune.png", dpi=110)
-    plt.close(figure)
+def sweep(configs: list[dict[str, int]], corpus: list[str], loads: Loads) -> list[dict[str, Any]]:
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="tune-stores-") as stores:
+        for threads in sorted({config["threads"] for config in configs}):
+            store = Path(stores) / f"threads{threads}"
+            package_variant(store, handler_changes={"torch_threads": threads})
+        for number, config in enumerate(configs, start=1):
+            print(f"[tune] {number}/{len(configs)}: {config}", file=sys.stderr)
+            store = Path(stores) / f"threads{config['threads']}"
+            runs.append(measure(config, store, corpus, loads))
+    return runs
 
 
 def main() -> int:
@@ -148,16 +76,8 @@ def main() -> int:
     parser.add_argument("--delays", type=int, nargs="+", default=[5, 20, 50])
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    corpus = make_corpus()
-    configs = grid(args.batch_sizes, args.delays)
-    runs = []
-    with tempfile.TemporaryDirectory(prefix="tune-stores-") as stores:
-        for threads in sorted({config["threads"] for config in configs}):
-            package_with_threads(threads, Path(stores) / f"threads{threads}")
-        for number, config in enumerate(configs, start=1):
-            print(f"[tune] {number}/{len(configs)}: {config}", file=sys.stderr)
-            store = Path(stores) / f"threads{config['threads']}"
-            runs.append(measure(config, store, corpus, args.concurrency, args.seconds, args.warmup))
+    loads = Loads([args.concurrency], args.seconds, args.warmup)
+    runs = sweep(grid(args.batch_sizes, args.delays), make_corpus(), loads)
     best = recommend(runs, args.p99_ms)
     results = {
         "command": f"make tune P99_MS={args.p99_ms:g}",
@@ -167,10 +87,11 @@ def main() -> int:
         "runs": runs,
         "recommended": best,
     }
+    snippet = tune_snippet(best, args.p99_ms, args.concurrency)
     (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    (args.out / "recommended.properties").write_text(snippet(best, args.p99_ms, args.concurrency))
-    plot(runs, args.p99_ms, args.out)
-    print(snippet(best, args.p99_ms, args.concurrency))
+    (args.out / "recommended.properties").write_text(snippet)
+    plot_tune(runs, args.p99_ms, args.out)
+    print(snippet)
     return 0
 
 

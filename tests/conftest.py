@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+from tests.worker_harness import Worker, build_worker
 
 ROOT = Path(__file__).resolve().parent.parent
 REAL_MODEL_DIR = ROOT / "build" / "bert-sentiment"
@@ -53,3 +58,21 @@ def real_model_dir() -> Path:
     if not (REAL_MODEL_DIR / "config.json").is_file():
         pytest.fail(f"{REAL_MODEL_DIR} is missing: run `make model` (make test does it)")
     return REAL_MODEL_DIR
+
+
+@pytest.fixture(scope="session")
+def tiny_worker(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Callable[..., Worker]:
+    """``tiny_worker(**handler_settings)``: the tiny BERT in TorchServe's worker code, one
+    worker per distinct settings for the whole session (loading one takes about a second)."""
+    workers: dict[str, Worker] = {}
+
+    def worker(**handler_settings: Any) -> Worker:
+        key = json.dumps(handler_settings, sort_keys=True)
+        if key not in workers:
+            workdir = tmp_path_factory.mktemp("worker")
+            workers[key] = build_worker(workdir, tiny_model_dir, handler_settings)
+        return workers[key]
+
+    return worker

@@ -12,7 +12,7 @@ import shutil
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
@@ -42,7 +42,27 @@ class Answer:
     body: bytes
 
 
-def make_model_dir(
+class Worker(NamedTuple):
+    """A loaded worker: TorchServe's Service (send it batches with ``predict``) and the
+    handler it calls (to patch a stage in a test)."""
+
+    service: Service
+    handler: BertHandler
+
+
+def build_worker(
+    workdir: Path,
+    model_dir: Path,
+    handler_settings: dict[str, Any] | None = None,
+    batch_size: int = 16,
+) -> Worker:
+    """The one way tests build a worker: ``model_dir`` laid out like an extracted .mar in
+    ``workdir``, with config/model-config.yaml's handler settings updated by
+    ``handler_settings``, loaded by TorchServe's worker code."""
+    return _load_service(_mar_folder(workdir, model_dir, handler_settings), batch_size)
+
+
+def _mar_folder(
     tmp_path: Path, model_dir: Path, handler_settings: dict[str, Any] | None = None
 ) -> Path:
     """A folder laid out like an extracted .mar: model/ and model-config.yaml."""
@@ -54,7 +74,7 @@ def make_model_dir(
     return root
 
 
-def load_service(mar_dir: Path, batch_size: int = 16) -> tuple[Service, BertHandler]:
+def _load_service(mar_dir: Path, batch_size: int = 16) -> Worker:
     manifest = {
         "model": {
             "modelName": "bert",
@@ -71,7 +91,7 @@ def load_service(mar_dir: Path, batch_size: int = 16) -> tuple[Service, BertHand
     )
     service.set_cl_socket(None)
     handler.initialize(service.context)
-    return service, handler
+    return Worker(service, handler)
 
 
 def wire_batch(requests: list[Sent]) -> list[dict[str, Any]]:

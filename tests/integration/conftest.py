@@ -1,4 +1,7 @@
-"""One real TorchServe for the whole session, on free 127.0.0.1 ports, always stopped."""
+"""One real TorchServe for the whole session, on free 127.0.0.1 ports, always stopped.
+
+Every test under tests/integration/ is marked ``integration`` (``make unit`` leaves them out).
+"""
 
 from __future__ import annotations
 
@@ -6,27 +9,35 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torchserve_ctl
 
+from bert_serve.harness.config import local_port_overrides
+from bert_serve.harness.server import Server, start, stop
 from tests.conftest import MAR_PATH
+
+INTEGRATION_DIR = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if INTEGRATION_DIR in Path(item.path).resolve().parents:
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture(scope="session")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[torchserve_ctl.Server]:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     if not MAR_PATH.is_file():
         pytest.fail(f"{MAR_PATH} is missing: run `make package` (make test does it)")
-    state_dir = tmp_path_factory.mktemp("torchserve")
-    instance = torchserve_ctl.start(state_dir, overrides=torchserve_ctl.local_port_overrides())
+    instance = start(tmp_path_factory.mktemp("torchserve"), overrides=local_port_overrides())
     try:
         yield instance
     finally:
-        torchserve_ctl.stop(instance)
+        stop(instance)
 
 
 @pytest.fixture(scope="session")
-def predict_url(server: torchserve_ctl.Server) -> str:
-    return f"{server.inference_url}/predictions/bert"
+def predict_url(server: Server) -> str:
+    return server.predict_url
 
 
-def model_log(server: torchserve_ctl.Server) -> Path:
-    return server.state_dir / "logs" / "model_log.log"
+def model_log(server: Server) -> Path:
+    return server.model_log

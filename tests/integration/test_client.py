@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
-import torchserve_ctl
-from loadgen import make_corpus
 
 from bert_serve import BertServeError, Client
+from bert_serve.harness.corpus import make_corpus
+from bert_serve.harness.server import curl_example
 
 BERT_SERVE = Path(sys.executable).parent / "bert-serve"
 # Positions (0-based) and contents of the bad lines mixed into the 500-line file.
@@ -115,7 +115,7 @@ def test_cli_without_a_token_fails_clearly(server, tmp_path: Path) -> None:
 
 def test_the_commands_make_serve_prints_work_as_printed(server) -> None:
     """`make serve` ends by printing commands to paste: the curl ones and `bert-serve classify`."""
-    lines = torchserve_ctl.curl_example(server).splitlines()[1:]
+    lines = curl_example(server).splitlines()[1:]
     script = "\n".join(line for line in lines if "--file" not in line)
     finished = subprocess.run(["bash", "-euo", "pipefail", "-c", script], capture_output=True, text=True, timeout=120)
     assert finished.returncode == 0, finished.stderr

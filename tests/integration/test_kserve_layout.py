@@ -11,36 +11,35 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-import deploy_layout
 import pytest
 import requests
-import torchserve_ctl
 
+from bert_serve.harness import layout as deploy_layout
+from bert_serve.harness.config import BASE_CONFIG, local_port_overrides, read_properties
+from bert_serve.harness.server import Server, start, stop
 from tests.conftest import MAR_PATH
-
-pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def layout_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[torchserve_ctl.Server]:
+def layout_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     if not MAR_PATH.is_file():
         pytest.fail(f"{MAR_PATH} is missing: run `make package` (make test does it)")
     root = tmp_path_factory.mktemp("kserve")
     layout = deploy_layout.write_layout(root / "layout")
     config = layout / "config" / "config.properties"
-    metrics_name = Path(torchserve_ctl.read_properties(config)["metrics_config"]).name
-    overrides = torchserve_ctl.local_port_overrides() | {
+    metrics_name = Path(read_properties(config)["metrics_config"]).name
+    overrides = local_port_overrides() | {
         "model_store": str(layout / "model-store"),
         "metrics_config": str(layout / "config" / metrics_name),
     }
-    server = torchserve_ctl.start(root / "state", overrides=overrides, base_config=config)
+    server = start(root / "state", overrides=overrides, base_config=config)
     try:
         yield server
     finally:
-        torchserve_ctl.stop(server)
+        stop(server)
 
 
-def test_ping_answers_without_a_token(layout_server: torchserve_ctl.Server) -> None:
+def test_ping_answers_without_a_token(layout_server: Server) -> None:
     """Kubelet probes send no token: the layout's TorchServe must answer /ping without one."""
     assert not (layout_server.state_dir / "key_file.json").exists()
     response = requests.get(f"{layout_server.inference_url}/ping", timeout=10)
@@ -55,11 +54,9 @@ def test_ping_answers_without_a_token(layout_server: torchserve_ctl.Server) -> N
         ("A tedious, joyless mess.", "negative"),
     ],
 )
-def test_predictions_from_the_layout(
-    layout_server: torchserve_ctl.Server, text: str, label: str
-) -> None:
+def test_predictions_from_the_layout(layout_server: Server, text: str, label: str) -> None:
     response = requests.post(
-        f"{layout_server.inference_url}/predictions/bert",
+        layout_server.predict_url,
         data=text.encode(),
         headers={"Content-Type": "text/plain"},
         timeout=60,
@@ -70,27 +67,33 @@ def test_predictions_from_the_layout(
     assert abs(sum(body["scores"].values()) - 1) < 1e-4
 
 
-def test_kserve_v1_predict_path_answers_instances(layout_server: torchserve_ctl.Server) -> None:
+def test_kserve_v1_predict_path_answers_instances(layout_server: Server) -> None:
     """TorchServe routes /v1/models/bert:predict to the handler with the body unchanged (no
     service envelope): KServe's v1 {"instances": [...]} gets {"predictions": [...]}, one per
     instance, a bad one failing alone; our {"text": ...} works on that path too."""
     url = f"{layout_server.inference_url}/v1/models/bert:predict"
-    instances = ["An absolute delight from start to finish.", "", {"text": "A tedious, joyless mess."}]
+    instances = [
+        "An absolute delight from start to finish.",
+        "",
+        {"text": "A tedious, joyless mess."},
+    ]
     response = requests.post(url, json={"instances": instances}, timeout=60)
     assert response.status_code == 200, response.text
     predictions = response.json()["predictions"]
     assert predictions[0]["label"] == "positive" and predictions[2]["label"] == "negative"
     assert predictions[1]["error"]["code"] == "empty_text"
-    ours = requests.post(url, json={"text": "An absolute delight from start to finish."}, timeout=60)
+    ours = requests.post(
+        url, json={"text": "An absolute delight from start to finish."}, timeout=60
+    )
     assert ours.status_code == 200 and ours.json()["label"] == "positive"
 
 
-def test_layout_serves_the_configured_batching(layout_server: torchserve_ctl.Server) -> None:
+def test_layout_serves_the_configured_batching(layout_server: Server) -> None:
     """The batch settings the server applied are those of config/config.properties."""
     response = requests.get(f"{layout_server.management_url}/models/bert", timeout=10)
     assert response.status_code == 200
     (model,) = response.json()
-    base = torchserve_ctl.read_properties(torchserve_ctl.BASE_CONFIG)
+    base = read_properties(BASE_CONFIG)
     expected = next(iter(json.loads(base["models"])["bert"].values()))
     assert model["batchSize"] == expected["batchSize"]
     assert model["maxBatchDelay"] == expected["maxBatchDelay"]
@@ -98,11 +101,11 @@ def test_layout_serves_the_configured_batching(layout_server: torchserve_ctl.Ser
 
 
 def test_metrics_endpoint_has_the_autoscaling_counters(
-    layout_server: torchserve_ctl.Server,
+    layout_server: Server,
 ) -> None:
-    """The README's autoscaling signals exist under these names on the metrics port."""
+    """deploy/README.md's autoscaling signals exist under these names on the metrics port."""
     requests.post(
-        f"{layout_server.inference_url}/predictions/bert",
+        layout_server.predict_url,
         data=b"fine",
         headers={"Content-Type": "text/plain"},
         timeout=60,

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import time
 
-from metrics_summary import scrape, summary
-
+from bert_serve.harness.metrics import scrape, summary
 from tests.integration.test_serving import post
 
 

@@ -5,30 +5,30 @@ from __future__ import annotations
 import os
 import subprocess
 
-import torchserve_ctl
-
+from bert_serve.harness.config import local_port_overrides
+from bert_serve.harness.server import server_for, start, start_or_reuse, stop
 from tests.conftest import MAR_PATH, ROOT
 
 
 def test_second_start_reuses_the_server_and_a_new_mar_restarts_it(tmp_path) -> None:
     """start_or_reuse keeps a running server, and restarts it when the .mar or the config changed."""
-    overrides = torchserve_ctl.local_port_overrides()
-    server = torchserve_ctl.start(tmp_path, overrides=overrides)
+    overrides = local_port_overrides()
+    server = start(tmp_path, overrides=overrides)
     try:
         first_pid = server.pid()
-        again = torchserve_ctl.start_or_reuse(tmp_path, overrides)
+        again = start_or_reuse(tmp_path, overrides)
         assert again.pid() == first_pid
         os.utime(MAR_PATH)
-        restarted = torchserve_ctl.start_or_reuse(tmp_path, overrides)
+        restarted = start_or_reuse(tmp_path, overrides)
         assert restarted.pid() not in (None, first_pid)
         assert restarted.inference_url == server.inference_url
         previous_pid = restarted.pid()
-        changed = torchserve_ctl.start_or_reuse(tmp_path, overrides | {"job_queue_size": "50"})
+        changed = start_or_reuse(tmp_path, overrides | {"job_queue_size": "50"})
         assert changed.pid() not in (None, previous_pid)
         assert changed.properties["job_queue_size"] == "50"
     finally:
-        torchserve_ctl.stop(torchserve_ctl.server_for(tmp_path))
-    assert torchserve_ctl.server_for(tmp_path).pid() is None
+        stop(server_for(tmp_path))
+    assert server_for(tmp_path).pid() is None
 
 
 def test_missing_java_fails_fast_with_the_fix() -> None:

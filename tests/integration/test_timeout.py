@@ -4,7 +4,7 @@ A worker that does not answer a batch within responseTimeout is killed and resta
 frontend: that batch's requests answer 5xx (not a hang), and requests after the restart succeed.
 A hung batch is simulated by SIGSTOP on the worker process, so no test-only code is needed in
 the handler. The default (60 s in config/model-config.yaml) is far above a legitimate full
-batch: the README gives the measured time of 16 texts at max_length on 2 CPU cores.
+batch: docs/reliability.md gives the measured time of 16 texts at max_length on 2 CPU cores.
 """
 
 from __future__ import annotations
@@ -15,39 +15,28 @@ import time
 
 import pytest
 import requests
-import torchserve_ctl
-import yaml
-from bench import models_entry
-from package import MODEL_CONFIG, package
+
+from bert_serve.harness.archive import package_variant
+from bert_serve.harness.config import local_port_overrides, models_entry
+from bert_serve.harness.server import start, stop
 
 RESPONSE_TIMEOUT_S = 4
-
-
-def worker_pid(server: torchserve_ctl.Server) -> int | None:
-    response = requests.get(
-        f"{server.management_url}/models/bert", headers=server.headers("management"), timeout=10
-    )
-    workers = response.json()[0]["workers"]
-    ready = [w for w in workers if w["status"] == "READY"]
-    return int(ready[0]["pid"]) if ready else None
 
 
 def test_hung_batch_is_cut_by_response_timeout_and_the_worker_restarts(
     tmp_path, real_model_dir
 ) -> None:
-    config = yaml.safe_load(MODEL_CONFIG.read_text()) | {"responseTimeout": RESPONSE_TIMEOUT_S}
-    (tmp_path / "model-config.yaml").write_text(yaml.safe_dump(config))
     store = tmp_path / "store"
-    package(real_model_dir, store, tmp_path / "model-config.yaml")
+    package_variant(store, {"responseTimeout": RESPONSE_TIMEOUT_S}, model_dir=real_model_dir)
     one_worker = {"model_store": str(store), "models": models_entry(workers=1)}
-    overrides = torchserve_ctl.local_port_overrides() | one_worker
-    server = torchserve_ctl.start(tmp_path / "state", overrides=overrides)
+    overrides = local_port_overrides() | one_worker
+    server = start(tmp_path / "state", overrides=overrides)
     hung = None
     try:
-        url = f"{server.inference_url}/predictions/bert"
+        url = server.predict_url
         headers = server.headers() | {"Content-Type": "text/plain"}
         assert requests.post(url, data=b"fine", headers=headers, timeout=30).status_code == 200
-        hung = worker_pid(server)
+        hung = server.worker_pid()
         assert hung is not None
         os.kill(hung, signal.SIGSTOP)
         started = time.monotonic()
@@ -59,7 +48,7 @@ def test_hung_batch_is_cut_by_response_timeout_and_the_worker_restarts(
 
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            pid = worker_pid(server)
+            pid = server.worker_pid()
             if pid is not None and pid != hung:
                 break
             time.sleep(1)
@@ -74,4 +63,4 @@ def test_hung_batch_is_cut_by_response_timeout_and_the_worker_restarts(
                 os.kill(hung, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        torchserve_ctl.stop(server)
+        stop(server)

@@ -18,11 +18,10 @@ from typing import Any
 
 import pytest
 import requests
-import torchserve_ctl
-from bench import models_entry
 
 from bert_serve import Client
-from tests.integration.test_timeout import worker_pid
+from bert_serve.harness.config import local_port_overrides, models_entry
+from bert_serve.harness.server import Server, start, stop, wait_ready
 
 BATCH_DELAY_MS = 3000
 INSIDE_THE_WINDOW_S = 1.0
@@ -31,21 +30,21 @@ POSITIVE = "An absolute delight from start to finish."
 
 
 @pytest.fixture(scope="module")
-def slow_batching_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[torchserve_ctl.Server]:
-    overrides = torchserve_ctl.local_port_overrides() | {
+def slow_batching_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    overrides = local_port_overrides() | {
         "models": models_entry(max_batch_delay=BATCH_DELAY_MS, workers=1)
     }
-    server = torchserve_ctl.start(tmp_path_factory.mktemp("worker-death"), overrides=overrides)
+    server = start(tmp_path_factory.mktemp("worker-death"), overrides=overrides)
     try:
         yield server
     finally:
-        torchserve_ctl.stop(server)
+        stop(server)
 
 
-def killed_while_collecting(server: torchserve_ctl.Server, send: Callable[[], Any]) -> Any:
+def killed_while_collecting(server: Server, send: Callable[[], Any]) -> Any:
     """Send, then SIGKILL the worker while its thread waits for batch-mates; the send's result."""
-    torchserve_ctl.wait_ready(server, 180)
-    pid = worker_pid(server)
+    wait_ready(server, 180)
+    pid = server.worker_pid()
     assert pid is not None
     with ThreadPoolExecutor(max_workers=1) as pool:
         sent = pool.submit(send)
@@ -54,19 +53,24 @@ def killed_while_collecting(server: torchserve_ctl.Server, send: Callable[[], An
         return sent.result()
 
 
-def test_torchserve_answers_nothing_to_a_request_its_dying_worker_collected(slow_batching_server) -> None:
+def test_torchserve_answers_nothing_to_a_request_its_dying_worker_collected(
+    slow_batching_server,
+) -> None:
     """Why every client needs a timeout: this request gets no answer at all."""
-    url = f"{slow_batching_server.inference_url}/predictions/bert"
+    url = slow_batching_server.predict_url
     headers = slow_batching_server.headers() | {"Content-Type": "text/plain"}
     with pytest.raises(requests.ReadTimeout):
         killed_while_collecting(
-            slow_batching_server, lambda: requests.post(url, data=POSITIVE.encode(), headers=headers, timeout=20)
+            slow_batching_server,
+            lambda: requests.post(url, data=POSITIVE.encode(), headers=headers, timeout=20),
         )
 
 
 def test_the_client_retries_after_its_deadline_and_gets_the_answer(slow_batching_server) -> None:
     client = Client(
-        slow_batching_server.inference_url, token=slow_batching_server.key("inference"), timeout=ATTEMPT_TIMEOUT_S
+        slow_batching_server.inference_url,
+        token=slow_batching_server.key("inference"),
+        timeout=ATTEMPT_TIMEOUT_S,
     )
     started = time.monotonic()
     prediction = killed_while_collecting(slow_batching_server, lambda: client.classify(POSITIVE))

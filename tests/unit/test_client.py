@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 import yaml
-from torchserve_ctl import free_port
 
 from bert_serve import cli
 from bert_serve import client as client_module
@@ -25,6 +24,7 @@ from bert_serve.client import (
     chunk_texts,
     token_from_key_file,
 )
+from bert_serve.harness.config import free_port
 from tests.conftest import ROOT
 
 Reply = tuple[int, Any]  # (status, JSON body or None for an empty body)

@@ -14,12 +14,12 @@ import re
 from pathlib import Path
 from typing import Any
 
-import deploy_layout
 import kubernetes_validate
 import pytest
-import torchserve_ctl
 import yaml
 
+from bert_serve.harness import layout as deploy_layout
+from bert_serve.harness.config import BASE_CONFIG, read_properties
 from tests.conftest import MAR_PATH, ROOT
 
 KUBERNETES_VERSION = "1.30.0"
@@ -50,7 +50,7 @@ def layout(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def layout_config(layout: Path) -> dict[str, str]:
-    return torchserve_ctl.read_properties(layout / "config" / "config.properties")
+    return read_properties(layout / "config" / "config.properties")
 
 
 @pytest.fixture(scope="module")
@@ -180,7 +180,7 @@ def test_dockerfile_copies_what_the_layout_contains(
 
 def test_layout_keeps_batching_and_limits_single_sourced(layout_config: dict[str, str]) -> None:
     """Only addresses, paths and token auth differ from config/config.properties."""
-    base = torchserve_ctl.read_properties(torchserve_ctl.BASE_CONFIG)
+    base = read_properties(BASE_CONFIG)
     rewritten = {*deploy_layout.PUBLIC_KEYS, "model_store", "metrics_config"}
     for key, value in base.items():
         if key in rewritten or key in deploy_layout.DROPPED_KEYS:

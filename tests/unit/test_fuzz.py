@@ -16,7 +16,6 @@ import itertools
 import json
 import random
 import string
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,7 +23,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from handler.errors import HTTP_STATUS, ErrorCode
-from tests.worker_harness import Answer, Sent, load_service, make_model_dir, predict
+from tests.worker_harness import Answer, Sent, predict
 
 LABELS = ("negative", "positive")
 SUCCESS_KEYS = {"label", "score", "scores", "truncated", "request_id"}
@@ -39,10 +38,9 @@ ID_REST = ID_FIRST + "._:-"
 
 
 @pytest.fixture(scope="module")
-def service(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    """One worker per module: hypothesis may not use function-scoped fixtures in @given."""
-    worker, _ = load_service(make_model_dir(tmp_path_factory.mktemp("fuzz"), tiny_model_dir))
-    return worker
+def service(tiny_worker):
+    """Not function-scoped: hypothesis may not use function-scoped fixtures in @given."""
+    return tiny_worker().service
 
 
 @pytest.fixture(scope="module")

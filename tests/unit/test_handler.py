@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
-from tests.worker_harness import Answer, Sent, load_service, make_model_dir, predict
+from tests.worker_harness import Answer, Sent, predict
 
 GOOD = Sent(b"a perfectly fine sentence")
 
 
 @pytest.fixture(scope="module")
-def service(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    return load_service(make_model_dir(tmp_path_factory.mktemp("handler"), tiny_model_dir))
+def service(tiny_worker):
+    return tiny_worker()
 
 
 def body(answer: Answer) -> dict:
@@ -123,7 +122,7 @@ def test_malformed_worker_input_still_answers_every_request(service) -> None:
     assert [context.get_response_status(i)[0] for i in range(2)] == [400, 400]
 
 
-def test_sub_batches_give_the_same_scores(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_sub_batches_give_the_same_scores(tiny_worker) -> None:
     """A small token budget splits the batch into length groups without changing any score."""
     texts = [
         b"short",
@@ -132,12 +131,8 @@ def test_sub_batches_give_the_same_scores(tiny_model_dir: Path, tmp_path: Path) 
         b"mid length sentence for the test",
         b"x",
     ]
-    whole_service, _ = load_service(
-        make_model_dir(tmp_path / "a", tiny_model_dir, {"max_batch_tokens": 100_000})
-    )
-    split_service, _ = load_service(
-        make_model_dir(tmp_path / "b", tiny_model_dir, {"max_batch_tokens": 128})
-    )
+    whole_service = tiny_worker(max_batch_tokens=100_000).service
+    split_service = tiny_worker(max_batch_tokens=128).service
     whole = [body(a)["scores"] for a in predict(whole_service, [Sent(t) for t in texts])]
     split = [body(a)["scores"] for a in predict(split_service, [Sent(t) for t in texts])]
     for one, other in zip(whole, split, strict=True):

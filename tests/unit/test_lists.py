@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -11,7 +10,7 @@ from handler.decoding import Rejected, TextList, ValidText, decode_request
 from handler.errors import ErrorCode
 from handler.inference import BatchStats, Prediction
 from handler.pipeline import IncomingRequest, run_batch
-from tests.worker_harness import Sent, load_service, make_model_dir, predict
+from tests.worker_harness import Sent, predict
 
 JSON = "application/json"
 
@@ -113,11 +112,9 @@ def test_a_model_failure_marks_each_list_text_but_keeps_the_list_shape() -> None
     assert [entry["error"]["code"] for entry in results] == ["internal_error", "empty_text"]
 
 
-def test_list_scores_equal_single_scores_through_the_worker(
-    tiny_model_dir: Path, tmp_path: Path
-) -> None:
+def test_list_scores_equal_single_scores_through_the_worker(tiny_worker) -> None:
     """Through TorchServe's worker code: a text inside a list scores as it does alone."""
-    service, _ = load_service(make_model_dir(tmp_path, tiny_model_dir))
+    service = tiny_worker().service
     alone = [
         json.loads(a.body)["scores"]
         for a in predict(service, [Sent(b"first text"), Sent(b"second one here")])

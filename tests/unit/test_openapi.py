@@ -55,17 +55,29 @@ def test_error_codes_and_statuses_match_the_error_table() -> None:
 def test_every_operation_documents_the_statuses_torchserve_itself_answers() -> None:
     """400 (token), 413 (body size), 503 (queue full), 500 and 507 (worker died)."""
     for path, method in OPERATIONS:
-        assert {"200", "400", "413", "500", "503", "507"} <= set(DOCUMENT["paths"][path][method]["responses"])
+        assert {"200", "400", "413", "500", "503", "507"} <= set(
+            DOCUMENT["paths"][path][method]["responses"]
+        )
 
 
 def answers_schema(status: int) -> dict[str, Any]:
     (path, method) = OPERATIONS[0]
     response = deref(DOCUMENT["paths"][path][method]["responses"][str(status)])
-    return {**response["content"]["application/json"]["schema"], "components": DOCUMENT["components"]}
+    return {
+        **response["content"]["application/json"]["schema"],
+        "components": DOCUMENT["components"],
+    }
 
 
 def infer(*texts: str) -> bytes:
-    return json.dumps({"id": "v2", "inputs": [{"name": "text", "datatype": "BYTES", "shape": [len(texts)], "data": list(texts)}]}).encode()
+    return json.dumps(
+        {
+            "id": "v2",
+            "inputs": [
+                {"name": "text", "datatype": "BYTES", "shape": [len(texts)], "data": list(texts)}
+            ],
+        }
+    ).encode()
 
 
 @pytest.mark.parametrize(
@@ -86,15 +98,21 @@ def infer(*texts: str) -> bytes:
         (infer("a", ""), "application/json"),
     ],
 )
-def test_the_handlers_answers_conform_to_the_document(body: bytes, content_type: str | None) -> None:
+def test_the_handlers_answers_conform_to_the_document(
+    body: bytes, content_type: str | None
+) -> None:
     """Each answer of the pipeline validates against the document's schema for its status."""
-    (response,) = run_batch([IncomingRequest({"body": body}, content_type, "r-1")], FakeClassifier(), 30)
+    (response,) = run_batch(
+        [IncomingRequest({"body": body}, content_type, "r-1")], FakeClassifier(), 30
+    )
     OAS30Validator(answers_schema(response.status)).validate(json.loads(response.body))
 
 
 def test_a_model_failure_conforms_too() -> None:
     (response,) = run_batch(
-        [IncomingRequest({"body": b"fine"}, "text/plain", "r-1")], FakeClassifier(error=RuntimeError("x")), 30
+        [IncomingRequest({"body": b"fine"}, "text/plain", "r-1")],
+        FakeClassifier(error=RuntimeError("x")),
+        30,
     )
     assert response.status == 500
     OAS30Validator(answers_schema(500)).validate(json.loads(response.body))

@@ -1,4 +1,4 @@
-"""schemathesis hooks for scripts/fuzz.py: one check, `conforms`, loaded by config/schemathesis.toml.
+"""schemathesis hooks for `fuzz.run_fuzz`: one check, `conforms`, loaded by config/schemathesis.toml.
 
 `conforms` runs schemathesis' own checks (no 5xx, a documented status, Content-Type, body and
 headers) on every answer, except two that TorchServe's Java frontend gives before any handler
@@ -38,7 +38,9 @@ BUILT_IN_CHECKS = (
 )
 
 
-def frontend_refusal(status: int, content_type: str | None, body: bytes, request_media: str) -> str | None:
+def frontend_refusal(
+    status: int, content_type: str | None, body: bytes, request_media: str
+) -> str | None:
     """The name of TorchServe's frontend answer this is, or None for an answer to check."""
     if status == 413 and not body and not content_type:
         return "body_over_max_request_size"

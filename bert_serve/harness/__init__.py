@@ -1,0 +1,20 @@
+"""The tools around the served model, for a checkout of this repository.
+
+``scripts/`` are entry points; what they share lives here, typed and imported from one place:
+
+- ``config``: config/config.properties read, overridden (free ports, batch settings) and written;
+- ``server``: one TorchServe in its own state folder: start, wait, stop, keys, workers, logs;
+- ``load``: the one closed-loop load generator, with a record per request;
+- ``corpus``: the labelled reviews and the deterministic mixed-length benchmark corpus;
+- ``batchlog``: the handler's per-batch log lines, read over a window of time;
+- ``measure``: "this config at these loads", the step bench and tune repeat;
+- ``inprocess``, ``peer``, ``reports``: the benchmark's in-process runs, its LitServe peer,
+  and the JSON summaries and plots of bench and tune;
+- ``faults``: the chaos experiments; ``metrics``: the live metrics summary;
+- ``layout``: the container / KServe layout; ``archive``: .mar variants; ``training``: the
+  default model's fine-tuning.
+
+Nothing here is imported by ``import bert_serve``: the client keeps needing only requests and
+tqdm. These modules need the dev install (torch, aiohttp, psutil, matplotlib) and the
+repository's files (config/, scripts/data/), so they run from a checkout, not from a wheel.
+"""

@@ -1,0 +1,68 @@
+"""config/config.properties: read it, override some keys, and write an instance's copy."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+BASE_CONFIG = ROOT / "config" / "config.properties"
+MODEL_NAME = "bert"
+MODEL_VERSION = "1.0"
+ADDRESS_KEYS = ("inference_address", "management_address", "metrics_address")
+PATH_KEYS = ("model_store", "metrics_config")
+GRPC_PORT_KEYS = ("grpc_inference_port", "grpc_management_port")
+
+
+def read_properties(path: Path) -> dict[str, str]:
+    properties: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            key, value = line.split("=", 1)
+            properties[key.strip()] = value.strip()
+    return properties
+
+
+def properties_text(properties: dict[str, str]) -> str:
+    return "".join(f"{key}={value}\n" for key, value in properties.items())
+
+
+def effective_properties(
+    overrides: dict[str, str] | None = None, base_config: Path = BASE_CONFIG
+) -> dict[str, str]:
+    """The base config with overrides applied and its paths made absolute."""
+    properties = read_properties(base_config) | (overrides or {})
+    for key in PATH_KEYS:
+        if key in properties:
+            path = Path(properties[key])
+            properties[key] = str(path if path.is_absolute() else ROOT / path)
+    return properties
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def local_port_overrides() -> dict[str, str]:
+    """Free 127.0.0.1 ports for every listener, for a test or benchmark instance."""
+    overrides = {key: f"http://127.0.0.1:{free_port()}" for key in ADDRESS_KEYS}
+    return overrides | {key: str(free_port()) for key in GRPC_PORT_KEYS}
+
+
+def models_entry(
+    batch_size: int | None = None, max_batch_delay: int | None = None, workers: int | None = None
+) -> str:
+    """config.properties' ``models=`` entry with some values replaced."""
+    models = json.loads(read_properties(BASE_CONFIG)["models"])
+    entry = models[MODEL_NAME][MODEL_VERSION]
+    if batch_size is not None:
+        entry["batchSize"] = batch_size
+    if max_batch_delay is not None:
+        entry["maxBatchDelay"] = max_batch_delay
+    if workers is not None:
+        entry["minWorkers"] = entry["maxWorkers"] = workers
+    return json.dumps(models)

@@ -1,0 +1,154 @@
+"""The benchmark's in-process runs: the handler's tokenize + forward code with no server.
+
+Texts are taken in arrival order from the corpus, in windows of one batch, length-grouped
+under ``max_batch_tokens`` as the handler does.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bert_serve.harness.corpus import DATA_FILE, read_reviews, split
+from handler.inference import classify
+from handler.model import LoadedModel, load_model
+from handler.settings import HandlerSettings
+
+
+@dataclass(frozen=True)
+class Timed:
+    texts_per_s: float
+    batch_ms: list[float]
+    real_tokens: int
+    padded_tokens: int
+
+
+def timed_batches(
+    loaded: LoadedModel,
+    corpus: Sequence[str],
+    batch_size: int,
+    seconds: float,
+    max_length: int,
+    max_batch_tokens: int,
+) -> Timed:
+    """Classify consecutive ``batch_size`` windows of the corpus for ``seconds``."""
+    done, real, padded, batch_ms = 0, 0, 0, []
+    started = time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        window = [corpus[(done + i) % len(corpus)] for i in range(batch_size)]
+        batch_started = time.perf_counter()
+        _, stats = classify(loaded, window, max_length, max_batch_tokens)
+        batch_ms.append((time.perf_counter() - batch_started) * 1000)
+        done, real, padded = (
+            done + batch_size,
+            real + stats.real_tokens,
+            padded + stats.padded_tokens,
+        )
+    elapsed = time.perf_counter() - started
+    return Timed(round(done / elapsed, 1), sorted(batch_ms), real, padded)
+
+
+def with_best(runs: dict[str, dict[str, float]]) -> dict[str, Any]:
+    best = max(runs, key=lambda size: runs[size]["texts_per_s"])
+    return {
+        "by_batch_size": runs,
+        "best_batch_size": int(best),
+        "texts_per_s": runs[best]["texts_per_s"],
+    }
+
+
+def ceiling(
+    model_dir: Path, corpus: Sequence[str], batch_sizes: Sequence[int], seconds: float
+) -> dict[str, Any]:
+    """In-process texts/s at each batch size; the best is the ceiling a server could reach."""
+    settings = HandlerSettings()
+    loaded = load_model(model_dir, settings, gpu_id=None)
+    classify(loaded, list(corpus[:32]), settings.max_length, settings.max_batch_tokens)
+    runs = {}
+    for batch_size in batch_sizes:
+        timed = timed_batches(
+            loaded, corpus, batch_size, seconds, settings.max_length, settings.max_batch_tokens
+        )
+        runs[str(batch_size)] = {
+            "texts_per_s": timed.texts_per_s,
+            "batch_ms_p50": round(timed.batch_ms[len(timed.batch_ms) // 2], 1),
+            "batch_ms_p90": round(timed.batch_ms[int(len(timed.batch_ms) * 0.9)], 1),
+        }
+        print(f"  ceiling batch {batch_size}: {timed.texts_per_s} texts/s", file=sys.stderr)
+    return with_best(runs)
+
+
+def best_of(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
+    """Per batch size, the better of two passes (one before, one after the served runs): a
+    ceiling is a best case, and one pass on a noisy 2-core machine can be disturbed."""
+    runs = {
+        size: max(
+            first["by_batch_size"][size],
+            second["by_batch_size"][size],
+            key=lambda run: run["texts_per_s"],
+        )
+        for size in first["by_batch_size"]
+    }
+    return with_best(runs) | {"passes": 2}
+
+
+def budget_sweep(
+    model_dir: Path, corpus: Sequence[str], budgets: Sequence[int], seconds: float
+) -> dict[str, Any]:
+    """texts/s and padding efficiency of 16-text windows per max_batch_tokens (how the
+    default budget was chosen)."""
+    settings = HandlerSettings()
+    loaded = load_model(model_dir, settings, gpu_id=None)
+    out = {}
+    for budget in budgets:
+        timed = timed_batches(loaded, corpus, 16, seconds, settings.max_length, budget)
+        out[str(budget)] = {
+            "texts_per_s": timed.texts_per_s,
+            "padding_efficiency": round(timed.real_tokens / timed.padded_tokens, 3),
+        }
+        print(f"  max_batch_tokens {budget}: {out[str(budget)]}", file=sys.stderr)
+    return out
+
+
+EXECUTION_OPTIONS = {
+    "sdpa": HandlerSettings(),
+    "eager": HandlerSettings(attention="eager"),
+    "sdpa_int8": HandlerSettings(quantize_int8=True),
+}
+
+
+def execution_options(model_dir: Path, corpus: Sequence[str], seconds: float) -> dict[str, Any]:
+    """Attention kernel and CPU int8 quantization: speed at batch 16, and what int8 costs in
+    held-out accuracy and in scores against the float32 model."""
+    _, held_out = split(read_reviews(DATA_FILE), held_out=0.2, seed=13)
+    texts, labels = [text for text, _ in held_out], [label for _, label in held_out]
+    out: dict[str, Any] = {}
+    reference: list[dict[str, float]] = []
+    for name, settings in EXECUTION_OPTIONS.items():
+        loaded = load_model(model_dir, settings, gpu_id=None)
+        predictions, _ = classify(loaded, texts, settings.max_length, settings.max_batch_tokens)
+        accuracy = sum(
+            loaded.labels.index(p.label) == y for p, y in zip(predictions, labels, strict=True)
+        ) / len(labels)
+        scores = [p.scores for p in predictions]
+        reference = reference or scores
+        timed = timed_batches(
+            loaded, corpus, 16, seconds, settings.max_length, settings.max_batch_tokens
+        )
+        out[name] = {
+            "texts_per_s": timed.texts_per_s,
+            "held_out_accuracy": round(accuracy, 4),
+            "max_score_change_vs_sdpa": round(
+                max(abs(a[k] - b[k]) for a, b in zip(scores, reference, strict=True) for k in a), 5
+            ),
+        }
+        print(f"  {name}: {out[name]}", file=sys.stderr)
+    out["int8_speedup"] = round(out["sdpa_int8"]["texts_per_s"] / out["sdpa"]["texts_per_s"], 2)
+    out["int8_accuracy_change_points"] = round(
+        100 * (out["sdpa_int8"]["held_out_accuracy"] - out["sdpa"]["held_out_accuracy"]), 1
+    )
+    return out

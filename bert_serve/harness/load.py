@@ -1,0 +1,190 @@
+"""The one closed-loop load generator: bench, tune and chaos all send their traffic through it.
+
+``concurrency`` clients each send the next request as soon as their last one ended, until a
+count, a time limit or a stop flag ends the run. Every request leaves an ``Outcome`` record
+(what was sent, the status or the client-side error, the body, when it was sent and answered),
+so a caller can count statuses, take latencies or check each answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+
+@dataclass(frozen=True)
+class Job:
+    """One request to send: ``kind`` says what it is ("valid" or a malformed kind) and
+    ``expected`` what should come back (the text, or the error code)."""
+
+    data: bytes
+    content_type: str
+    kind: str = "valid"
+    expected: str = ""
+    status: int = 200
+
+
+def json_job(text: str) -> Job:
+    return Job(json.dumps({"text": text}).encode(), "application/json", expected=text)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    job: Job
+    status: str  # "200", "503", ... or "client_<error>" for a client-side error
+    body: bytes
+    sent: float  # time.monotonic()
+    done: float
+
+    @property
+    def ms(self) -> float:
+        return (self.done - self.sent) * 1000
+
+
+async def send(
+    session: aiohttp.ClientSession, url: str, headers: dict[str, str], job: Job
+) -> Outcome:
+    """Never raises for a failed request: a client-side error is an outcome too."""
+    sent = time.monotonic()
+    try:
+        request_headers = headers | {"Content-Type": job.content_type}
+        async with session.post(url, data=job.data, headers=request_headers) as response:
+            body = await response.read()
+            status = str(response.status)
+    except TimeoutError:
+        body, status = b"", "client_timeout"
+    except (aiohttp.ClientError, OSError) as error:
+        body, status = b"", f"client_{type(error).__name__}"
+    return Outcome(job, status, body, sent, time.monotonic())
+
+
+Progress = Callable[[int, float], None]
+
+
+@dataclass
+class ClosedLoop:
+    """A bounded closed loop: ``concurrency`` clients, each sending ``job_for(n)`` for the n-th
+    request as soon as its last one ended, until ``max_requests`` were sent, ``seconds``
+    passed, or ``stopped`` is set."""
+
+    url: str
+    headers: dict[str, str]
+    job_for: Callable[[int], Job]
+    concurrency: int
+    seconds: float
+    max_requests: int | None = None
+    request_timeout_s: float = 120.0
+    progress: Progress | None = None
+    sent: int = 0
+    stopped: bool = False
+    elapsed: float = 0.0
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    def run(self, *others: Coroutine[Any, Any, None]) -> ClosedLoop:
+        """Run the load, and alongside it ``others`` (e.g. a fault injector)."""
+        asyncio.run(self._run(*others))
+        return self
+
+    @property
+    def silently_lost(self) -> int:
+        return self.sent - len(self.outcomes)
+
+    def _more(self, deadline: float) -> bool:
+        under_count = self.max_requests is None or self.sent < self.max_requests
+        return not self.stopped and under_count and time.monotonic() < deadline
+
+    async def _run(self, *others: Coroutine[Any, Any, None]) -> None:
+        started = time.monotonic()
+        deadline = started + self.seconds
+        connector = aiohttp.TCPConnector(limit=self.concurrency)
+        timeout = aiohttp.ClientTimeout(total=self.request_timeout_s)
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+            users = (self._user(session, deadline) for _ in range(self.concurrency))
+            await asyncio.gather(self._report(started, deadline), *users, *others)
+        self.elapsed = time.monotonic() - started
+
+    async def _user(self, session: aiohttp.ClientSession, deadline: float) -> None:
+        while self._more(deadline):
+            job = self.job_for(self.sent)
+            self.sent += 1
+            self.outcomes.append(await send(session, self.url, self.headers, job))
+
+    async def _report(self, started: float, deadline: float) -> None:
+        while self.progress is not None and self._more(deadline):
+            await asyncio.sleep(1)
+            self.progress(len(self.outcomes), time.monotonic() - started)
+
+
+def statuses(outcomes: Sequence[Outcome]) -> dict[str, int]:
+    return dict(sorted(Counter(outcome.status for outcome in outcomes).items()))
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[max(0, min(98, round(q) - 1))]
+
+
+def summary(loop: ClosedLoop) -> dict[str, Any]:
+    """Requests/s and latency percentiles of the 200s, and every status counted."""
+    counts = statuses(loop.outcomes)
+    ok = [outcome.ms for outcome in loop.outcomes if outcome.status == "200"]
+    elapsed = max(loop.elapsed, 1e-9)
+    return {
+        "concurrency": loop.concurrency,
+        "seconds": round(loop.elapsed, 2),
+        "requests": len(loop.outcomes),
+        "errors": len(loop.outcomes) - len(ok),
+        "statuses": counts,
+        "rps": round(len(ok) / elapsed, 2),
+        "p50_ms": round(percentile(ok, 50), 1),
+        "p90_ms": round(percentile(ok, 90), 1),
+        "p99_ms": round(percentile(ok, 99), 1),
+    }
+
+
+def progress_line(label: str, concurrency: int, seconds: float) -> Progress:
+    """Prints the run's progress on one stderr line, once a second."""
+
+    def show(done: int, elapsed: float) -> None:
+        print(
+            f"\r  {label} c={concurrency}: {elapsed:4.0f}/{seconds:.0f} s, {done} requests, "
+            f"{done / max(elapsed, 1e-9):6.1f} rps   ",
+            end="",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    return show
+
+
+def run_texts(
+    url: str,
+    headers: dict[str, str],
+    texts: Sequence[str],
+    concurrency: int,
+    seconds: float,
+    label: str = "",
+) -> dict[str, Any]:
+    """``texts`` in turn as JSON ``{"text": ...}`` for ``seconds``; the run's summary."""
+    loop = ClosedLoop(
+        url,
+        headers,
+        lambda n: json_job(texts[n % len(texts)]),
+        concurrency,
+        seconds,
+        progress=progress_line(label, concurrency, seconds),
+    ).run()
+    print(file=sys.stderr)
+    return summary(loop)

@@ -1,0 +1,298 @@
+"""One TorchServe instance that lives in its own state folder.
+
+Each instance keeps everything in its state folder: the effective config.properties
+(``config/config.properties`` plus overrides such as test ports), logs, the token key file
+and TorchServe's pid file (TorchServe puts it in the temp folder, so each instance gets its
+own TMPDIR). Stopping uses ``torchserve --stop`` with that same TMPDIR, so it only ever
+stops the instance it started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from bert_serve.harness.config import (
+    BASE_CONFIG,
+    MODEL_NAME,
+    ROOT,
+    effective_properties,
+    local_port_overrides,
+    properties_text,
+    read_properties,
+)
+
+DEFAULT_STATE_DIR = ROOT / ".run"
+CTL_SCRIPT = ROOT / "scripts" / "torchserve_ctl.py"
+
+
+class ServerError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Server:
+    state_dir: Path
+    properties: dict[str, str]
+
+    @property
+    def inference_url(self) -> str:
+        return self.properties["inference_address"].replace("0.0.0.0", "127.0.0.1")
+
+    @property
+    def predict_url(self) -> str:
+        return f"{self.inference_url}/predictions/{MODEL_NAME}"
+
+    @property
+    def management_url(self) -> str:
+        return self.properties["management_address"]
+
+    @property
+    def metrics_url(self) -> str:
+        return self.properties["metrics_address"]
+
+    @property
+    def tmp_dir(self) -> Path:
+        return self.state_dir / "tmp"
+
+    @property
+    def model_log(self) -> Path:
+        """The workers' log: the handler's lines, including its per-batch ``batch_size=...``."""
+        return self.state_dir / "logs" / "model_log.log"
+
+    def key(self, kind: str) -> str | None:
+        """A token from key_file.json ('inference', 'management' or 'API'); None if auth is off."""
+        key_file = self.state_dir / "key_file.json"
+        if not key_file.is_file():
+            return None
+        return str(json.loads(key_file.read_text())[kind]["key"])
+
+    def headers(self, kind: str = "inference") -> dict[str, str]:
+        key = self.key(kind)
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    def pid(self) -> int | None:
+        """The frontend's pid while it runs."""
+        pid_file = self.tmp_dir / ".model_server.pid"
+        try:
+            pid = int(pid_file.read_text().split()[0])
+            os.kill(pid, 0)
+        except (OSError, ValueError, IndexError):
+            return None
+        return pid
+
+    def model(self) -> dict[str, Any]:
+        """The model as the management API describes it (batch settings, workers, ...)."""
+        response = requests.get(
+            f"{self.management_url}/models/{MODEL_NAME}",
+            headers=self.headers("management"),
+            timeout=30,
+        )
+        response.raise_for_status()
+        return dict(response.json()[0])
+
+    def workers(self) -> list[dict[str, Any]]:
+        """The model's workers as the management API lists them (id, pid, status, ...)."""
+        return list(self.model().get("workers", []))
+
+    def worker_pid(self) -> int | None:
+        """The pid of the first READY worker; None while none is READY."""
+        ready = [worker for worker in self.workers() if worker.get("status") == "READY"]
+        return int(ready[0]["pid"]) if ready else None
+
+    def workers_ready(self) -> bool:
+        try:
+            workers = self.workers()
+        except requests.HTTPError:
+            return False
+        return bool(workers) and all(worker.get("status") == "READY" for worker in workers)
+
+    def environment(self) -> dict[str, str]:
+        return dict(os.environ) | {
+            "TMPDIR": str(self.tmp_dir),
+            "TEMP": str(self.tmp_dir),
+            "LOG_LOCATION": str(self.state_dir / "logs"),
+            "METRICS_LOCATION": str(self.state_dir / "logs"),
+        }
+
+
+def torchserve_command() -> str:
+    return shutil.which("torchserve", path=str(Path(sys.executable).parent)) or "torchserve"
+
+
+def server_for(state_dir: Path) -> Server:
+    """The instance whose state lives in ``state_dir`` (its effective config must exist)."""
+    config = state_dir / "config.properties"
+    if not config.is_file():
+        raise ServerError(f"no TorchServe state in {state_dir}")
+    return Server(state_dir=state_dir, properties=read_properties(config))
+
+
+def check_startable(server: Server) -> None:
+    """Refuse a second instance in one folder, a missing Java and a missing .mar, with the fix."""
+    if server.pid() is not None:
+        raise ServerError(f"TorchServe already runs from {server.state_dir} (pid {server.pid()})")
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        raise ServerError(
+            "Java 17 is required by TorchServe's frontend: install a JDK (apt-get install openjdk-17-jdk-headless)"
+        )
+    store = Path(server.properties["model_store"])
+    for model in filter(None, server.properties.get("load_models", "").split(",")):
+        if not (store / model).is_file():
+            raise ServerError(f"{store / model} is missing: run `make package` first")
+
+
+def launch(server: Server) -> None:
+    """Write the instance's config and run ``torchserve --start`` (it returns at once)."""
+    server.tmp_dir.mkdir(parents=True, exist_ok=True)
+    (server.state_dir / "logs").mkdir(exist_ok=True)
+    (server.state_dir / "key_file.json").unlink(missing_ok=True)
+    config = server.state_dir / "config.properties"
+    config.write_text(properties_text(server.properties))
+    with (server.state_dir / "logs" / "console.log").open("ab") as console:
+        subprocess.run(
+            [torchserve_command(), "--start", "--ncs", "--ts-config", str(config)],
+            cwd=server.state_dir,
+            env=server.environment(),
+            stdout=console,
+            stderr=console,
+            stdin=subprocess.DEVNULL,
+            check=True,
+        )
+
+
+def start(
+    state_dir: Path,
+    overrides: dict[str, str] | None = None,
+    ready_timeout: float = 180,
+    base_config: Path = BASE_CONFIG,
+) -> Server:
+    """Start an instance and return once its model's workers are READY.
+
+    ``base_config`` is config/config.properties unless another layout's config is started
+    (the container layout of ``layout.write_layout``, for its test).
+    """
+    state_dir = state_dir.resolve()
+    server = Server(state_dir=state_dir, properties=effective_properties(overrides, base_config))
+    check_startable(server)
+    launch(server)
+    try:
+        wait_ready(server, ready_timeout)
+    except BaseException:
+        stop(server)
+        raise
+    return server
+
+
+@contextmanager
+def running(
+    overrides: dict[str, str] | None = None, prefix: str = "bert-serve-"
+) -> Iterator[Server]:
+    """A TorchServe on free 127.0.0.1 ports in a temporary state folder, always stopped."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as state:
+        server = start(Path(state), overrides=local_port_overrides() | (overrides or {}))
+        try:
+            yield server
+        finally:
+            stop(server)
+
+
+def start_or_reuse(state_dir: Path, overrides: dict[str, str] | None = None) -> Server:
+    """Idempotent start: keep a running instance unless its config or its .mar changed."""
+    if (state_dir / "config.properties").is_file():
+        server = server_for(state_dir)
+        pid = server.pid()
+        if pid is not None:
+            started = (server.tmp_dir / ".model_server.pid").stat().st_mtime
+            archive = Path(server.properties["model_store"]) / f"{MODEL_NAME}.mar"
+            if server.properties != effective_properties(overrides):
+                print("config.properties changed since TorchServe started: restarting")
+            elif archive.stat().st_mtime > started:
+                print(f"{archive.name} changed since TorchServe started: restarting")
+            else:
+                print(
+                    f"TorchServe already runs from {state_dir} (pid {pid}), config and {archive.name} unchanged"
+                )
+                return server
+            stop(server)
+    return start(state_dir, overrides)
+
+
+def curl_example(server: Server) -> str:
+    """Copy-paste commands; the token is read from the key file, never printed."""
+    ctl = os.path.relpath(CTL_SCRIPT)
+    state = os.path.relpath(server.state_dir)
+    python = (
+        os.path.relpath(sys.executable) if sys.executable.startswith(str(ROOT)) else sys.executable
+    )
+    token_auth = server.key("inference") is not None
+    token = f"TOKEN=$({python} {ctl} key --state-dir {state})" if token_auth else "TOKEN="
+    client = f"{Path(python).parent / 'bert-serve'} classify --url {server.inference_url}"
+    if token_auth:
+        client += f" --key-file {os.path.relpath(server.state_dir / 'key_file.json')}"
+    return (
+        "Try it:\n"
+        f"  {token}\n"
+        f'  curl -H "Authorization: Bearer $TOKEN" -H "Content-Type: text/plain" \\\n'
+        f'       --data "An absolute delight from start to finish." {server.predict_url}\n'
+        f'  curl -H "Authorization: Bearer $TOKEN" -H "Content-Type: application/json" \\\n'
+        f"""       --data '{{"text": "A tedious, joyless mess."}}' {server.predict_url}\n"""
+        f'  {client} "An absolute delight from start to finish."\n'
+        f"  {client} --file texts.txt --out results.jsonl"
+    )
+
+
+def wait_ready(server: Server, timeout: float) -> None:
+    """Poll /ping and the workers until READY, failing fast if the frontend died."""
+    deadline = time.monotonic() + timeout
+    time.sleep(1)
+    while time.monotonic() < deadline:
+        if server.pid() is None:
+            raise ServerError(f"TorchServe exited during start; see {server.state_dir / 'logs'}")
+        try:
+            ping = requests.get(f"{server.inference_url}/ping", headers=server.headers(), timeout=5)
+            if ping.status_code == 200 and server.workers_ready():
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.5)
+    raise ServerError(
+        f"TorchServe was not ready within {timeout:.0f} s; see {server.state_dir / 'logs'}"
+    )
+
+
+def stop(server: Server, timeout: float = 60) -> None:
+    """Stop this instance only (its own pid file) and wait until its process is gone."""
+    pid = server.pid()
+    if pid is None:
+        return
+    subprocess.run(
+        [torchserve_command(), "--stop", "--foreground"],
+        cwd=server.state_dir,
+        env=server.environment(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+        timeout=timeout + 10,
+        check=False,
+    )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            return
+        time.sleep(0.2)
+    raise ServerError(f"TorchServe (pid {pid}) did not stop within {timeout:.0f} s")
