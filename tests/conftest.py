@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -53,3 +54,20 @@ def real_model_dir() -> Path:
     if not (REAL_MODEL_DIR / "config.json").is_file():
         pytest.fail(f"{REAL_MODEL_DIR} is missing: run `make model` (make test does it)")
     return REAL_MODEL_DIR
+
+
+@pytest.fixture(scope="session")
+def head_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """``head_model_dir(kind, encoder="tiny")``: a classifier of that kind of head (see
+    tests/heads.py), built once per session."""
+    from tests.heads import build_head_model
+
+    built: dict[tuple[str, str], Path] = {}
+
+    def get(kind: str, encoder: str = "tiny") -> Path:
+        if (kind, encoder) not in built:
+            out = tmp_path_factory.mktemp(f"{kind}-{encoder}")
+            built[kind, encoder] = build_head_model(out, kind, encoder)
+        return built[kind, encoder]
+
+    return get

@@ -1,0 +1,104 @@
+"""Small offline classifiers, one per kind of head, and the reference answer for each.
+
+Every kind a team may bring: single-label, multi-label, one logit (a reranker or quality
+score), regression, and a sentence-pair classifier. ``tiny`` models are a 2-layer, 32-wide
+BERT with random weights drawn wide (see ``tests/conftest.py::tiny_model_dir``) so that
+texts score far apart; ``minilm`` models put a random head on the real pretrained MiniLM
+encoder, for realistic lengths and activations. Weights never matter for exactness: the
+handler must give what transformers' own pipeline gives for the same folder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import (
+    AutoTokenizer,
+    BertConfig,
+    BertForSequenceClassification,
+    pipeline,
+)
+from transformers.utils import logging as transformers_logging
+
+from tests.conftest import encoder_dir
+
+transformers_logging.disable_progress_bar()
+
+
+@dataclass(frozen=True)
+class Head:
+    labels: tuple[str, ...]
+    problem_type: str | None
+    pairs: bool = False
+
+
+HEADS: dict[str, Head] = {
+    "single_label": Head(("negative", "neutral", "positive"), None),
+    "multi_label": Head(
+        ("toxic", "insult", "threat", "spam", "off_topic"), "multi_label_classification"
+    ),
+    "one_logit": Head(("relevant",), None),
+    "regression": Head(("similarity",), "regression"),
+    "pair": Head(("entailment", "neutral", "contradiction"), "single_label_classification", True),
+}
+
+
+def build_head_model(out: Path, kind: str, encoder: str = "tiny", seed: int = 0) -> Path:
+    """Save a classifier of this kind of head (with the MiniLM tokenizer) into ``out``."""
+    head = HEADS[kind]
+    torch.manual_seed(seed)
+    tokenizer = AutoTokenizer.from_pretrained(encoder_dir(), local_files_only=True)
+    label_config: dict[str, Any] = {
+        "num_labels": len(head.labels),
+        "id2label": dict(enumerate(head.labels)),
+        "label2id": {label: i for i, label in enumerate(head.labels)},
+        "problem_type": head.problem_type,
+    }
+    if encoder == "tiny":
+        config = BertConfig(
+            vocab_size=tokenizer.vocab_size,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            initializer_range=0.3,
+            max_position_embeddings=512,
+            **label_config,
+        )
+        model = BertForSequenceClassification(config)
+    else:
+        model = BertForSequenceClassification.from_pretrained(
+            encoder_dir(), local_files_only=True, use_safetensors=True, **label_config
+        )
+        with torch.no_grad():
+            # The head is new: drawn wider than BERT's 0.02 so that texts score apart.
+            model.classifier.weight.normal_(0.0, 0.5)
+            model.classifier.bias.normal_(0.0, 0.5)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def reference_pipeline(model_dir: Path, **options: Any) -> Any:
+    """transformers' text-classification pipeline on the CPU in fp32, every label answered."""
+    return pipeline(
+        "text-classification", model=str(model_dir), top_k=None, device="cpu", **options
+    )
+
+
+def reference_scores(
+    classifier: Any, item: str | tuple[str, str], max_length: int = 128
+) -> dict[str, float]:
+    """Label -> score as the pipeline answers one text or pair, truncated at ``max_length``
+    the way the pipeline does when asked to (``truncation=True``)."""
+    inputs: Any = item if isinstance(item, str) else {"text": item[0], "text_pair": item[1]}
+    answer = classifier(inputs, top_k=None, truncation=True, max_length=max_length)
+    return {entry["label"]: float(entry["score"]) for entry in answer}
+
+
+def largest_difference(got: dict[str, float], expected: dict[str, float]) -> float:
+    assert set(got) == set(expected), (sorted(got), sorted(expected))
+    return max(abs(got[label] - expected[label]) for label in expected)
