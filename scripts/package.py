@@ -2,15 +2,22 @@
 
 The archive holds ``bert_handler.py`` (TorchServe's entry point), the ``handler`` package
 itself (the same files the unit tests import) under ``handler/``, the model under
-``model/`` (config, safetensors weights, tokenizer: never pickled weights) and
-``config/model-config.yaml`` as the model config.
+``model/`` (config, safetensors weights, tokenizer: never pickled weights),
+``config/model-config.yaml`` as the model config, and ``mar-source.json``: which model
+folder (each file's size and modification time) and which handler config (its sha256) it
+was built from. The same record is kept beside the archive as ``bert.mar.source``, a stamp
+the Makefile refreshes with ``--stamp-only`` and that is rewritten only when the record
+changes, so ``make serve MODEL_DIR=X`` repackages whenever X is not what the .mar holds,
+even when X's files are older than the .mar.
 
     python scripts/package.py --model-dir build/bert-sentiment
+    python scripts/package.py --model-dir build/bert-sentiment --stamp-only
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import shutil
 import subprocess
@@ -27,6 +34,8 @@ MODEL_NAME = "bert"
 MODEL_VERSION = "1.0"
 PICKLED_SUFFIXES = {".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".h5", ".msgpack"}
 BATCH_KEYS = {"batchSize", "maxBatchDelay", "minWorkers", "maxWorkers"}
+SOURCE_FILE = "mar-source.json"
+STAMP_SUFFIX = ".source"
 
 
 def check_model_dir(model_dir: Path) -> None:
@@ -58,14 +67,52 @@ def check_model_config(path: Path) -> None:
         )
 
 
-def stage(model_dir: Path, staging: Path) -> None:
+def packaged_files(model_dir: Path) -> list[Path]:
+    return [
+        item
+        for item in sorted(model_dir.iterdir())
+        if item.is_file() and item.suffix not in PICKLED_SUFFIXES
+    ]
+
+
+def source_record(model_dir: Path, model_config: Path = MODEL_CONFIG) -> str:
+    """What an archive is built from, as stable JSON text: the model folder with each packaged
+    file's size and modification time, and the handler config with its content hash."""
+    files = {
+        item.name: {"size": item.stat().st_size, "mtime_ns": item.stat().st_mtime_ns}
+        for item in packaged_files(model_dir)
+    }
+    record = {
+        "model_dir": str(model_dir.resolve()),
+        "model_files": files,
+        "model_config": str(model_config.resolve()),
+        "model_config_sha256": hashlib.sha256(model_config.read_bytes()).hexdigest(),
+    }
+    return json.dumps(record, indent=2, sort_keys=True) + "\n"
+
+
+def stamp_for(archive: Path) -> Path:
+    return archive.with_name(archive.name + STAMP_SUFFIX)
+
+
+def update_stamp(stamp: Path, record: str) -> bool:
+    """Write the record only when it differs, so the stamp's time says when the source last
+    changed (make compares it with the archive's). True when it was rewritten."""
+    if stamp.is_file() and stamp.read_text() == record:
+        return False
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(record)
+    return True
+
+
+def stage(model_dir: Path, staging: Path, record: str) -> None:
     shutil.copytree(
         HANDLER_DIR, staging / "handler", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
     )
     (staging / "model").mkdir()
-    for item in sorted(model_dir.iterdir()):
-        if item.is_file() and item.suffix not in PICKLED_SUFFIXES:
-            shutil.copy2(item, staging / "model" / item.name)
+    for item in packaged_files(model_dir):
+        shutil.copy2(item, staging / "model" / item.name)
+    (staging / SOURCE_FILE).write_text(record)
 
 
 def archiver_command() -> str:
@@ -77,13 +124,18 @@ def archiver_command() -> str:
 
 
 def package(model_dir: Path, export_path: Path, model_config: Path = MODEL_CONFIG) -> Path:
+    """Build ``export_path/bert.mar``. Its stamp is refreshed first: a failed build then
+    leaves a stamp newer than the old archive, so make tries again."""
     check_model_dir(model_dir)
     check_model_config(model_config)
     export_path.mkdir(parents=True, exist_ok=True)
+    archive = export_path / f"{MODEL_NAME}.mar"
+    record = source_record(model_dir, model_config)
+    update_stamp(stamp_for(archive), record)
     with tempfile.TemporaryDirectory(prefix="bert-mar-") as temp:
         staging = Path(temp) / "extra"
         staging.mkdir()
-        stage(model_dir, staging)
+        stage(model_dir, staging, record)
         subprocess.run(
             [
                 archiver_command(),
@@ -103,7 +155,7 @@ def package(model_dir: Path, export_path: Path, model_config: Path = MODEL_CONFI
             ],
             check=True,
         )
-    return export_path / f"{MODEL_NAME}.mar"
+    return archive
 
 
 def main() -> int:
@@ -114,8 +166,23 @@ def main() -> int:
         "--model-dir", type=Path, required=True, help="Hugging Face sequence-classification folder"
     )
     parser.add_argument("--export-path", type=Path, default=ROOT / "model_store")
+    parser.add_argument(
+        "--model-config", type=Path, default=MODEL_CONFIG, help="the handler config to pack"
+    )
+    parser.add_argument(
+        "--stamp-only",
+        action="store_true",
+        help="only refresh the archive's .source stamp (rewritten when the source changed)",
+    )
     args = parser.parse_args()
-    archive = package(args.model_dir.resolve(), args.export_path.resolve())
+    model_dir, model_config = args.model_dir.resolve(), args.model_config.resolve()
+    if args.stamp_only:
+        check_model_dir(model_dir)
+        stamp = stamp_for(args.export_path.resolve() / f"{MODEL_NAME}.mar")
+        if update_stamp(stamp, source_record(model_dir, model_config)):
+            print(f"{stamp.name}: the model folder or handler config changed; repackaging")
+        return 0
+    archive = package(model_dir, args.export_path.resolve(), model_config)
     print(f"packaged {archive} ({archive.stat().st_size / 1e6:.1f} MB)")
     return 0
 
