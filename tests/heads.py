@@ -35,6 +35,18 @@ class Head:
     pairs: bool = False
 
 
+ITEMS: list[str | tuple[str, str]] = [
+    "Fine.",
+    "The service was slow but the food made up for it.",
+    ("A man is playing a guitar on stage.", "Someone is making music."),
+    ("short", "a considerably longer second text about many unrelated things " * 3),
+    "Brilliant! " * 80,
+    ("premise " * 100, "the hypothesis stays whole"),
+    "Not for me.",
+    ("Is it raining?", "The streets are wet."),
+]
+"""Texts and pairs of many lengths, two of them over 128 tokens (one a pair)."""
+
 HEADS: dict[str, Head] = {
     "single_label": Head(("negative", "neutral", "positive"), None),
     "multi_label": Head(
@@ -102,3 +114,17 @@ def reference_scores(
 def largest_difference(got: dict[str, float], expected: dict[str, float]) -> float:
     assert set(got) == set(expected), (sorted(got), sorted(expected))
     return max(abs(got[label] - expected[label]) for label in expected)
+
+
+class Reference:
+    """The pipeline's answers for one model folder, computed once per item."""
+
+    def __init__(self, model_dir: Path, max_length: int = 128, **options: Any) -> None:
+        self.classifier = reference_pipeline(model_dir, **options)
+        self.max_length = max_length
+        self.cache: dict[Any, dict[str, float]] = {}
+
+    def __call__(self, item: str | tuple[str, str]) -> dict[str, float]:
+        if item not in self.cache:
+            self.cache[item] = reference_scores(self.classifier, item, self.max_length)
+        return self.cache[item]

@@ -20,21 +20,11 @@ from handler.inference import TextInput, classify, tokenize, with_options
 from handler.model import LoadedModel, load_model
 from handler.scoring import ScoreFunction
 from handler.settings import HandlerSettings
-from tests.heads import HEADS, largest_difference, reference_pipeline, reference_scores
+from tests.heads import HEADS, ITEMS, Reference, largest_difference
 from tests.worker_harness import Sent, load_service, make_model_dir, predict
 
 TOLERANCE = 1e-4
 MAX_LENGTH = HandlerSettings().max_length
-ITEMS: list[TextInput] = [
-    "Fine.",
-    "The service was slow but the food made up for it.",
-    ("A man is playing a guitar on stage.", "Someone is making music."),
-    ("short", "a considerably longer second text about many unrelated things " * 3),
-    "Brilliant! " * 80,
-    ("premise " * 100, "the hypothesis stays whole"),
-    "Not for me.",
-    ("Is it raining?", "The streets are wet."),
-]
 KINDS = [(kind, "tiny") for kind in HEADS] + [(kind, "minilm") for kind in HEADS]
 EXPECTED_FUNCTION = {
     "single_label": ScoreFunction.SOFTMAX,
@@ -63,19 +53,6 @@ def record(name: str, got: dict[str, float], expected: dict[str, float]) -> None
 
 def best_first(scores: dict[str, float]) -> list[str]:
     return sorted(scores, key=lambda label: scores[label], reverse=True)
-
-
-class Reference:
-    """The pipeline's answers for one model folder, computed once per item."""
-
-    def __init__(self, model_dir: Path, **options: Any) -> None:
-        self.classifier = reference_pipeline(model_dir, **options)
-        self.cache: dict[Any, dict[str, float]] = {}
-
-    def __call__(self, item: TextInput) -> dict[str, float]:
-        if item not in self.cache:
-            self.cache[item] = reference_scores(self.classifier, item, MAX_LENGTH)
-        return self.cache[item]
 
 
 @pytest.fixture(scope="module")
