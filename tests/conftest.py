@@ -6,8 +6,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import torch
-from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
 ROOT = Path(__file__).resolve().parent.parent
 REAL_MODEL_DIR = ROOT / "build" / "bert-sentiment"
@@ -29,24 +27,9 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     1e-2 apart while batching noise stays near 1e-7: with the usual init every text scores
     within 5e-5 of every other and a "same scores within 1e-4" test could never fail.
     """
-    torch.manual_seed(0)
-    out = tmp_path_factory.mktemp("tiny-bert")
-    tokenizer = AutoTokenizer.from_pretrained(encoder_dir(), local_files_only=True)
-    config = BertConfig(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        initializer_range=0.3,
-        max_position_embeddings=512,
-        num_labels=2,
-        id2label=dict(enumerate(LABELS)),
-        label2id={label: i for i, label in enumerate(LABELS)},
-    )
-    BertForSequenceClassification(config).save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
-    return out
+    from tests.heads import Head, build_head_model
+
+    return build_head_model(tmp_path_factory.mktemp("tiny-bert"), Head(LABELS, None), "tiny")
 
 
 @pytest.fixture(scope="session")

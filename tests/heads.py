@@ -19,6 +19,8 @@ from transformers import (
     AutoTokenizer,
     BertConfig,
     BertForSequenceClassification,
+    DistilBertConfig,
+    DistilBertForSequenceClassification,
     pipeline,
 )
 from transformers.utils import logging as transformers_logging
@@ -32,7 +34,6 @@ transformers_logging.disable_progress_bar()
 class Head:
     labels: tuple[str, ...]
     problem_type: str | None
-    pairs: bool = False
 
 
 ITEMS: list[str | tuple[str, str]] = [
@@ -54,21 +55,31 @@ HEADS: dict[str, Head] = {
     ),
     "one_logit": Head(("relevant",), None),
     "regression": Head(("similarity",), "regression"),
-    "pair": Head(("entailment", "neutral", "contradiction"), "single_label_classification", True),
+    "pair": Head(("entailment", "neutral", "contradiction"), "single_label_classification"),
 }
 
 
-def build_head_model(out: Path, kind: str, encoder: str = "tiny", seed: int = 0) -> Path:
-    """Save a classifier of this kind of head (with the MiniLM tokenizer) into ``out``."""
-    head = HEADS[kind]
+def build_head_model(out: Path, head: str | Head, encoder: str = "tiny", seed: int = 0) -> Path:
+    """Save a classifier with this head (a kind of ``HEADS``, or a ``Head``) and the MiniLM
+    tokenizer into ``out``. ``encoder``: ``tiny`` (BERT), ``tiny-distilbert`` (a model whose
+    tokenizer has no token type ids) or ``minilm`` (the real pretrained encoder)."""
+    head = HEADS[head] if isinstance(head, str) else head
     torch.manual_seed(seed)
-    tokenizer = AutoTokenizer.from_pretrained(encoder_dir(), local_files_only=True)
+    tokenizer_options = {}
+    if encoder == "tiny-distilbert":
+        tokenizer_options["model_input_names"] = ["input_ids", "attention_mask"]
+    tokenizer = AutoTokenizer.from_pretrained(
+        encoder_dir(), local_files_only=True, **tokenizer_options
+    )
     label_config: dict[str, Any] = {
         "num_labels": len(head.labels),
         "id2label": dict(enumerate(head.labels)),
         "label2id": {label: i for i, label in enumerate(head.labels)},
         "problem_type": head.problem_type,
     }
+    # Tiny models' weights are drawn 15x wider than BERT's usual 0.02, so texts score far apart.
+    wide = {"initializer_range": 0.3}
+    model: Any
     if encoder == "tiny":
         config = BertConfig(
             vocab_size=tokenizer.vocab_size,
@@ -76,11 +87,22 @@ def build_head_model(out: Path, kind: str, encoder: str = "tiny", seed: int = 0)
             num_hidden_layers=2,
             num_attention_heads=2,
             intermediate_size=64,
-            initializer_range=0.3,
             max_position_embeddings=512,
+            **wide,
             **label_config,
         )
         model = BertForSequenceClassification(config)
+    elif encoder == "tiny-distilbert":
+        distil = DistilBertConfig(
+            vocab_size=tokenizer.vocab_size,
+            dim=32,
+            n_layers=2,
+            n_heads=2,
+            hidden_dim=64,
+            **wide,
+            **label_config,
+        )
+        model = DistilBertForSequenceClassification(distil)
     else:
         model = BertForSequenceClassification.from_pretrained(
             encoder_dir(), local_files_only=True, use_safetensors=True, **label_config

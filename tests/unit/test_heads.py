@@ -20,7 +20,7 @@ from handler.inference import TextInput, classify, tokenize, with_options
 from handler.model import LoadedModel, load_model
 from handler.scoring import ScoreFunction
 from handler.settings import HandlerSettings
-from tests.heads import HEADS, ITEMS, Reference, largest_difference
+from tests.heads import HEADS, ITEMS, Reference, build_head_model, largest_difference
 from tests.worker_harness import Sent, load_service, make_model_dir, predict
 
 TOLERANCE = 1e-4
@@ -216,26 +216,7 @@ def test_one_tokenizer_call_for_a_mixed_batch(models) -> None:
 def test_model_without_token_types_matches_the_pipeline(tmp_path: Path) -> None:
     """A tokenizer without token type ids among its model inputs (DistilBERT, RoBERTa) gets
     none passed to the model, singles and pairs alike, as in the pipeline."""
-    import torch
-    from transformers import AutoTokenizer, DistilBertConfig, DistilBertForSequenceClassification
-
-    from tests.conftest import encoder_dir
-
-    torch.manual_seed(0)
-    tokenizer = AutoTokenizer.from_pretrained(
-        encoder_dir(), local_files_only=True, model_input_names=["input_ids", "attention_mask"]
-    )
-    config = DistilBertConfig(
-        vocab_size=tokenizer.vocab_size,
-        dim=32,
-        n_layers=2,
-        n_heads=2,
-        hidden_dim=64,
-        initializer_range=0.3,
-        num_labels=3,
-    )
-    DistilBertForSequenceClassification(config).save_pretrained(tmp_path, safe_serialization=True)
-    tokenizer.save_pretrained(tmp_path)
+    build_head_model(tmp_path, "pair", "tiny-distilbert")
     loaded = load_model(tmp_path, HandlerSettings(), None)
     assert not loaded.uses_token_types
     reference = Reference(tmp_path)
