@@ -96,8 +96,17 @@ def decode_request(
         if key in fields:
             return decode_body(fields[key], media, max_chars, max_texts)
     if TEXT_FIELD in fields:
-        return _checked_text(fields[TEXT_FIELD], max_chars)
+        return _form_text(fields, max_chars)
     return Rejected(ErrorCode.MISSING_FIELD, _missing_text_message(media, sorted(fields)))
+
+
+def _form_text(fields: Mapping[str, Any], max_chars: int) -> ValidText | Rejected:
+    """Form fields: ``text``, and ``text_pair`` for a pair (options are read from JSON only)."""
+    text = _checked_text(fields[TEXT_FIELD], max_chars)
+    if isinstance(text, Rejected) or TEXT_PAIR_FIELD not in fields:
+        return text
+    pair = _checked_text(fields[TEXT_PAIR_FIELD], max_chars, TEXT_PAIR_FIELD)
+    return pair if isinstance(pair, Rejected) else ValidText(text.text, pair.text)
 
 
 def decode_body(
@@ -237,7 +246,7 @@ def _list_item(
     return _text_and_pair(text, pair_source, f"{place}.{TEXT_PAIR_FIELD}", max_chars, options)
 
 
-def _checked_text(value: Any, max_chars: int) -> Decoded:
+def _checked_text(value: Any, max_chars: int, name: str = TEXT_FIELD) -> ValidText | Rejected:
     """A form field or raw body: bytes are decoded as strict UTF-8."""
     if isinstance(value, bytes | bytearray):
         decoded = _utf8(value)
@@ -246,9 +255,9 @@ def _checked_text(value: Any, max_chars: int) -> Decoded:
         value = decoded
     if not isinstance(value, str):
         return Rejected(
-            ErrorCode.INVALID_TYPE, f"the text must be a string, got {_json_type(value)}"
+            ErrorCode.INVALID_TYPE, f"the {name} must be a string, got {_json_type(value)}"
         )
-    return validate_text(value, max_chars)
+    return validate_text(value, max_chars, name)
 
 
 def validate_text(text: str, max_chars: int, name: str = TEXT_FIELD) -> ValidText | Rejected:

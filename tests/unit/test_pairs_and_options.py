@@ -216,3 +216,14 @@ def test_multi_label_answers_carry_labels() -> None:
     assert plain["labels"] == shaped["labels"] == ["x", "y"]
     assert list(plain) == ["label", "score", "scores", "truncated", "labels", "request_id"]
     assert shaped["scores"] == {"x": 2.2} and shaped["score"] == 2.2
+
+
+def test_form_fields_may_carry_a_pair() -> None:
+    """curl --data-urlencode text=... --data-urlencode text_pair=...: the pair is not dropped."""
+    form = "application/x-www-form-urlencoded"
+    fields = {"text": b"It rains.", "text_pair": b"The street is wet."}
+    assert decode_request(fields, form, LIMIT) == ValidText("It rains.", "The street is wet.")
+    for pair, code in [(b"", ErrorCode.EMPTY_TEXT), (b"\xff", ErrorCode.INVALID_ENCODING)]:
+        result = decode_request({"text": b"fine", "text_pair": pair}, form, LIMIT)
+        assert isinstance(result, Rejected) and result.code is code
+    assert decode_request({"text": b"fine"}, form, LIMIT) == ValidText("fine")
