@@ -42,11 +42,13 @@ ITEMS: list[str | tuple[str, str]] = [
     ("A man is playing a guitar on stage.", "Someone is making music."),
     ("short", "a considerably longer second text about many unrelated things " * 3),
     "Brilliant! " * 80,
-    ("premise " * 100, "the hypothesis stays whole"),
+    ("premise " * 200, "the hypothesis stays whole"),
     "Not for me.",
     ("Is it raining?", "The streets are wet."),
+    ("Which one is long?", "the second text of this pair, " * 30),
 ]
-"""Texts and pairs of many lengths, two of them over 128 tokens (one a pair)."""
+"""Texts and pairs of many lengths; three are over 128 tokens: a text, a pair with a long
+first text and one with a long second text."""
 
 HEADS: dict[str, Head] = {
     "single_label": Head(("negative", "neutral", "positive"), None),

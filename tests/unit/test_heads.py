@@ -85,6 +85,8 @@ def test_scores_equal_the_pipeline_alone_together_and_in_length_groups(
     together, stats = classify(loaded, ITEMS, MAX_LENGTH, 100_000)
     grouped, grouped_stats = classify(loaded, ITEMS, MAX_LENGTH, MAX_LENGTH)
     assert len(stats.sub_batches) == 1 and len(grouped_stats.sub_batches) > 1
+    cut = [item for item, prediction in zip(ITEMS, together, strict=True) if prediction.truncated]
+    assert cut == [ITEMS[4], ITEMS[5], ITEMS[8]]
     for index, item in enumerate(ITEMS):
         alone = classify(loaded, [item], MAX_LENGTH, 100_000)[0][0]
         for prediction in (alone, together[index], grouped[index]):
@@ -277,6 +279,11 @@ def as_json(document: Any) -> Sent:
     return Sent(json.dumps(document).encode(), "application/json")
 
 
+def as_pair(item: TextInput) -> dict[str, str]:
+    assert isinstance(item, tuple)
+    return {"text": item[0], "text_pair": item[1]}
+
+
 def mixed_requests() -> list[tuple[Sent, list[TextInput | None]]]:
     """Requests of every form with the items they carry (None: an item that must fail)."""
     pair, long_pair, single = ITEMS[2], ITEMS[5], ITEMS[1]
@@ -298,8 +305,8 @@ def mixed_requests() -> list[tuple[Sent, list[TextInput | None]]]:
             [ITEMS[4], long_pair, None, ITEMS[6]],
         ),
         (
-            as_json({"instances": [{"text": ITEMS[7][0], "text_pair": ITEMS[7][1]}, 3]}),
-            [ITEMS[7], None],
+            as_json({"instances": [as_pair(ITEMS[7]), 3, as_pair(ITEMS[8])]}),
+            [ITEMS[7], None, ITEMS[8]],
         ),
         (as_json({"text": "fine", "text_pair": 5}), [None]),
         (as_json({"text": "fine", "top_k": 0}), [None]),
