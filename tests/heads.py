@@ -61,6 +61,27 @@ HEADS: dict[str, Head] = {
 }
 
 
+TINY_ENCODERS: dict[str, tuple[Any, Any, dict[str, int]]] = {
+    "tiny": (
+        BertConfig,
+        BertForSequenceClassification,
+        {
+            "hidden_size": 32,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "intermediate_size": 64,
+        },
+    ),
+    "tiny-distilbert": (
+        DistilBertConfig,
+        DistilBertForSequenceClassification,
+        {"dim": 32, "n_layers": 2, "n_heads": 2, "hidden_dim": 64},
+    ),
+}
+"""2 layers, 32 wide; their weights are drawn 15x wider than BERT's usual 0.02 (the
+``initializer_range``), so that different texts score far apart."""
+
+
 def build_head_model(out: Path, head: str | Head, encoder: str = "tiny", seed: int = 0) -> Path:
     """Save a classifier with this head (a kind of ``HEADS``, or a ``Head``) and the MiniLM
     tokenizer into ``out``. ``encoder``: ``tiny`` (BERT), ``tiny-distilbert`` (a model whose
@@ -79,32 +100,13 @@ def build_head_model(out: Path, head: str | Head, encoder: str = "tiny", seed: i
         "label2id": {label: i for i, label in enumerate(head.labels)},
         "problem_type": head.problem_type,
     }
-    # Tiny models' weights are drawn 15x wider than BERT's usual 0.02, so texts score far apart.
-    wide = {"initializer_range": 0.3}
     model: Any
-    if encoder == "tiny":
-        config = BertConfig(
-            vocab_size=tokenizer.vocab_size,
-            hidden_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            intermediate_size=64,
-            max_position_embeddings=512,
-            **wide,
-            **label_config,
+    if encoder in TINY_ENCODERS:
+        config_class, model_class, sizes = TINY_ENCODERS[encoder]
+        config = config_class(
+            vocab_size=tokenizer.vocab_size, initializer_range=0.3, **sizes, **label_config
         )
-        model = BertForSequenceClassification(config)
-    elif encoder == "tiny-distilbert":
-        distil = DistilBertConfig(
-            vocab_size=tokenizer.vocab_size,
-            dim=32,
-            n_layers=2,
-            n_heads=2,
-            hidden_dim=64,
-            **wide,
-            **label_config,
-        )
-        model = DistilBertForSequenceClassification(distil)
+        model = model_class(config)
     else:
         model = BertForSequenceClassification.from_pretrained(
             encoder_dir(), local_files_only=True, use_safetensors=True, **label_config
