@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -125,7 +126,11 @@ def archiver_command() -> str:
 
 def package(model_dir: Path, export_path: Path, model_config: Path = MODEL_CONFIG) -> Path:
     """Build ``export_path/bert.mar``. Its stamp is refreshed first: a failed build then
-    leaves a stamp newer than the old archive, so make tries again."""
+    leaves a stamp newer than the old archive, so make tries again.
+
+    torch-model-archiver stages every archive in ``$TMPDIR/<model name>``, which it empties
+    first, so two packagings at once on one machine would mix or delete each other's files;
+    each run gets a TMPDIR of its own."""
     check_model_dir(model_dir)
     check_model_config(model_config)
     export_path.mkdir(parents=True, exist_ok=True)
@@ -154,6 +159,7 @@ def package(model_dir: Path, export_path: Path, model_config: Path = MODEL_CONFI
                 "--force",
             ],
             check=True,
+            env=os.environ | {"TMPDIR": temp},
         )
     return archive
 

@@ -97,3 +97,22 @@ def test_make_repackages_when_the_source_changes(
     age(second, 3 * 86_400)
     assert "packaged" in make_mar(archive, second, config), "a changed model file was not packaged"
     assert stamp_for(archive).read_text() == source_record(second, config)
+
+
+def test_packagings_at_the_same_time_do_not_mix(
+    head_model_dir: Callable[..., Path], tmp_path: Path
+) -> None:
+    """torch-model-archiver stages every "bert" archive in $TMPDIR/bert: without a TMPDIR of
+    its own, concurrent runs (tests, tune, another checkout) fail or pack each other's files."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from package import package
+
+    kinds = ["multi_label", "pair", "regression", "one_logit"] * 2
+    jobs = [(head_model_dir(kind), tmp_path / f"store-{i}") for i, kind in enumerate(kinds)]
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        archives = list(pool.map(lambda job: package(*job), jobs))
+    for (model_dir, _), archive in zip(jobs, archives, strict=True):
+        with zipfile.ZipFile(archive) as mar:
+            assert mar.read("model/config.json") == (model_dir / "config.json").read_bytes()
+            assert recorded_source(archive)["model_dir"] == str(model_dir)
