@@ -265,12 +265,7 @@ def _valid_item(index: int, text: Any, pair: Any, max_chars: int) -> ValidText |
         checked = validate_text(value, max_chars)
         if isinstance(checked, Rejected):
             return InferRejected(checked.code, f"{name}[{index}]: {checked.message}")
-    if pair is not None:
-        return InferRejected(
-            ErrorCode.INVALID_TYPE,
-            f'"{TEXT_PAIR_INPUT}" is not supported by this version of the handler',
-        )
-    return ValidText(text)
+    return ValidText(text, pair)
 
 
 def render_infer(

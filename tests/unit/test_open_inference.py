@@ -263,3 +263,26 @@ def test_through_torchserves_worker_code_v2_scores_equal_plain_requests(service)
     labels = json.loads(scores["parameters"]["labels"])
     plain = [json.loads(a.body)["scores"][label] for a in answers[1:] for label in labels]
     assert scores["data"] == pytest.approx(plain, abs=1e-6)
+
+
+def test_through_torchserves_worker_code_v2_pairs_equal_plain_pair_requests(service) -> None:
+    """A v2 request with a text_pair tensor answers what the same pairs answer as JSON pairs."""
+    pairs = [("It rains.", "The street is wet."), ("ok", "a much longer second text than the first")]
+    v2_body = {
+        "inputs": [
+            text_tensor([text for text, _ in pairs]),
+            text_tensor([pair for _, pair in pairs], name="text_pair"),
+        ],
+        "outputs": [{"name": "scores"}],
+    }
+    v2 = Sent(json.dumps(v2_body).encode(), None, (("explain", "False"),))
+    plain = [
+        Sent(json.dumps({"text": text, "text_pair": pair}).encode(), "application/json")
+        for text, pair in pairs
+    ]
+    answers = predict(service.service, [v2, *plain])
+    assert [a.status for a in answers] == [200] * 3
+    (scores,) = json.loads(answers[0].body)["outputs"]
+    labels = json.loads(scores["parameters"]["labels"])
+    expected = [json.loads(a.body)["scores"][label] for a in answers[1:] for label in labels]
+    assert scores["data"] == pytest.approx(expected, abs=1e-6)
