@@ -3,14 +3,17 @@ VENV      ?= .venv
 PY        := $(VENV)/bin/python
 STAMP     := $(VENV)/.installed
 MODEL_DIR ?= build/bert-sentiment
+MODEL_CONFIG ?= config/model-config.yaml
 MAR       := model_store/bert.mar
+MAR_SOURCE = $(MAR).source
+PACKAGE    = $(PY) scripts/package.py --model-dir $(MODEL_DIR) --model-config $(MODEL_CONFIG) --export-path $(dir $(MAR))
 STATE_DIR ?= .run
 
 BENCH     := $(VENV)/.bench-installed
 P99_MS    ?= 200
 CONCURRENCY ?= 8
 
-.PHONY: install model package serve stop status metrics smoke test unit check bench tune chaos soak deploy-layout clean distclean
+.PHONY: install model package serve stop status metrics smoke test unit check bench tune chaos soak fuzz deploy-layout clean distclean FORCE
 
 install: $(STAMP)
 
@@ -24,12 +27,18 @@ build/bert-sentiment/config.json: scripts/build_model.py bert_serve/harness/trai
 
 model: build/bert-sentiment/config.json
 
-$(MAR): $(MODEL_DIR)/config.json handler/*.py config/model-config.yaml scripts/package.py | $(STAMP)
-	$(PY) scripts/package.py --model-dir $(MODEL_DIR)
+# The .mar follows what it was built from, not file times alone: this stamp records the model
+# folder (its files' sizes and times) and the handler config (its hash), and is rewritten only
+# when they differ from the last build, e.g. another MODEL_DIR, even one older than the .mar.
+$(MAR_SOURCE): $(MODEL_DIR)/config.json FORCE | $(STAMP)
+	@$(PACKAGE) --stamp-only
+
+$(MAR): $(MAR_SOURCE) handler/*.py scripts/package.py bert_serve/harness/archive.py | $(STAMP)
+	$(PACKAGE)
 
 ## package: rebuild the .mar (MODEL_DIR=path/to/hf-folder to serve your own model)
 package: $(STAMP) $(MODEL_DIR)/config.json
-	$(PY) scripts/package.py --model-dir $(MODEL_DIR)
+	$(PACKAGE)
 
 ## serve: install, build, package, start TorchServe and wait until the model is READY
 serve:
@@ -71,6 +80,10 @@ tune: $(MAR) $(BENCH)
 chaos: $(MAR) $(BENCH)
 	$(PY) scripts/chaos.py --out docs/chaos
 
+## fuzz: schemathesis from docs/openapi.yaml against a real server, 5 minutes -> docs/fuzz/fuzz.json
+fuzz: $(MAR) | $(STAMP)
+	$(PY) scripts/fuzz.py --max-examples 500 --max-time 300 --out docs/fuzz
+
 ## soak: 10 minutes of steady mixed traffic: RSS, rps and log growth -> docs/soak/
 soak: $(MAR) | $(STAMP)
 	$(PY) scripts/soak.py --out docs/soak
@@ -91,7 +104,7 @@ check: $(STAMP)
 	$(VENV)/bin/pip-audit --skip-editable --progress-spinner off
 
 clean: stop
-	rm -rf build $(STATE_DIR) model_store/*.mar .pytest_cache
+	rm -rf build $(STATE_DIR) model_store/*.mar model_store/*.mar.source .pytest_cache
 
 distclean: clean
 	rm -rf $(VENV)

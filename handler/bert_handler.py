@@ -17,7 +17,7 @@ from ts.torch_handler.base_handler import BaseHandler
 
 from handler.decoding import Rejected
 from handler.errors import ErrorCode
-from handler.inference import BatchStats, Prediction, classify
+from handler.inference import BatchStats, Prediction, TextInput, classify
 from handler.metrics import MetricsEmitter
 from handler.model import LoadedModel, load_model
 from handler.open_inference import route_content_type
@@ -91,7 +91,7 @@ class BertHandler(BaseHandler):  # type: ignore[misc]
         self.metrics = MetricsEmitter(context.metrics, context.model_name)
         self.initialized = True
 
-    def classify(self, texts: Sequence[str]) -> tuple[list[Prediction], BatchStats]:
+    def classify(self, texts: Sequence[TextInput]) -> tuple[list[Prediction], BatchStats]:
         return classify(
             self.loaded, texts, self.settings.max_length, self.settings.max_batch_tokens
         )

@@ -1,12 +1,13 @@
 """The one table of per-item errors: code, HTTP status, reason phrase.
 
     code               status  when
-    empty_text         400     the text is empty or only white space
+    empty_text         400     the text (or text_pair) is empty or only white space
     missing_field      400     a JSON object without a "text" field
-    invalid_type       400     "text" is not a string, or the JSON body is not an object
+    invalid_type       400     "text" / "text_pair" is not a string, or the body is not an object
     invalid_json       400     Content-Type is JSON but the body does not parse
     invalid_encoding   400     the body is not valid UTF-8
-    payload_too_large  413     the text has more characters than max_chars
+    invalid_option     400     "top_k" or "raw_scores" has a value the API does not accept
+    payload_too_large  413     the text (or text_pair) has more characters than max_chars
     internal_error     500     the model failed on this batch; a bug or a resource problem
 
 Every error answers the same body shape, built by ``error_body``.
@@ -24,6 +25,7 @@ class ErrorCode(StrEnum):
     INVALID_TYPE = "invalid_type"
     INVALID_JSON = "invalid_json"
     INVALID_ENCODING = "invalid_encoding"
+    INVALID_OPTION = "invalid_option"
     PAYLOAD_TOO_LARGE = "payload_too_large"
     INTERNAL_ERROR = "internal_error"
 
@@ -34,6 +36,7 @@ HTTP_STATUS: dict[ErrorCode, tuple[int, str]] = {
     ErrorCode.INVALID_TYPE: (400, "Bad Request"),
     ErrorCode.INVALID_JSON: (400, "Bad Request"),
     ErrorCode.INVALID_ENCODING: (400, "Bad Request"),
+    ErrorCode.INVALID_OPTION: (400, "Bad Request"),
     ErrorCode.PAYLOAD_TOO_LARGE: (413, "Payload Too Large"),
     ErrorCode.INTERNAL_ERROR: (500, "Internal Server Error"),
 }

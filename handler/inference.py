@@ -1,27 +1,34 @@
 """Stages 2 and 3: tokenize the valid texts of a batch together, run them, score them.
 
-Texts are tokenized once per batch without padding, then grouped by length into
-sub-batches whose padded size (rows x longest row) stays under ``max_batch_tokens``, so one
-long text does not make every short batch-mate pay for its padding. When the whole batch
-fits the budget it is one forward pass.
+Texts and text pairs are tokenized once per batch without padding, then grouped by length
+into sub-batches whose padded size (rows x longest row) stays under ``max_batch_tokens``, so
+one long text does not make every short batch-mate pay for its padding. When the whole batch
+fits the budget it is one forward pass. Scores come from the logits by the model's score
+function (``handler.scoring``); per-request options are applied afterwards, per request.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
+from handler.decoding import ScoreOptions
 from handler.model import LoadedModel
+from handler.scoring import apply_score_function
+
+TextInput = str | tuple[str, str]
+"""One item to classify: a text, or a (text, text_pair) pair tokenized as one input."""
 
 
 @dataclass(frozen=True)
 class TokenizedText:
     input_ids: list[int]
     truncated: bool
+    token_type_ids: list[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -30,6 +37,10 @@ class Prediction:
     score: float
     scores: dict[str, float]
     truncated: bool
+    labels: list[str] | None = None
+    """Multi-label models only: every label scoring at least the threshold, best first."""
+    raw_scores: dict[str, float] | None = None
+    """The logits, kept until the request's options are applied; never answered as such."""
 
 
 @dataclass
@@ -44,19 +55,28 @@ class BatchStats:
     forward_ms: float = 0.0
 
 
-def tokenize(tokenizer: Any, texts: Sequence[str], max_length: int) -> list[TokenizedText]:
-    """One tokenizer call for the whole batch, truncated at ``max_length``, not padded."""
-    encoded = tokenizer(
-        list(texts),
-        truncation=True,
-        max_length=max_length,
-        padding=False,
-        return_attention_mask=False,
-        return_token_type_ids=False,
+def tokenize(tokenizer: Any, texts: Sequence[TextInput], max_length: int) -> list[TokenizedText]:
+    """One tokenizer call for the whole batch, singles and pairs mixed, not padded.
+
+    The fast tokenizer's Rust backend takes a mixed batch of texts and (text, text_pair)
+    tuples in one ``encode_batch``. Truncation is what transformers applies for
+    ``truncation=True``: ``longest_first`` at ``max_length``, on the tokenizer's side, so
+    a pair loses tokens from whichever of its texts is longer at each step. The backend is
+    reconfigured on every call, as transformers itself does before each encode.
+    """
+    backend = tokenizer.backend_tokenizer
+    backend.enable_truncation(
+        max_length, strategy="longest_first", direction=tokenizer.truncation_side
     )
+    backend.no_padding()
+    encodings = backend.encode_batch(list(texts), add_special_tokens=True)
     return [
-        TokenizedText(input_ids=list(ids), truncated=bool(encoding.overflowing))
-        for ids, encoding in zip(encoded["input_ids"], encoded.encodings, strict=True)
+        TokenizedText(
+            input_ids=list(encoding.ids),
+            truncated=bool(encoding.overflowing),
+            token_type_ids=list(encoding.type_ids),
+        )
+        for encoding in encodings
     ]
 
 
@@ -74,58 +94,96 @@ def plan_sub_batches(lengths: Sequence[int], max_batch_tokens: int) -> list[list
     return groups
 
 
+def pad_rows(rows: Sequence[list[int]], pad_value: int) -> torch.Tensor:
+    """Rows padded on the right to the longest one, as a CPU tensor."""
+    width = max(len(row) for row in rows)
+    padded = torch.full((len(rows), width), pad_value, dtype=torch.long)
+    for position, row in enumerate(rows):
+        padded[position, : len(row)] = torch.tensor(row, dtype=torch.long)
+    return padded
+
+
 def collate(rows: Sequence[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Pad to the longest row of this group: input ids and attention mask on the CPU."""
-    width = max(len(row) for row in rows)
-    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for position, row in enumerate(rows):
-        input_ids[position, : len(row)] = torch.tensor(row, dtype=torch.long)
-        attention_mask[position, : len(row)] = 1
-    return input_ids, attention_mask
+    return pad_rows(rows, pad_id), pad_rows([[1] * len(row) for row in rows], 0)
 
 
 def forward(
-    loaded: LoadedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor
-) -> list[list[float]]:
-    """Class probabilities per row, as plain floats: one move to the device and one back.
+    loaded: LoadedModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    token_type_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Float32 logits on the CPU, one row per input: one move to the device and one back.
 
     On CUDA the host tensors are pinned (when enabled) so the copy can be asynchronous, and the
-    forward runs under fp16 autocast when ``half_precision`` is on; softmax is always float32.
+    forward runs under fp16 autocast when ``half_precision`` is on; logits leave as float32.
     """
     device = loaded.device
     on_cuda = device.type == "cuda"
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+    if token_type_ids is not None:
+        inputs["token_type_ids"] = token_type_ids
     if on_cuda and loaded.pin_memory:
-        input_ids, attention_mask = input_ids.pin_memory(), attention_mask.pin_memory()
+        inputs = {name: tensor.pin_memory() for name, tensor in inputs.items()}
     with (
         torch.inference_mode(),
         torch.autocast(
             device_type=device.type, dtype=torch.float16, enabled=on_cuda and loaded.half_precision
         ),
     ):
-        logits = loaded.model(
-            input_ids=input_ids.to(device, non_blocking=on_cuda),
-            attention_mask=attention_mask.to(device, non_blocking=on_cuda),
-        ).logits
-        probabilities = torch.softmax(logits.float(), dim=-1)
-    rows: list[list[float]] = probabilities.cpu().tolist()
-    return rows
+        on_device = {name: t.to(device, non_blocking=on_cuda) for name, t in inputs.items()}
+        logits: torch.Tensor = loaded.model(**on_device).logits.float().cpu()
+    return logits
 
 
 def to_prediction(
-    probabilities: Sequence[float], labels: Sequence[str], truncated: bool
+    scores: Sequence[float],
+    labels: Sequence[str],
+    truncated: bool,
+    logits: Sequence[float] | None = None,
+    multi_label_threshold: float | None = None,
 ) -> Prediction:
-    best = max(range(len(probabilities)), key=lambda i: probabilities[i])
+    """The best label, every label's score, and for a multi-label model the labels it gives."""
+    best = max(range(len(scores)), key=lambda i: scores[i])
+    given = None
+    if multi_label_threshold is not None:
+        order = sorted(range(len(scores)), key=lambda i: scores[i], reverse=True)
+        given = [labels[i] for i in order if scores[i] >= multi_label_threshold]
     return Prediction(
         label=labels[best],
-        score=float(probabilities[best]),
-        scores={label: float(p) for label, p in zip(labels, probabilities, strict=True)},
+        score=float(scores[best]),
+        scores={label: float(s) for label, s in zip(labels, scores, strict=True)},
         truncated=truncated,
+        labels=given,
+        raw_scores=(
+            None
+            if logits is None
+            else {label: float(s) for label, s in zip(labels, logits, strict=True)}
+        ),
     )
 
 
+def with_options(prediction: Prediction, options: ScoreOptions) -> Prediction:
+    """The prediction as one request asked for it: logits or scores, top k or every label.
+
+    ``label`` and ``labels`` stay the model's decision; only ``score`` and ``scores`` change.
+    """
+    if options == ScoreOptions():
+        return prediction
+    scores = prediction.scores
+    if options.raw_scores:
+        if prediction.raw_scores is None:
+            raise AssertionError("raw scores were asked for but not kept; this is a bug")
+        scores = prediction.raw_scores
+    if options.top_k is not None:
+        best_first = sorted(scores.items(), key=lambda item: item[1], reverse=True)
+        scores = dict(best_first[: options.top_k])
+    return replace(prediction, score=scores[prediction.label], scores=scores, raw_scores=None)
+
+
 def classify(
-    loaded: LoadedModel, texts: Sequence[str], max_length: int, max_batch_tokens: int
+    loaded: LoadedModel, texts: Sequence[TextInput], max_length: int, max_batch_tokens: int
 ) -> tuple[list[Prediction], BatchStats]:
     """Predictions in the order of ``texts``; may raise if the model fails."""
     stats = BatchStats(texts=len(texts))
@@ -135,20 +193,38 @@ def classify(
     tokenized = tokenize(loaded.tokenizer, texts, max_length)
     stats.tokenize_ms = (time.perf_counter() - started) * 1000
     lengths = [len(item.input_ids) for item in tokenized]
-    probabilities: list[list[float]] = [[] for _ in texts]
+    logits: list[list[float]] = [[] for _ in texts]
+    scores: list[list[float]] = [[] for _ in texts]
     started = time.perf_counter()
     for group in plan_sub_batches(lengths, max_batch_tokens):
+        rows = [tokenized[i] for i in group]
         input_ids, attention_mask = collate(
-            [tokenized[i].input_ids for i in group], loaded.tokenizer.pad_token_id
+            [row.input_ids for row in rows], loaded.tokenizer.pad_token_id
         )
-        for index, row in zip(group, forward(loaded, input_ids, attention_mask), strict=True):
-            probabilities[index] = row
+        token_type_ids = None
+        if loaded.uses_token_types:
+            token_type_ids = pad_rows(
+                [row.token_type_ids or [0] * len(row.input_ids) for row in rows],
+                loaded.tokenizer.pad_token_type_id,
+            )
+        group_logits = forward(loaded, input_ids, attention_mask, token_type_ids)
+        group_scores = apply_score_function(loaded.score_function, group_logits)
+        for index, raw, scored in zip(
+            group, group_logits.tolist(), group_scores.tolist(), strict=True
+        ):
+            logits[index], scores[index] = raw, scored
         stats.sub_batches.append(len(group))
         stats.real_tokens += sum(lengths[i] for i in group)
         stats.padded_tokens += input_ids.numel()
     stats.forward_ms = (time.perf_counter() - started) * 1000
     predictions = [
-        to_prediction(probabilities[i], loaded.labels, tokenized[i].truncated)
+        to_prediction(
+            scores[i],
+            loaded.labels,
+            tokenized[i].truncated,
+            logits[i],
+            loaded.multi_label_threshold,
+        )
         for i in range(len(texts))
     ]
     return predictions, stats

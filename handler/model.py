@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+from handler.scoring import ScoreFunction, resolve_score_function
 from handler.settings import HandlerSettings
 
 logger = logging.getLogger(__name__)
@@ -24,6 +25,11 @@ class LoadedModel:
     device: torch.device
     half_precision: bool = False
     pin_memory: bool = False
+    score_function: ScoreFunction = ScoreFunction.SOFTMAX
+    multi_label_threshold: float | None = None
+    """Set for multi-label models (sigmoid over several labels): answers carry ``labels``."""
+    uses_token_types: bool = False
+    """The tokenizer's model inputs include token type ids (BERT yes; RoBERTa, DistilBERT no)."""
 
 
 def select_device(preference: str, gpu_id: int | None) -> torch.device:
@@ -71,11 +77,18 @@ def load_model(model_dir: Path, settings: HandlerSettings, gpu_id: int | None) -
             f"max_length {settings.max_length} exceeds the model's {positions} positions"
         )
     labels = label_names(model.config.id2label, model.config.num_labels, settings.labels)
+    function, source = resolve_score_function(
+        getattr(model.config, "problem_type", None), len(labels), settings.score_function
+    )
+    multi_label = function is ScoreFunction.SIGMOID and len(labels) > 1
     logger.info(
-        "loaded %s on %s: labels=%s max_length=%d torch_threads=%d",
+        "loaded %s on %s: labels=%s score_function=%s %s%s max_length=%d torch_threads=%d",
         model.config.model_type,
         device,
         list(labels),
+        function.value,
+        source,
+        f" multi_label_threshold={settings.multi_label_threshold}" if multi_label else "",
         settings.max_length,
         torch.get_num_threads(),
     )
@@ -86,6 +99,9 @@ def load_model(model_dir: Path, settings: HandlerSettings, gpu_id: int | None) -
         device=device,
         half_precision=settings.half_precision,
         pin_memory=settings.pin_memory,
+        score_function=function,
+        multi_label_threshold=settings.multi_label_threshold if multi_label else None,
+        uses_token_types="token_type_ids" in tokenizer.model_input_names,
     )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from handler.decoding import (
@@ -23,7 +23,7 @@ from handler.decoding import (
     decode_request,
 )
 from handler.errors import HTTP_STATUS, ErrorCode, error_body
-from handler.inference import BatchStats, Prediction
+from handler.inference import BatchStats, Prediction, TextInput, with_options
 from handler.open_inference import (
     InferRejected,
     InferRequest,
@@ -54,7 +54,7 @@ class InferOutcome(ListOutcome):
 
 Outcome = ItemOutcome | ListOutcome
 Slot = tuple[int, int | None]
-Classifier = Callable[[Sequence[str]], tuple[list[Prediction], BatchStats]]
+Classifier = Callable[[Sequence[TextInput]], tuple[list[Prediction], BatchStats]]
 BatchObserver = Callable[[Sequence[Outcome], BatchStats], None]
 
 
@@ -91,34 +91,48 @@ def safe_decode(
         return Rejected(ErrorCode.INTERNAL_ERROR, "the request could not be decoded (server bug)")
 
 
-def valid_slots(decoded: Sequence[Decoded]) -> list[tuple[Slot, str]]:
-    """Every valid text of the batch with its place: (request index, index in its list or None)."""
-    slots: list[tuple[Slot, str]] = []
+def valid_slots(decoded: Sequence[Decoded]) -> list[tuple[Slot, TextInput]]:
+    """Every valid text (or pair) of the batch with its place: (request index, index in its
+    list or None)."""
+    slots: list[tuple[Slot, TextInput]] = []
     for index, item in enumerate(decoded):
         if isinstance(item, ValidText):
-            slots.append(((index, None), item.text))
+            slots.append(((index, None), model_input(item)))
         elif isinstance(item, TextList):
             slots += [
-                ((index, j), sub.text)
+                ((index, j), model_input(sub))
                 for j, sub in enumerate(item.items)
                 if isinstance(sub, ValidText)
             ]
     return slots
 
 
+def model_input(valid: ValidText) -> TextInput:
+    return valid.text if valid.text_pair is None else (valid.text, valid.text_pair)
+
+
 def assemble(index: int, item: Decoded, results: dict[Slot, ItemOutcome]) -> Outcome:
-    """Put the results back into the shape of the request they came from."""
+    """Put the results back into the shape of the request they came from, each answered
+    with its request's options."""
     if isinstance(item, Rejected):
         return item
     if isinstance(item, ValidText):
-        return results.get((index, None), _placeholder())
+        return _answered(item, results.get((index, None)))
     items = tuple(
-        sub if isinstance(sub, Rejected) else results.get((index, j), _placeholder())
+        sub if isinstance(sub, Rejected) else _answered(sub, results.get((index, j)))
         for j, sub in enumerate(item.items)
     )
     if isinstance(item, InferRequest):
         return InferOutcome(items, item.field, request=item)
     return ListOutcome(items, item.field)
+
+
+def _answered(valid: ValidText, result: ItemOutcome | None) -> ItemOutcome:
+    if result is None:
+        return _placeholder()
+    if isinstance(result, Rejected):
+        return result
+    return with_options(result, valid.options)
 
 
 def classify_valid(
@@ -170,14 +184,27 @@ def render(outcome: Outcome, request_id: str) -> Response:
         body = {LIST_ANSWER_KEYS[outcome.field]: entries, "request_id": request_id}
     else:
         status, phrase = 200, "OK"
-        body = {**asdict(outcome), "request_id": request_id}
+        body = {**prediction_fields(outcome), "request_id": request_id}
     return Response(status=status, phrase=phrase, body=json.dumps(body))
+
+
+def prediction_fields(prediction: Prediction) -> dict[str, Any]:
+    """The answer's fields: label, score, scores, truncated, and labels for multi-label models."""
+    fields: dict[str, Any] = {
+        "label": prediction.label,
+        "score": prediction.score,
+        "scores": prediction.scores,
+        "truncated": prediction.truncated,
+    }
+    if prediction.labels is not None:
+        fields["labels"] = prediction.labels
+    return fields
 
 
 def _list_entry(item: ItemOutcome) -> dict[str, Any]:
     if isinstance(item, Rejected):
         return {"error": {"code": item.code.value, "message": item.message}}
-    return asdict(item)
+    return prediction_fields(item)
 
 
 def run_batch(

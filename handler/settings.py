@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
+SCORE_FUNCTION_CHOICES = ("auto", "softmax", "sigmoid", "none")
 ATTENTION_CHOICES = ("sdpa", "eager")
 
 
@@ -42,6 +43,11 @@ class HandlerSettings:
     """CUDA only: pin host tensors so the copy to the GPU is asynchronous."""
     quantize_int8: bool = False
     """CPU only: dynamic int8 quantization of the Linear layers (see README for its cost)."""
+    score_function: str = "auto"
+    """``auto`` follows the model config like transformers' pipeline; ``softmax``,
+    ``sigmoid`` or ``none`` pick the function for a model whose config has no problem_type."""
+    multi_label_threshold: float = 0.5
+    """Multi-label models: a label is given (in ``labels``) when its score is at least this."""
 
     def __post_init__(self) -> None:
         _require(self.max_length >= 8, f"max_length must be at least 8, got {self.max_length}")
@@ -68,6 +74,14 @@ class HandlerSettings:
             len(set(self.labels)) == len(self.labels),
             f"labels must be unique, got {list(self.labels)}",
         )
+        _require(
+            self.score_function in SCORE_FUNCTION_CHOICES,
+            f"score_function must be one of {SCORE_FUNCTION_CHOICES}, got {self.score_function!r}",
+        )
+        _require(
+            0.0 <= self.multi_label_threshold <= 1.0,
+            f"multi_label_threshold must be between 0 and 1, got {self.multi_label_threshold}",
+        )
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any] | None) -> HandlerSettings:
@@ -90,6 +104,12 @@ def _checked(name: str, default: Any, value: Any) -> Any:
         return tuple(value)
     if isinstance(default, bool):
         _require(isinstance(value, bool), f"{name} must be true or false, got {value!r}")
+    elif isinstance(default, float):
+        _require(
+            isinstance(value, int | float) and not isinstance(value, bool),
+            f"{name} must be a number, got {value!r}",
+        )
+        return float(value)
     elif isinstance(default, int):
         _require(
             isinstance(value, int) and not isinstance(value, bool),

@@ -8,8 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
 from tests.worker_harness import Worker, build_worker
 
@@ -33,24 +31,9 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     1e-2 apart while batching noise stays near 1e-7: with the usual init every text scores
     within 5e-5 of every other and a "same scores within 1e-4" test could never fail.
     """
-    torch.manual_seed(0)
-    out = tmp_path_factory.mktemp("tiny-bert")
-    tokenizer = AutoTokenizer.from_pretrained(encoder_dir(), local_files_only=True)
-    config = BertConfig(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        initializer_range=0.3,
-        max_position_embeddings=512,
-        num_labels=2,
-        id2label=dict(enumerate(LABELS)),
-        label2id={label: i for i, label in enumerate(LABELS)},
-    )
-    BertForSequenceClassification(config).save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
-    return out
+    from tests.heads import Head, build_head_model
+
+    return build_head_model(tmp_path_factory.mktemp("tiny-bert"), Head(LABELS, None), "tiny")
 
 
 @pytest.fixture(scope="session")
@@ -76,3 +59,20 @@ def tiny_worker(
         return workers[key]
 
     return worker
+
+
+@pytest.fixture(scope="session")
+def head_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """``head_model_dir(kind, encoder="tiny")``: a classifier of that kind of head (see
+    tests/heads.py), built once per session."""
+    from tests.heads import build_head_model
+
+    built: dict[tuple[str, str], Path] = {}
+
+    def get(kind: str, encoder: str = "tiny") -> Path:
+        if (kind, encoder) not in built:
+            out = tmp_path_factory.mktemp(f"{kind}-{encoder}")
+            built[kind, encoder] = build_head_model(out, kind, encoder)
+        return built[kind, encoder]
+
+    return get

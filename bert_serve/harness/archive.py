@@ -1,31 +1,167 @@
-""".mar variants: the default model packaged with a changed model config, in a store of its own.
+"""Packaging a Hugging Face sequence-classification folder and the handler as a .mar.
 
-Packaging itself is ``scripts/package.py``'s ``package()`` (what ``make package`` runs); it is
-loaded from its file here so that the tuner and the tests call that very function.
+The archive holds ``bert_handler.py`` (TorchServe's entry point), the ``handler`` package
+itself (the same files the unit tests import) under ``handler/``, the model under
+``model/`` (config, safetensors weights, tokenizer: never pickled weights),
+``config/model-config.yaml`` as the model config, and ``mar-source.json``: which model
+folder (each file's size and modification time) and which handler config (its sha256) it
+was built from. The same record is kept beside the archive as ``bert.mar.source``, a stamp
+the Makefile refreshes with ``--stamp-only`` and that is rewritten only when the record
+changes, so ``make serve MODEL_DIR=X`` repackages whenever X is not what the .mar holds,
+even when X's files are older than the .mar.
+
+``scripts/package.py`` (``make package``) is the command; the tuner and the tests call
+``package`` and ``package_variant`` from here.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import yaml
 
-from bert_serve.harness.config import ROOT
+from bert_serve.harness.config import MODEL_NAME, MODEL_VERSION, ROOT
 
-PACKAGE_SCRIPT = ROOT / "scripts" / "package.py"
 DEFAULT_MODEL_DIR = ROOT / "build" / "bert-sentiment"
+HANDLER_DIR = ROOT / "handler"
+MODEL_CONFIG = ROOT / "config" / "model-config.yaml"
+PICKLED_SUFFIXES = {".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".h5", ".msgpack"}
+BATCH_KEYS = {"batchSize", "maxBatchDelay", "minWorkers", "maxWorkers"}
+SOURCE_FILE = "mar-source.json"
+STAMP_SUFFIX = ".source"
 
 
-def package_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bert_serve_package_script", PACKAGE_SCRIPT)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {PACKAGE_SCRIPT}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def check_model_dir(model_dir: Path) -> None:
+    """Fail early, with the reason, on a folder TorchServe could not serve."""
+    config_file = model_dir / "config.json"
+    if not config_file.is_file():
+        raise SystemExit(f"{model_dir}: no config.json; expected a Hugging Face model folder")
+    if not list(model_dir.glob("*.safetensors")):
+        raise SystemExit(f"{model_dir}: no .safetensors weights (pickled weights are not accepted)")
+    if not (model_dir / "tokenizer.json").is_file() and not (model_dir / "vocab.txt").is_file():
+        raise SystemExit(f"{model_dir}: no tokenizer (tokenizer.json or vocab.txt)")
+    config = json.loads(config_file.read_text())
+    architectures = config.get("architectures") or []
+    if not any(name.endswith("ForSequenceClassification") for name in architectures):
+        raise SystemExit(
+            f"{model_dir}: architectures {architectures} has no *ForSequenceClassification"
+        )
+    if not config.get("id2label"):
+        raise SystemExit(f"{model_dir}: config.json has no id2label")
+
+
+def check_model_config(path: Path) -> None:
+    """Batch settings live in config.properties only; a copy here would silently win."""
+    document = yaml.safe_load(path.read_text()) or {}
+    duplicated = sorted(BATCH_KEYS & set(document))
+    if duplicated:
+        raise SystemExit(
+            f"{path}: {duplicated} belong in config/config.properties, not the model config"
+        )
+
+
+def packaged_files(model_dir: Path) -> list[Path]:
+    return [
+        item
+        for item in sorted(model_dir.iterdir())
+        if item.is_file() and item.suffix not in PICKLED_SUFFIXES
+    ]
+
+
+def source_record(model_dir: Path, model_config: Path = MODEL_CONFIG) -> str:
+    """What an archive is built from, as stable JSON text: the model folder with each packaged
+    file's size and modification time, and the handler config with its content hash."""
+    files = {
+        item.name: {"size": item.stat().st_size, "mtime_ns": item.stat().st_mtime_ns}
+        for item in packaged_files(model_dir)
+    }
+    record = {
+        "model_dir": str(model_dir.resolve()),
+        "model_files": files,
+        "model_config": str(model_config.resolve()),
+        "model_config_sha256": hashlib.sha256(model_config.read_bytes()).hexdigest(),
+    }
+    return json.dumps(record, indent=2, sort_keys=True) + "\n"
+
+
+def stamp_for(archive: Path) -> Path:
+    return archive.with_name(archive.name + STAMP_SUFFIX)
+
+
+def update_stamp(stamp: Path, record: str) -> bool:
+    """Write the record only when it differs, so the stamp's time says when the source last
+    changed (make compares it with the archive's). True when it was rewritten."""
+    if stamp.is_file() and stamp.read_text() == record:
+        return False
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(record)
+    return True
+
+
+def stage(model_dir: Path, staging: Path, record: str) -> None:
+    shutil.copytree(
+        HANDLER_DIR, staging / "handler", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+    )
+    (staging / "model").mkdir()
+    for item in packaged_files(model_dir):
+        shutil.copy2(item, staging / "model" / item.name)
+    (staging / SOURCE_FILE).write_text(record)
+
+
+def archiver_command() -> str:
+    """The archiver installed beside this Python, so a venv works without being activated."""
+    return (
+        shutil.which("torch-model-archiver", path=str(Path(sys.executable).parent))
+        or "torch-model-archiver"
+    )
+
+
+def package(model_dir: Path, export_path: Path, model_config: Path = MODEL_CONFIG) -> Path:
+    """Build ``export_path/bert.mar``. Its stamp is refreshed first: a failed build then
+    leaves a stamp newer than the old archive, so make tries again.
+
+    torch-model-archiver stages every archive in ``$TMPDIR/<model name>``, which it empties
+    first, so two packagings at once on one machine would mix or delete each other's files;
+    each run gets a TMPDIR of its own."""
+    check_model_dir(model_dir)
+    check_model_config(model_config)
+    export_path.mkdir(parents=True, exist_ok=True)
+    archive = export_path / f"{MODEL_NAME}.mar"
+    record = source_record(model_dir, model_config)
+    update_stamp(stamp_for(archive), record)
+    with tempfile.TemporaryDirectory(prefix="bert-mar-") as temp:
+        staging = Path(temp) / "extra"
+        staging.mkdir()
+        stage(model_dir, staging, record)
+        subprocess.run(
+            [
+                archiver_command(),
+                "--model-name",
+                MODEL_NAME,
+                "--version",
+                MODEL_VERSION,
+                "--handler",
+                str(HANDLER_DIR / "bert_handler.py"),
+                "--extra-files",
+                str(staging),
+                "--config-file",
+                str(model_config),
+                "--export-path",
+                str(export_path),
+                "--force",
+            ],
+            check=True,
+            env=os.environ | {"TMPDIR": temp},
+        )
+    return archive
 
 
 def package_variant(
@@ -36,11 +172,10 @@ def package_variant(
 ) -> Path:
     """Package ``model_dir`` into ``store`` with config/model-config.yaml changed: ``changes``
     at its top level (e.g. responseTimeout), ``handler_changes`` in its ``handler:`` section."""
-    script = package_script()
-    config = yaml.safe_load(Path(script.MODEL_CONFIG).read_text())
+    config = yaml.safe_load(MODEL_CONFIG.read_text())
     config |= changes or {}
     config["handler"] = config["handler"] | (handler_changes or {})
     store.mkdir(parents=True, exist_ok=True)
     config_file = store / "model-config.yaml"
     config_file.write_text(yaml.safe_dump(config))
-    return Path(script.package(model_dir, store, config_file))
+    return package(model_dir, store, config_file)

@@ -265,8 +265,8 @@ def wait_ready(server: Server, timeout: float) -> None:
             ping = requests.get(f"{server.inference_url}/ping", headers=server.headers(), timeout=5)
             if ping.status_code == 200 and server.workers_ready():
                 return
-        except requests.RequestException:
-            pass
+        except (requests.RequestException, ValueError, KeyError):
+            pass  # not up yet; TorchServe also leaves key_file.json briefly empty while writing it
         time.sleep(0.5)
     raise ServerError(
         f"TorchServe was not ready within {timeout:.0f} s; see {server.state_dir / 'logs'}"

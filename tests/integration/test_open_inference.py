@@ -23,10 +23,14 @@ NEGATIVE = "A tedious, joyless mess."
 
 @pytest.fixture(scope="module")
 def client(server) -> triton.InferenceServerClient:
-    return triton.InferenceServerClient(server.inference_url.removeprefix("http://"), connection_timeout=60, network_timeout=60)
+    return triton.InferenceServerClient(
+        server.inference_url.removeprefix("http://"), connection_timeout=60, network_timeout=60
+    )
 
 
-def text_input(texts: list[str], shape: list[int] | None = None, binary: bool = False) -> triton.InferInput:
+def text_input(
+    texts: list[str], shape: list[int] | None = None, binary: bool = False
+) -> triton.InferInput:
     shape = shape or [len(texts)]
     tensor = triton.InferInput("text", shape, "BYTES")
     tensor.set_data_from_numpy(np.array(texts, dtype=object).reshape(shape), binary_data=binary)
@@ -57,17 +61,23 @@ def test_tritonclient_classifies_a_tensor_of_texts(server, client) -> None:
 def test_shape_n_by_1_and_default_outputs(server, client) -> None:
     """With no outputs named, tritonclient asks for binary outputs; JSON ones are answered and
     it reads them all the same."""
-    result = client.infer("bert", [text_input([NEGATIVE, POSITIVE], [2, 1])], headers=server.headers())
+    result = client.infer(
+        "bert", [text_input([NEGATIVE, POSITIVE], [2, 1])], headers=server.headers()
+    )
     assert list(result.as_numpy("label")) == ["negative", "positive"]
     assert result.get_response()["id"]  # the server's request id when the client sent none
 
 
 def test_scores_equal_the_same_texts_sent_to_predictions(server, client, predict_url) -> None:
     texts = [POSITIVE, "The plot wanders but the acting is superb.", NEGATIVE]
-    result = client.infer("bert", [text_input(texts)], outputs=json_outputs("scores"), headers=server.headers())
+    result = client.infer(
+        "bert", [text_input(texts)], outputs=json_outputs("scores"), headers=server.headers()
+    )
     labels = result.get_output("scores")["parameters"]["labels"]
     plain = [
-        requests.post(predict_url, json={"text": text}, headers=server.headers(), timeout=60).json()["scores"]
+        requests.post(
+            predict_url, json={"text": text}, headers=server.headers(), timeout=60
+        ).json()["scores"]
         for text in texts
     ]
     expected = [[answer[label] for label in json.loads(labels)] for answer in plain]
@@ -91,15 +101,24 @@ def test_concurrent_v2_requests_are_each_answered_as_alone(server, predict_url) 
     """v2 requests sent at once with plain requests of the same texts share TorchServe batches;
     each v2 answer holds its own texts' scores, in order, equal to the plain answers
     (TorchServe's own kservev2 envelope answers only the first request of a batch)."""
-    groups = [[f"review {i}: {'great' if i % 2 else 'awful'} film, scene {j}" for j in range(i % 3 + 1)] for i in range(12)]
+    groups = [
+        [f"review {i}: {'great' if i % 2 else 'awful'} film, scene {j}" for j in range(i % 3 + 1)]
+        for i in range(12)
+    ]
 
     def plain(text: str) -> list[float]:
-        body = requests.post(predict_url, json={"text": text}, headers=server.headers(), timeout=60).json()
+        body = requests.post(
+            predict_url, json={"text": text}, headers=server.headers(), timeout=60
+        ).json()
         return [body["scores"]["negative"], body["scores"]["positive"]]
 
     def v2(texts: list[str]) -> list[list[float]]:
-        local = triton.InferenceServerClient(server.inference_url.removeprefix("http://"), network_timeout=60)
-        result = local.infer("bert", [text_input(texts)], outputs=json_outputs("scores"), headers=server.headers())
+        local = triton.InferenceServerClient(
+            server.inference_url.removeprefix("http://"), network_timeout=60
+        )
+        result = local.infer(
+            "bert", [text_input(texts)], outputs=json_outputs("scores"), headers=server.headers()
+        )
         assert result.get_output("scores")["parameters"]["labels"] == '["negative", "positive"]'
         return result.as_numpy("scores").tolist()
 

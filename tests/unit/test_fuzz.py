@@ -3,7 +3,7 @@
 Every batch goes through ``ts.service.Service.predict`` (tests/worker_harness.py) with a tiny
 random BERT: the answers' labels don't matter, their shape does. Whatever a batch of 1..8
 requests holds (any bytes, any Content-Type, any JSON, absurd nesting, form fields, hostile
-X-Request-ID headers), each request gets exactly one answer, in order, whose body is strict
+X-Request-ID headers, text pairs of any type), each request gets exactly one answer, in order, whose body is strict
 JSON: a 200 prediction or its own 400/413 error, never a 500, and a good item's scores never
 depend on its batch-mates (the tiny model's wide init in tests/conftest.py makes that checkable).
 
@@ -180,6 +180,23 @@ json_documents = st.builds(
         st.builds(  # list requests: any items, sometimes over the 64-text limit
             lambda texts: {"texts": texts},
             st.lists(st.one_of(st.text(any_char, max_size=40), json_scalars), max_size=70),
+        ),
+        st.builds(  # pairs: any second text, any type
+            lambda text, pair: {"text": text, "text_pair": pair},
+            st.one_of(st.text(any_char), near_limit_strings),
+            st.one_of(json_values, near_limit_strings),
+        ),
+        st.builds(  # lists of pairs and texts
+            lambda items: {"texts": items},
+            st.lists(
+                st.one_of(
+                    st.text(any_char, max_size=40),
+                    st.fixed_dictionaries(
+                        {"text": st.text(any_char, max_size=40), "text_pair": json_values}
+                    ),
+                ),
+                max_size=8,
+            ),
         ),
         st.dictionaries(
             st.text(any_char, max_size=8).filter(lambda key: key != "text"), json_values, max_size=4

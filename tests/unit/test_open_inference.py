@@ -61,28 +61,59 @@ def test_requested_outputs_are_kept_in_their_order() -> None:
     [
         ({"inputs": {"name": "text"}}, ErrorCode.INVALID_TYPE, '"inputs" must be an array'),
         ({"inputs": []}, ErrorCode.MISSING_FIELD, 'no "text" input'),
-        ({"inputs": [text_tensor(["a"], name="prompt")]}, ErrorCode.INVALID_TYPE, "unknown input 'prompt'"),
+        (
+            {"inputs": [text_tensor(["a"], name="prompt")]},
+            ErrorCode.INVALID_TYPE,
+            "unknown input 'prompt'",
+        ),
         ({"inputs": [text_tensor(["a"]), text_tensor(["b"])]}, ErrorCode.INVALID_TYPE, "once"),
-        ({"inputs": [{**text_tensor(["a"]), "datatype": "FP32"}]}, ErrorCode.INVALID_TYPE, '"BYTES"'),
+        (
+            {"inputs": [{**text_tensor(["a"]), "datatype": "FP32"}]},
+            ErrorCode.INVALID_TYPE,
+            '"BYTES"',
+        ),
         ({"inputs": [text_tensor(["a", "b"], [1, 2])]}, ErrorCode.INVALID_TYPE, "[n] or [n, 1]"),
         ({"inputs": [text_tensor(["a"], [1, 1, 1])]}, ErrorCode.INVALID_TYPE, "[n] or [n, 1]"),
         ({"inputs": [text_tensor(["a", "b"], [3])]}, ErrorCode.INVALID_TYPE, "3 elements"),
         ({"inputs": [text_tensor([["a", "b"]], [2])]}, ErrorCode.INVALID_TYPE, "2 elements"),
         ({"inputs": [text_tensor("ab", [2])]}, ErrorCode.INVALID_TYPE, "2 elements"),
         ({"inputs": [text_tensor([], [0])]}, ErrorCode.EMPTY_TEXT, "no texts"),
-        ({"inputs": [text_tensor(["a"] * 9)]}, ErrorCode.PAYLOAD_TOO_LARGE, "9 texts; the limit is 8"),
-        ({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1]}]}, ErrorCode.MISSING_FIELD, 'no "data"'),
         (
-            {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "parameters": {"binary_data_size": 9}}]},
+            {"inputs": [text_tensor(["a"] * 9)]},
+            ErrorCode.PAYLOAD_TOO_LARGE,
+            "9 texts; the limit is 8",
+        ),
+        (
+            {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1]}]},
+            ErrorCode.MISSING_FIELD,
+            'no "data"',
+        ),
+        (
+            {
+                "inputs": [
+                    {
+                        "name": "text",
+                        "datatype": "BYTES",
+                        "shape": [1],
+                        "parameters": {"binary_data_size": 9},
+                    }
+                ]
+            },
             ErrorCode.INVALID_TYPE,
             "binary tensor data",
         ),
         (infer_body("a", id=7), ErrorCode.INVALID_TYPE, '"id" must be a string'),
-        (infer_body("a", outputs=[{"name": "logits"}]), ErrorCode.INVALID_TYPE, "unknown output 'logits'"),
+        (
+            infer_body("a", outputs=[{"name": "logits"}]),
+            ErrorCode.INVALID_TYPE,
+            "unknown output 'logits'",
+        ),
         (infer_body("a", parameters=[1]), ErrorCode.INVALID_TYPE, '"parameters" must be an object'),
     ],
 )
-def test_a_malformed_request_is_rejected_as_a_whole(document: dict[str, Any], code: ErrorCode, words: str) -> None:
+def test_a_malformed_request_is_rejected_as_a_whole(
+    document: dict[str, Any], code: ErrorCode, words: str
+) -> None:
     decoded = decode(document)
     assert isinstance(decoded, InferRejected)
     assert decoded.code == code and words in decoded.message
@@ -97,7 +128,9 @@ def test_a_malformed_request_is_rejected_as_a_whole(document: dict[str, Any], co
         (["\ud800"], ErrorCode.INVALID_ENCODING, "text[0]"),
     ],
 )
-def test_a_bad_text_rejects_its_request_naming_its_index(texts: list[Any], code: ErrorCode, place: str) -> None:
+def test_a_bad_text_rejects_its_request_naming_its_index(
+    texts: list[Any], code: ErrorCode, place: str
+) -> None:
     decoded = decode({"inputs": [text_tensor(texts)]})
     assert isinstance(decoded, InferRejected)
     assert decoded.code == code and decoded.message.startswith(place)
@@ -111,22 +144,32 @@ def test_text_pair_must_match_the_text_tensor() -> None:
     assert isinstance(bad_pair, InferRejected) and bad_pair.message.startswith("text_pair[0]")
 
 
-def wire(document: Any, content_type: str | None = "application/json", headers: dict[str, str] | None = None):
+def wire(
+    document: Any,
+    content_type: str | None = "application/json",
+    headers: dict[str, str] | None = None,
+):
     body = document if isinstance(document, bytes) else json.dumps(document).encode()
     return decode_infer({"body": body}, content_type, headers or {}, "bert", MAX_CHARS, 8)
 
 
 def test_only_json_objects_with_inputs_are_v2_requests() -> None:
     assert isinstance(wire(infer_body("a")), InferRequest)
-    assert wire({"text": "mentions \"inputs\" in passing"}) is None
+    assert wire({"text": 'mentions "inputs" in passing'}) is None
     assert wire({"instances": ["a"]}) is None
     assert wire(b'{"inputs": [') is None  # not JSON: the usual decoding answers invalid_json
-    assert wire(infer_body("a"), "text/plain") is None  # a text that looks like JSON, on /predictions
+    assert (
+        wire(infer_body("a"), "text/plain") is None
+    )  # a text that looks like JSON, on /predictions
 
 
 def test_binary_tensor_data_gets_a_clear_400() -> None:
     body = json.dumps({"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES"}]}).encode()
-    rejected = wire(body + b"\x03\x00\x00\x00abc", None, {**KSERVE_ROUTE, "Inference-Header-Content-Length": str(len(body))})
+    rejected = wire(
+        body + b"\x03\x00\x00\x00abc",
+        None,
+        {**KSERVE_ROUTE, "Inference-Header-Content-Length": str(len(body))},
+    )
     assert isinstance(rejected, InferRejected)
     assert rejected.code == ErrorCode.INVALID_TYPE and "binary tensor data" in rejected.message
 
@@ -135,7 +178,10 @@ def test_kserve_routes_take_json_only() -> None:
     """tritonclient sends no Content-Type: on KServe's routes that means JSON; any other type is a 400."""
     assert route_content_type(KSERVE_ROUTE, None) == "application/json"
     assert route_content_type(PREDICTIONS_ROUTE, None) is None
-    assert route_content_type(KSERVE_ROUTE, "application/json; charset=utf-8") == "application/json; charset=utf-8"
+    assert (
+        route_content_type(KSERVE_ROUTE, "application/json; charset=utf-8")
+        == "application/json; charset=utf-8"
+    )
     rejected = wire(infer_body("a"), "application/octet-stream", KSERVE_ROUTE)
     assert isinstance(rejected, InferRejected) and "JSON" in rejected.message
     assert wire(infer_body("a"), "text/plain", PREDICTIONS_ROUTE) is None
@@ -172,16 +218,27 @@ def test_v2_texts_share_the_batchs_one_classifier_call() -> None:
         "data": [fake_prediction("first").label, fake_prediction("second").label],
     }
     labels = json.loads(outputs["scores"]["parameters"]["labels"])
-    assert outputs["scores"]["shape"] == [2, len(labels)] and outputs["scores"]["datatype"] == "FP32"
+    assert (
+        outputs["scores"]["shape"] == [2, len(labels)] and outputs["scores"]["datatype"] == "FP32"
+    )
     expected = [fake_prediction(t).scores[label] for t in ("first", "second") for label in labels]
     assert outputs["scores"]["data"] == pytest.approx(expected)
-    assert outputs["truncated"] == {"name": "truncated", "datatype": "BOOL", "shape": [2], "data": [False, False]}
-    assert json.loads(responses[2].body) == {"error": "empty_text: text[1]: text is empty or only white space"}
+    assert outputs["truncated"] == {
+        "name": "truncated",
+        "datatype": "BOOL",
+        "shape": [2],
+        "data": [False, False],
+    }
+    assert json.loads(responses[2].body) == {
+        "error": "empty_text: text[1]: text is empty or only white space"
+    }
     assert json.loads(responses[4].body)["id"] == "ts-4"
 
 
 def test_a_model_failure_answers_every_v2_request_500_in_the_v2_shape() -> None:
-    responses = run_batch([request(infer_body("a"), 0)], FakeClassifier(error=RuntimeError("boom")), MAX_CHARS)
+    responses = run_batch(
+        [request(infer_body("a"), 0)], FakeClassifier(error=RuntimeError("boom")), MAX_CHARS
+    )
     assert responses[0].status == 500
     assert json.loads(responses[0].body)["error"].startswith("internal_error: ")
 
@@ -195,10 +252,37 @@ def test_through_torchserves_worker_code_v2_scores_equal_plain_requests(service)
     """In ts.service.Service, with the KServe route's headers and no Content-Type (as tritonclient
     sends), a v2 request answers the same scores as the same texts sent as plain requests."""
     texts = ["a fine film", "dull and far too long for its own good", "ok"]
-    v2 = Sent(json.dumps(infer_body(*texts, outputs=[{"name": "scores"}])).encode(), None, (("explain", "False"),))
+    v2 = Sent(
+        json.dumps(infer_body(*texts, outputs=[{"name": "scores"}])).encode(),
+        None,
+        (("explain", "False"),),
+    )
     answers = predict(service.service, [v2, *(Sent(t.encode()) for t in texts)])
     assert [a.status for a in answers] == [200] * 4
     (scores,) = json.loads(answers[0].body)["outputs"]
     labels = json.loads(scores["parameters"]["labels"])
     plain = [json.loads(a.body)["scores"][label] for a in answers[1:] for label in labels]
     assert scores["data"] == pytest.approx(plain, abs=1e-6)
+
+
+def test_through_torchserves_worker_code_v2_pairs_equal_plain_pair_requests(service) -> None:
+    """A v2 request with a text_pair tensor answers what the same pairs answer as JSON pairs."""
+    pairs = [("It rains.", "The street is wet."), ("ok", "a much longer second text than the first")]
+    v2_body = {
+        "inputs": [
+            text_tensor([text for text, _ in pairs]),
+            text_tensor([pair for _, pair in pairs], name="text_pair"),
+        ],
+        "outputs": [{"name": "scores"}],
+    }
+    v2 = Sent(json.dumps(v2_body).encode(), None, (("explain", "False"),))
+    plain = [
+        Sent(json.dumps({"text": text, "text_pair": pair}).encode(), "application/json")
+        for text, pair in pairs
+    ]
+    answers = predict(service.service, [v2, *plain])
+    assert [a.status for a in answers] == [200] * 3
+    (scores,) = json.loads(answers[0].body)["outputs"]
+    labels = json.loads(scores["parameters"]["labels"])
+    expected = [json.loads(a.body)["scores"][label] for a in answers[1:] for label in labels]
+    assert scores["data"] == pytest.approx(expected, abs=1e-6)

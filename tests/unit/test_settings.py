@@ -170,3 +170,40 @@ def test_repository_model_config_has_no_batch_keys(key: str) -> None:
     """Batch and worker keys belong to config.properties; in the .mar config they would win."""
     config = yaml.safe_load(MODEL_CONFIG.read_text(encoding="utf-8"))
     assert key not in config
+
+
+@pytest.mark.parametrize("function", ["auto", "softmax", "sigmoid", "none"])
+def test_score_function_choices(function: str) -> None:
+    """auto follows the model config; the others name the function for a silent config."""
+    assert HandlerSettings.from_mapping({"score_function": function}).score_function == function
+
+
+def test_score_function_choices_are_the_scoring_functions() -> None:
+    from handler.scoring import AUTO, ScoreFunction
+    from handler.settings import SCORE_FUNCTION_CHOICES
+
+    assert SCORE_FUNCTION_CHOICES == (AUTO, *(function.value for function in ScoreFunction))
+
+
+@pytest.mark.parametrize(
+    ("raw", "match"),
+    [
+        pytest.param({"score_function": "Softmax"}, "score_function must be one of", id="case"),
+        pytest.param({"score_function": "tanh"}, "score_function must be one of", id="unknown"),
+        pytest.param({"score_function": None}, "score_function must be a string", id="null"),
+        pytest.param({"multi_label_threshold": 1.5}, "between 0 and 1", id="over-1"),
+        pytest.param({"multi_label_threshold": -0.1}, "between 0 and 1", id="negative"),
+        pytest.param({"multi_label_threshold": float("nan")}, "between 0 and 1", id="nan"),
+        pytest.param({"multi_label_threshold": "0.5"}, "must be a number", id="string"),
+        pytest.param({"multi_label_threshold": True}, "must be a number", id="bool"),
+    ],
+)
+def test_bad_score_settings_are_rejected(raw: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        HandlerSettings.from_mapping(raw)
+
+
+@pytest.mark.parametrize(("value", "expected"), [(0, 0.0), (1, 1.0), (0.35, 0.35)])
+def test_threshold_takes_whole_and_fractional_numbers(value: Any, expected: float) -> None:
+    threshold = HandlerSettings.from_mapping({"multi_label_threshold": value}).multi_label_threshold
+    assert threshold == expected and isinstance(threshold, float)

@@ -1,0 +1,78 @@
+"""schemathesis hooks for `fuzz.run_fuzz`: one check, `conforms`, loaded by config/schemathesis.toml.
+
+`conforms` runs schemathesis' own checks (no 5xx, a documented status, Content-Type, body and
+headers) on every answer, except two that TorchServe's Java frontend gives before any handler
+code runs, which no handler can change (docs/openapi.yaml documents both):
+
+- 413 with an empty body and no Content-Type: the body is over `max_request_size`;
+- 500 `ErrorDataDecoderException` for a form or multipart body its decoder cannot read (an empty
+  field name, a bad %-escape).
+
+Each such answer is appended as a JSON line to the file named by $BERT_SERVE_FUZZ_REFUSALS, so
+the run reports how many it saw instead of hiding them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import schemathesis
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+REFUSALS_ENV = "BERT_SERVE_FUZZ_REFUSALS"
+FORM_MEDIA_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
+BUILT_IN_CHECKS = (
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+    response_headers_conformance,
+)
+
+
+def frontend_refusal(
+    status: int, content_type: str | None, body: bytes, request_media: str
+) -> str | None:
+    """The name of TorchServe's frontend answer this is, or None for an answer to check."""
+    if status == 413 and not body and not content_type:
+        return "body_over_max_request_size"
+    if status == 500 and request_media.startswith(FORM_MEDIA_TYPES):
+        try:
+            kind = json.loads(body).get("type")
+        except (ValueError, AttributeError):
+            return None
+        if kind == "ErrorDataDecoderException":
+            return "form_decoder_error"
+    return None
+
+
+@schemathesis.check
+def conforms(ctx: Any, response: Any, case: Any) -> None:
+    """Every answer conforms to docs/openapi.yaml and none is a 5xx, except TorchServe frontend
+    refusals (module docstring), which are counted."""
+    refusal = frontend_refusal(
+        response.status_code,
+        next(iter(response.headers.get("content-type", [])), None),
+        response.content or b"",
+        str(response.request.headers.get("Content-Type") or "").lower(),
+    )
+    if refusal is not None:
+        _record(refusal, case)
+        return
+    for check in BUILT_IN_CHECKS:
+        check(ctx, response, case)
+
+
+def _record(refusal: str, case: Any) -> None:
+    path = os.environ.get(REFUSALS_ENV)
+    if path:
+        with open(path, "a", encoding="utf-8") as log:
+            log.write(json.dumps({"refusal": refusal, "operation": case.operation.label}) + "\n")

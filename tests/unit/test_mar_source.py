@@ -1,0 +1,118 @@
+"""The .mar follows the model folder and handler config it was built from, not file times.
+
+``make serve MODEL_DIR=X`` used to keep serving the last packaged model whenever the .mar was
+newer than X/config.json. The .mar now records its source (``mar-source.json``) and the
+Makefile rebuilds it whenever that record changes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from bert_serve.harness.archive import MODEL_CONFIG, SOURCE_FILE, source_record, stamp_for
+from tests.conftest import MAR_PATH, REAL_MODEL_DIR, ROOT
+
+
+def recorded_source(archive: Path) -> dict:
+    with zipfile.ZipFile(archive) as mar:
+        return json.loads(mar.read(SOURCE_FILE))
+
+
+def test_the_packaged_mar_is_built_from_the_default_model_and_config() -> None:
+    """The suite tests model_store/bert.mar as the default model: a .mar packaged from another
+    folder, or from an older state of this one or of the handler config, is stale."""
+    if not MAR_PATH.is_file():
+        pytest.fail(f"{MAR_PATH} is missing: run `make package` (make test does it)")
+    recorded = recorded_source(MAR_PATH)
+    current = json.loads(source_record(REAL_MODEL_DIR, MODEL_CONFIG))
+    assert recorded == current, (
+        f"{MAR_PATH} is stale: built from {recorded['model_dir']} "
+        f"(config {recorded['model_config']}); run `make package`"
+    )
+
+
+def make_mar(archive: Path, model_dir: Path, model_config: Path = MODEL_CONFIG) -> str:
+    """``make <archive>`` with this model folder and handler config; its output."""
+    result = subprocess.run(
+        [
+            "make",
+            "--no-print-directory",
+            str(archive),
+            f"MAR={archive}",
+            f"MODEL_DIR={model_dir}",
+            f"MODEL_CONFIG={model_config}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def age(folder: Path, seconds: float) -> None:
+    """Make every file of the folder look ``seconds`` old."""
+    then = time.time() - seconds
+    for item in folder.iterdir():
+        os.utime(item, (then, then))
+
+
+def test_make_repackages_when_the_source_changes(
+    head_model_dir: Callable[..., Path], tmp_path: Path
+) -> None:
+    """Another model folder, even one whose files are older than the .mar, or an edited handler
+    config, repackages; nothing changed, nothing is rebuilt."""
+    archive = tmp_path / "store" / "bert.mar"
+    first = shutil.copytree(head_model_dir("multi_label"), tmp_path / "multi-label")
+    second = shutil.copytree(head_model_dir("pair"), tmp_path / "pair")
+    age(second, 86_400)
+
+    assert "packaged" in make_mar(archive, first)
+    assert recorded_source(archive)["model_dir"] == str(first)
+    assert "packaged" not in make_mar(archive, first), "rebuilt with nothing changed"
+
+    assert "packaged" in make_mar(archive, second), "an older model folder was not packaged"
+    assert recorded_source(archive)["model_dir"] == str(second)
+    with zipfile.ZipFile(archive) as mar:
+        packed_config = json.loads(mar.read("model/config.json"))
+    assert packed_config["id2label"]["0"] == "entailment"
+
+    config = tmp_path / "model-config.yaml"
+    config.write_text(MODEL_CONFIG.read_text().replace("max_length: 128", "max_length: 64"))
+    age(tmp_path, 86_400)
+    assert "packaged" in make_mar(archive, second, config), "an edited config was not packaged"
+    assert "packaged" not in make_mar(archive, second, config)
+
+    (second / "config.json").write_text((second / "config.json").read_text() + "\n")
+    age(second, 3 * 86_400)
+    assert "packaged" in make_mar(archive, second, config), "a changed model file was not packaged"
+    assert stamp_for(archive).read_text() == source_record(second, config)
+
+
+def test_packagings_at_the_same_time_do_not_mix(
+    head_model_dir: Callable[..., Path], tmp_path: Path
+) -> None:
+    """torch-model-archiver stages every "bert" archive in $TMPDIR/bert: without a TMPDIR of
+    its own, concurrent runs (tests, tune, another checkout) fail or pack each other's files."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from bert_serve.harness.archive import package
+
+    kinds = ["multi_label", "pair", "regression", "one_logit"] * 2
+    jobs = [(head_model_dir(kind), tmp_path / f"store-{i}") for i, kind in enumerate(kinds)]
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        archives = list(pool.map(lambda job: package(*job), jobs))
+    for (model_dir, _), archive in zip(jobs, archives, strict=True):
+        with zipfile.ZipFile(archive) as mar:
+            assert mar.read("model/config.json") == (model_dir / "config.json").read_bytes()
+            assert recorded_source(archive)["model_dir"] == str(model_dir)

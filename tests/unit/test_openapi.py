@@ -1,0 +1,121 @@
+"""docs/openapi.yaml: a valid OpenAPI 3 document, in step with the error table and the handler."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import yaml
+from openapi_schema_validator import OAS30Validator
+from openapi_spec_validator import validate
+
+from handler.errors import HTTP_STATUS
+from handler.pipeline import IncomingRequest, run_batch
+from tests.conftest import ROOT
+from tests.unit.test_pipeline import FakeClassifier
+
+DOCUMENT = yaml.safe_load((ROOT / "docs" / "openapi.yaml").read_text())
+OPERATIONS = [(path, method) for path, item in DOCUMENT["paths"].items() for method in item]
+
+
+def deref(node: dict[str, Any]) -> dict[str, Any]:
+    """Follow local `#/...` references until a node has none."""
+    while "$ref" in node:
+        target: Any = DOCUMENT
+        for part in node["$ref"].removeprefix("#/").split("/"):
+            target = target[part]
+        node = target
+    return node
+
+
+def test_the_document_is_valid_openapi() -> None:
+    validate(DOCUMENT)
+
+
+def documented_handler_codes() -> dict[str, set[int]]:
+    """Every handler error code the document answers, with the statuses it answers it under."""
+    codes: dict[str, set[int]] = {}
+    for path, method in OPERATIONS:
+        for status, response in DOCUMENT["paths"][path][method]["responses"].items():
+            schema = deref(deref(response)["content"]["application/json"]["schema"])
+            for option in schema.get("anyOf", [schema]):
+                error = deref(option).get("properties", {}).get("error", {})
+                for code in deref(error).get("properties", {}).get("code", {}).get("enum", []):
+                    codes.setdefault(code, set()).add(int(status))
+    return codes
+
+
+def test_error_codes_and_statuses_match_the_error_table() -> None:
+    """A code added to, dropped from or moved in handler/errors.py, or in the document, fails here."""
+    table = {code.value: {status} for code, (status, _) in HTTP_STATUS.items()}
+    assert documented_handler_codes() == table
+
+
+def test_every_operation_documents_the_statuses_torchserve_itself_answers() -> None:
+    """400 (token), 413 (body size), 503 (queue full), 500 and 507 (worker died)."""
+    for path, method in OPERATIONS:
+        assert {"200", "400", "413", "500", "503", "507"} <= set(
+            DOCUMENT["paths"][path][method]["responses"]
+        )
+
+
+def answers_schema(status: int) -> dict[str, Any]:
+    (path, method) = OPERATIONS[0]
+    response = deref(DOCUMENT["paths"][path][method]["responses"][str(status)])
+    return {
+        **response["content"]["application/json"]["schema"],
+        "components": DOCUMENT["components"],
+    }
+
+
+def infer(*texts: str) -> bytes:
+    return json.dumps(
+        {
+            "id": "v2",
+            "inputs": [
+                {"name": "text", "datatype": "BYTES", "shape": [len(texts)], "data": list(texts)}
+            ],
+        }
+    ).encode()
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type"),
+    [
+        (b"a fine film", "text/plain"),
+        (b"", "text/plain"),
+        (b"\xff", None),
+        (b"x" * 31, "text/plain"),
+        (b'{"text": "fine"}', "application/json"),
+        (b'{"text": 3}', "application/json"),
+        (b'{"nope": 1}', "application/json"),
+        (b"{", "application/json"),
+        (b'{"texts": ["a", "", 5, {"text": "b"}]}', "application/json"),
+        (b'{"instances": ["a", "  "]}', "application/json"),
+        (b'{"texts": []}', "application/json"),
+        (b'{"text": "a", "text_pair": "b", "top_k": 1}', "application/json"),
+        (b'{"texts": [{"text": "a", "text_pair": " "}], "top_k": 1}', "application/json"),
+        (b'{"text": "a", "top_k": 0}', "application/json"),
+        (infer("a", "b"), "application/json"),
+        (infer("a", ""), "application/json"),
+    ],
+)
+def test_the_handlers_answers_conform_to_the_document(
+    body: bytes, content_type: str | None
+) -> None:
+    """Each answer of the pipeline validates against the document's schema for its status."""
+    (response,) = run_batch(
+        [IncomingRequest({"body": body}, content_type, "r-1")], FakeClassifier(), 30
+    )
+    OAS30Validator(answers_schema(response.status)).validate(json.loads(response.body))
+
+
+def test_a_model_failure_conforms_too() -> None:
+    (response,) = run_batch(
+        [IncomingRequest({"body": b"fine"}, "text/plain", "r-1")],
+        FakeClassifier(error=RuntimeError("x")),
+        30,
+    )
+    assert response.status == 500
+    OAS30Validator(answers_schema(500)).validate(json.loads(response.body))
