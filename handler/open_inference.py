@@ -196,9 +196,7 @@ def _input_tensors(
 def _text_shape(tensor: Mapping[str, Any], max_texts: int) -> list[int] | InferRejected:
     name = tensor["name"]
     if tensor.get("datatype") != "BYTES":
-        return _invalid(
-            f'input "{name}" must have datatype "BYTES", got {tensor.get("datatype")!r}'
-        )
+        return _invalid(f'input "{name}" must have datatype "BYTES", got {tensor.get("datatype")!r}')
     shape = tensor.get("shape")
     if (
         not isinstance(shape, list)
@@ -255,7 +253,9 @@ def _flatten(data: Any, depth: int) -> list[Any] | None:
     return flat
 
 
-def _valid_item(index: int, text: Any, pair: Any, max_chars: int) -> ValidText | InferRejected:
+def _valid_item(
+    index: int, text: Any, pair: Any, max_chars: int
+) -> ValidText | InferRejected:
     """One text (and its pair) checked like any text; the error names its place."""
     for name, value in ((TEXT_INPUT, text), (TEXT_PAIR_INPUT, pair)):
         if value is None and name == TEXT_PAIR_INPUT:
@@ -279,11 +279,7 @@ def render_infer(
     labels = list(predictions[0].scores)
     count = len(predictions)
     tensors: dict[str, dict[str, Any]] = {
-        LABEL_OUTPUT: {
-            "datatype": "BYTES",
-            "shape": [count],
-            "data": [p.label for p in predictions],
-        },
+        LABEL_OUTPUT: {"datatype": "BYTES", "shape": [count], "data": [p.label for p in predictions]},
         SCORES_OUTPUT: {
             "datatype": "FP32",
             "shape": [count, len(labels)],
@@ -330,3 +326,4 @@ def _header(headers: Mapping[str, Any], name: str) -> Any:
 
 def _invalid(message: str) -> InferRejected:
     return InferRejected(ErrorCode.INVALID_TYPE, message)
+
