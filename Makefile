@@ -4,9 +4,12 @@ PY        := $(VENV)/bin/python
 STAMP     := $(VENV)/.installed
 MODEL_DIR ?= build/bert-sentiment
 MODEL_CONFIG ?= config/model-config.yaml
+# PRECISION=bf16 (or fp32, fp16) packs MODEL_CONFIG with handler.precision replaced; without
+# it the config is packed as written. The .mar's source stamp follows either way.
+PRECISION ?=
 MAR       := model_store/bert.mar
 MAR_SOURCE = $(MAR).source
-PACKAGE    = $(PY) scripts/package.py --model-dir $(MODEL_DIR) --model-config $(MODEL_CONFIG) --export-path $(dir $(MAR))
+PACKAGE    = $(PY) scripts/package.py --model-dir $(MODEL_DIR) --model-config $(MODEL_CONFIG) --export-path $(dir $(MAR)) $(if $(PRECISION),--precision $(PRECISION))
 STATE_DIR ?= .run
 
 BENCH     := $(VENV)/.bench-installed
@@ -41,6 +44,7 @@ package: $(STAMP) $(MODEL_DIR)/config.json
 	$(PACKAGE)
 
 ## serve: install, build, package, start TorchServe and wait until the model is READY
+##        (PRECISION=bf16: the fast mode on a CPU with native bf16; see docs/bench/README.md)
 serve:
 	@bash scripts/check_java.sh
 	@$(MAKE) --no-print-directory $(MAR)
@@ -96,7 +100,7 @@ check: $(STAMP)
 	$(VENV)/bin/pip-audit --skip-editable --progress-spinner off
 
 clean: stop
-	rm -rf build $(STATE_DIR) model_store/*.mar model_store/*.mar.source .pytest_cache
+	rm -rf build $(STATE_DIR) model_store/*.mar model_store/*.mar.source model_store/*.mar.model-config.yaml .pytest_cache
 
 distclean: clean
 	rm -rf $(VENV)

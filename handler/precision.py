@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-PRECISION_CHOICES = ("fp32", "bf16", "fp16")
+from handler.settings import PRECISION_CHOICES
+
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 X86_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 ARM_BF16_FLAGS = frozenset({"bf16"})

@@ -12,11 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from handler.precision import PRECISION_CHOICES
-
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 SCORE_FUNCTION_CHOICES = ("auto", "softmax", "sigmoid", "none")
 ATTENTION_CHOICES = ("sdpa", "eager")
+PRECISION_CHOICES = ("fp32", "bf16", "fp16")
 
 
 @dataclass(frozen=True)
