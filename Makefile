@@ -16,7 +16,7 @@ BENCH     := $(VENV)/.bench-installed
 P99_MS    ?= 200
 CONCURRENCY ?= 8
 
-.PHONY: install model package serve stop status metrics smoke test unit check bench tune chaos deploy-layout clean distclean FORCE
+.PHONY: install model package serve stop status metrics smoke test unit check bench tune compare-precision chaos deploy-layout clean distclean FORCE
 
 install: $(STAMP)
 
@@ -79,6 +79,13 @@ bench: $(MAR) $(BENCH)
 ## tune: sweep batch size x delay (x workers/threads) at CONCURRENCY clients -> docs/tune/
 tune: $(MAR) $(BENCH)
 	$(PY) scripts/tune.py --p99-ms $(P99_MS) --concurrency $(CONCURRENCY) --out docs/tune
+
+## compare-precision: fp32 vs PRECISION (default bf16) on TEXTS (one per line; default the
+##        corpus) with MODEL_DIR: texts/s, largest score change, flipped labels -> build/
+compare-precision: $(STAMP) $(MODEL_DIR)/config.json
+	$(PY) scripts/compare_precision.py --model-dir $(MODEL_DIR) --model-config $(MODEL_CONFIG) \
+	  --precision $(or $(filter-out fp32,$(PRECISION)),bf16) $(if $(TEXTS),--texts $(TEXTS)) \
+	  --out build/compare-precision.json
 
 ## chaos: faults and overload against a real server -> docs/chaos/chaos.json
 chaos: $(MAR) $(BENCH)
