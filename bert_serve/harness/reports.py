@@ -104,26 +104,44 @@ def plot_bench(results: dict[str, Any], out: Path) -> None:
         plt.close(figure)
 
 
-def recommend(runs: list[dict[str, Any]], p99_ms: float) -> dict[str, Any]:
-    """The error-free run with the most requests/s within the p99 target; else the lowest p99."""
-    clean = [run for run in runs if run["errors"] == 0]
-    meeting = [run for run in clean if run["p99_ms"] <= p99_ms]
-    if meeting:
-        return {"meets_target": True, **max(meeting, key=lambda run: run["rps"])}
-    return {"meets_target": False, **min(clean or runs, key=lambda run: run["p99_ms"])}
+def recommend_across_loads(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The config whose worst ratio to the best requests/s at each load is the highest.
+
+    Every run has ``by_concurrency`` at the same levels. A run with errors at some level
+    scores 0 there. In a closed loop, requests/s at a level fixes the mean latency
+    (clients / requests/s), so the ratio covers both."""
+    levels = sorted({level for run in runs for level in run["by_concurrency"]}, key=int)
+
+    def rps(run: dict[str, Any], level: str) -> float:
+        measured = run["by_concurrency"][level]
+        return 0.0 if measured["errors"] else float(measured["rps"])
+
+    best_at = {level: max(rps(run, level) for run in runs) for level in levels}
+    scored = []
+    for run in runs:
+        ratios = {level: _ratio(rps(run, level), best_at[level]) for level in levels}
+        scored.append({"name": run["name"], "config": run["config"], "ratios": ratios})
+    ranking = sorted(
+        scored,
+        key=lambda item: (min(item["ratios"].values()), sum(item["ratios"].values())),
+        reverse=True,
+    )
+    best = ranking[0]
+    return best | {
+        "worst_ratio": min(best["ratios"].values()),
+        "best_rps_at": best_at,
+        "ranking": [
+            {"name": item["name"], "worst_ratio": min(item["ratios"].values())} for item in ranking
+        ],
+    }
 
 
-def tune_snippet(best: dict[str, Any], p99_ms: float, concurrency: int) -> str:
+def tune_snippet(best: dict[str, Any], loads: list[int]) -> str:
     """The recommendation as lines to paste into config/config.properties."""
     config = best["config"]
-    missed = (
-        ""
-        if best["meets_target"]
-        else (f" (NO config met p99 <= {p99_ms:g} ms; this is the lowest p99)")
-    )
     lines = [
-        f"# Recommended by `make tune P99_MS={p99_ms:g}` at {concurrency} concurrent clients:",
-        f"# {best['rps']} requests/s, p99 {best['p99_ms']} ms{missed}",
+        f"# Recommended by `make tune` over {', '.join(map(str, loads))} concurrent clients:",
+        f"# {best['name']}, at least {best['worst_ratio']:.2f}x the best config's requests/s at every load",
         "# Paste into config/config.properties (replacing the models= line).",
         f"models={models_entry(config['batch_size'], config['delay_ms'], config['workers'])}",
         f"# and in config/model-config.yaml: handler.torch_threads: {config['threads']} (then make package)",
@@ -131,23 +149,39 @@ def tune_snippet(best: dict[str, Any], p99_ms: float, concurrency: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_tune(runs: list[dict[str, Any]], p99_ms: float, out: Path) -> None:
-    """``tune.png``: requests/s and p99 per config, with the target."""
+def plot_tune(runs: list[dict[str, Any]], best: dict[str, Any], out: Path) -> None:
+    """``tune.png``: requests/s against clients per config, and each config's ratio to the
+    best at each load, with the recommendation drawn thick."""
     plt = pyplot()
-    names = [run["name"] for run in runs]
-    figure, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6.5), sharex=True)
-    top.bar(names, [run["rps"] for run in runs], color="tab:blue")
+    figure, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7.5), sharex=True)
+    for run in runs:
+        levels = sorted(run["by_concurrency"], key=int)
+        width = 3 if run["name"] == best["name"] else 1.2
+        x = [int(level) for level in levels]
+        top.plot(
+            x,
+            [run["by_concurrency"][level]["rps"] for level in levels],
+            marker="o",
+            linewidth=width,
+            label=run["name"],
+        )
+        bottom.plot(
+            x,
+            [run["by_concurrency"][level]["rps"] / best["best_rps_at"][level] for level in levels],
+            marker="o",
+            linewidth=width,
+            label=run["name"],
+        )
     top.set_ylabel("requests/s")
     top.set_title(
-        "Throughput and p99 latency per config (b=batch size, d=max batch delay ms, w=workers, t=threads)"
+        "Each config at each load (b=batch size, d=maxBatchDelay ms, w=workers, t=threads)"
     )
-    bottom.bar(names, [run["p99_ms"] for run in runs], color="tab:orange")
-    bottom.axhline(p99_ms, linestyle="--", color="grey", label=f"p99 target {p99_ms:g} ms")
-    bottom.set_ylabel("p99 latency (ms)")
-    bottom.legend(fontsize=8)
-    plt.setp(bottom.get_xticklabels(), rotation=45, ha="right", fontsize=8)
+    bottom.set_ylabel("ratio to the best config at that load")
+    bottom.set_xlabel("concurrent clients")
+    bottom.set_xscale("log", base=2)
     for axes in (top, bottom):
-        axes.grid(axis="y", alpha=0.3)
+        axes.grid(alpha=0.3)
+    top.legend(fontsize=8, ncol=2)
     figure.tight_layout()
     figure.savefig(out / "tune.png", dpi=110)
     plt.close(figure)
