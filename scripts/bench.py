@@ -5,7 +5,11 @@ Scenarios, all on the same model and the same deterministic mixed-length corpus:
 - ``ceiling``: tokenization + forward in this process, no HTTP, at each batch size with
   length grouping; the best is the in-process ceiling;
 - ``torchserve_bs1``: TorchServe with batchSize 1, the one-request-at-a-time path;
-- ``torchserve_batched``: TorchServe with the default config/config.properties;
+- ``torchserve_batched``: TorchServe with the default config/config.properties (fp32);
+- ``torchserve_bf16``: the same with ``precision: bf16`` packed in the .mar (the fast mode of
+  ``make serve PRECISION=bf16``), when this CPU has native bf16;
+- ``precision``: fp32 against bf16 on the whole corpus through the handler's classify
+  (``bert_serve.harness.compare``): speed, largest score change, labels unchanged;
 - ``litserve``: a minimal LitServe server of the same model without batching
   (``scripts/litserve_peer.py``), what users pick instead;
 - ``client_lists``: on the default server, the Python client's ``classify_many`` (list
@@ -13,10 +17,10 @@ Scenarios, all on the same model and the same deterministic mixed-length corpus:
 
 Each served scenario starts its own server on free 127.0.0.1 ports, warms up, runs a closed
 loop per concurrency level for a bounded time, and stops the server it started. Writes
-``results.json``, ``throughput.png`` and ``latency.png`` into ``--out`` (docs/bench/README.md
-reads them).
+``results.json`` and ``serving.png`` into ``--out`` (docs/bench/README.md reads them), and
+prints the issue's bars, each with its value and whether it is met.
 
-    python scripts/bench.py --out docs/bench            # the full run (about 8 minutes)
+    python scripts/bench.py --out docs/bench            # the full run (about 10 minutes)
     python scripts/bench.py --smoke --out /tmp/bench    # a few seconds, to keep the tool working
 """
 
@@ -27,6 +31,7 @@ import json
 import os
 import platform
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -34,12 +39,14 @@ from typing import Any
 import torch
 
 from bert_serve.harness import inprocess
-from bert_serve.harness.archive import DEFAULT_MODEL_DIR
+from bert_serve.harness.archive import DEFAULT_MODEL_DIR, package_variant
+from bert_serve.harness.compare import compare_precision, config_settings
 from bert_serve.harness.config import ROOT, models_entry
 from bert_serve.harness.corpus import corpus_stats, make_corpus
 from bert_serve.harness.measure import Loads, at_loads, client_lists, measure_config
 from bert_serve.harness.peer import PEER_CONFIG, litserve_peer
 from bert_serve.harness.reports import bench_ratios, plot_bench
+from handler.precision import cpu_has_native_bf16
 
 
 def step(title: str) -> None:
@@ -50,7 +57,7 @@ def run(args: argparse.Namespace, corpus: list[str]) -> dict[str, Any]:
     """The experiments, in order; the smoke run keeps the ceiling and the default server."""
     smoke = args.smoke
     model_dir = args.model_dir
-    ceiling_sizes, ceiling_s = ([1, 16], 1) if smoke else ([1, 8, 16, 32, 64], 6)
+    ceiling_sizes, ceiling_s = ([1, 16], 1) if smoke else ([1, 8, 16, 32], 4)
     results: dict[str, Any] = {}
     scenarios: dict[str, Any] = {}
 
@@ -58,10 +65,15 @@ def run(args: argparse.Namespace, corpus: list[str]) -> dict[str, Any]:
     first_pass = inprocess.ceiling(model_dir, corpus, ceiling_sizes, ceiling_s)
     if not smoke:
         step("execution options (in-process)")
-        results["execution_options"] = inprocess.execution_options(model_dir, corpus, 8)
+        results["execution_options"] = inprocess.execution_options(model_dir, corpus, 5)
         step("max_batch_tokens sweep (in-process, batch 16)")
         budgets = [128, 256, 512, 1024, 2048, 8192]
-        results["budget_sweep"] = inprocess.budget_sweep(model_dir, corpus, budgets, 5)
+        results["budget_sweep"] = inprocess.budget_sweep(model_dir, corpus, budgets, 3)
+        if cpu_has_native_bf16():
+            step("fp32 vs bf16 on the corpus (in-process, the handler's classify)")
+            results["precision"] = compare_precision(
+                model_dir, corpus, "bf16", config_settings(), seconds=0
+            )
         step("TorchServe, batch size 1")
         bs1 = {"models": models_entry(batch_size=1)}
         scenarios["torchserve_bs1"] = measure_config(
@@ -81,6 +93,17 @@ def run(args: argparse.Namespace, corpus: list[str]) -> dict[str, Any]:
             "client_lists": [client_lists(server, list_texts, *run) for run in list_runs]
         },
     )
+
+    if not smoke and cpu_has_native_bf16():
+        step("TorchServe, default config in bf16")
+        with tempfile.TemporaryDirectory(prefix="bench-bf16-") as store:
+            package_variant(Path(store), handler_changes={"precision": "bf16"}, model_dir=model_dir)
+            scenarios["torchserve_bf16"] = measure_config(
+                "torchserve_bf16",
+                {"model_store": store},
+                corpus,
+                Loads(levels, args.seconds, args.warmup),
+            )
 
     if not smoke:
         step("LitServe peer")
@@ -104,9 +127,9 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "bench")
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
     parser.add_argument(
-        "--seconds", type=float, default=20, help="measured time per concurrency level"
+        "--seconds", type=float, default=8, help="measured time per concurrency level"
     )
-    parser.add_argument("--warmup", type=float, default=3)
+    parser.add_argument("--warmup", type=float, default=2)
     parser.add_argument(
         "--smoke", action="store_true", help="a few seconds: ceiling and batched TorchServe only"
     )
@@ -132,7 +155,7 @@ def main() -> int:
     (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     plot_bench(results, args.out)
     print(json.dumps(results["ratios"], indent=2))
-    step(f"wrote {args.out / 'results.json'}, throughput.png, latency.png")
+    step(f"wrote {args.out / 'results.json'} and serving.png")
     return 0
 
 

@@ -45,7 +45,66 @@ def bench_ratios(results: dict[str, Any]) -> dict[str, Any]:
         out["client_lists_vs_ceiling"] = round(best_lists / ceiling["texts_per_s"], 2)
     out["padding_efficiency"] = batched[top].get("padding_efficiency")
     out["errors_batched"] = sum(level["errors"] for level in batched.values())
-    return out | _p99_bound(results)
+    return out | _p99_bound(results) | {"modes": _modes(scenarios), "bars": _bars(results)}
+
+
+def _modes(scenarios: dict[str, Any]) -> dict[str, Any]:
+    """Start-up time and memory per worker of each TorchServe scenario."""
+    out = {}
+    for name, scenario in scenarios.items():
+        memory = scenario.get("worker_memory")
+        if not memory:
+            continue
+        out[name] = {
+            "startup_s": scenario["startup_s"],
+            "worker_rss_mb": round(sum(m["rss_mb"] for m in memory) / len(memory), 1),
+            "worker_uss_mb": round(sum(m["uss_mb"] for m in memory) / len(memory), 1),
+        }
+    return out
+
+
+def _bar(value: float | None, bar: str, met: bool) -> dict[str, Any]:
+    return {"value": value, "bar": bar, "met": met}
+
+
+def _bars(results: dict[str, Any]) -> dict[str, Any]:
+    """The issue's bars that this run has the scenarios for, each with its value."""
+    scenarios = results["scenarios"]
+
+    def level(name: str, clients: int) -> dict[str, Any] | None:
+        found: dict[str, Any] | None = (
+            scenarios.get(name, {}).get("by_concurrency", {}).get(str(clients))
+        )
+        return found
+
+    bars: dict[str, Any] = {}
+    for clients, floor in ((1, 0.9), (8, 0.95), (32, 1.4)):
+        default, bs1 = level("torchserve_batched", clients), level("torchserve_bs1", clients)
+        if default and bs1:
+            ratio = _ratio(default["rps"], bs1["rps"])
+            bars[f"default_vs_bs1_rps_at_{clients}"] = _bar(ratio, f">= {floor}", ratio >= floor)
+            if clients == 1:
+                extra = round(default["p50_ms"] - bs1["p50_ms"], 1)
+                bars["default_p50_minus_bs1_ms_at_1"] = _bar(extra, "<= 5", extra <= 5)
+    default, fast = level("torchserve_batched", 32), level("torchserve_bf16", 32)
+    if default and fast:
+        ratio = _ratio(fast["rps"], default["rps"])
+        bars["bf16_vs_default_rps_at_32"] = _bar(ratio, ">= 1.6", ratio >= 1.6)
+    options = results.get("execution_options", {})
+    if "bf16_accuracy_change_points" in options:
+        change = options["bf16_accuracy_change_points"]
+        bars["bf16_held_out_accuracy_change_points"] = _bar(change, ">= -1", change >= -1)
+    if "precision" in results:
+        unchanged = results["precision"]["labels_unchanged_pct"]
+        bars["bf16_corpus_labels_unchanged_pct"] = _bar(unchanged, ">= 99.5", unchanged >= 99.5)
+    if default:
+        ratio = _ratio(default["rps"], results["ceiling"]["texts_per_s"])
+        bars["default_vs_ceiling_at_32"] = _bar(ratio, ">= 0.8", ratio >= 0.8)
+    peer = level("litserve", 32)
+    if default and peer:
+        ratio = _ratio(default["rps"], peer["rps"])
+        bars["default_vs_litserve_at_32"] = _bar(ratio, "> 1", ratio > 1)
+    return bars
 
 
 def _p99_bound(results: dict[str, Any]) -> dict[str, Any]:
@@ -75,13 +134,11 @@ def pyplot() -> Any:
 
 
 def plot_bench(results: dict[str, Any], out: Path) -> None:
-    """``throughput.png`` and ``latency.png``: each scenario against concurrency."""
+    """``serving.png``: requests/s, p50 and p99 against clients, one line per scenario."""
     plt = pyplot()
-    for metric, ylabel, filename in (
-        ("rps", "requests/s", "throughput.png"),
-        ("p99_ms", "p99 latency (ms)", "latency.png"),
-    ):
-        figure, axes = plt.subplots(figsize=(7, 4.2))
+    panels = (("rps", "requests/s"), ("p50_ms", "p50 latency (ms)"), ("p99_ms", "p99 latency (ms)"))
+    figure, axes_row = plt.subplots(1, 3, figsize=(15, 4.4))
+    for axes, (metric, ylabel) in zip(axes_row, panels, strict=True):
         for name, scenario in results["scenarios"].items():
             levels = sorted(scenario["by_concurrency"], key=int)
             values = [scenario["by_concurrency"][level][metric] for level in levels]
@@ -91,17 +148,17 @@ def plot_bench(results: dict[str, Any], out: Path) -> None:
                 results["ceiling"]["texts_per_s"],
                 linestyle="--",
                 color="grey",
-                label=f"in-process ceiling (batch {results['ceiling']['best_batch_size']})",
+                label=f"in-process ceiling fp32 (batch {results['ceiling']['best_batch_size']})",
             )
         axes.set_xscale("log", base=2)
         axes.set_xlabel("concurrent clients")
         axes.set_ylabel(ylabel)
-        axes.set_title(f"{ylabel} vs concurrency ({results['machine']['cpus']} CPU cores)")
         axes.grid(alpha=0.3)
-        axes.legend(fontsize=8)
-        figure.tight_layout()
-        figure.savefig(out / filename, dpi=110)
-        plt.close(figure)
+    axes_row[0].legend(fontsize=8)
+    figure.suptitle(f"Served model against concurrency ({results['machine']['cpus']} CPU cores)")
+    figure.tight_layout()
+    figure.savefig(out / "serving.png", dpi=110)
+    plt.close(figure)
 
 
 def recommend_across_loads(runs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -28,5 +28,43 @@ def test_bench_smoke_run_writes_results(tmp_path) -> None:
     assert lists[0]["texts"] == 64 and lists[0]["errors"] == 0 and lists[0]["texts_per_s"] > 0
     assert {"served_vs_ceiling", "padding_efficiency", "errors_batched"} <= set(results["ratios"])
     assert "client_lists_vs_single_texts" in results["ratios"]
-    assert (tmp_path / "throughput.png").stat().st_size > 0
-    assert (tmp_path / "latency.png").stat().st_size > 0
+    assert (tmp_path / "serving.png").stat().st_size > 0
+    default = results["scenarios"]["torchserve_batched"]
+    assert default["startup_s"] > 0 and default["worker_memory"][0]["uss_mb"] > 0
+
+
+def test_tune_smoke_run_recommends_across_loads(tmp_path) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "scripts/tune.py",
+            "--out",
+            str(tmp_path),
+            "--candidates",
+            "b1d0w1t1",
+            "b4d1w1t1",
+            "--loads",
+            "1",
+            "2",
+            "--seconds",
+            "1",
+            "--warmup",
+            "0.3",
+            "--log-rounds",
+            "0",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert [run["name"] for run in results["runs"]] == ["b1d0w1t1", "b4d1w1t1"]
+    for run in results["runs"]:
+        assert set(run["by_concurrency"]) == {"1", "2"}
+    best = results["recommended"]
+    assert best["name"] in {"b1d0w1t1", "b4d1w1t1"}
+    assert 0 < best["worst_ratio"] <= 1 and set(best["ratios"]) == {"1", "2"}
+    assert "models=" in (tmp_path / "recommended.properties").read_text()
+    assert (tmp_path / "tune.png").stat().st_size > 0
