@@ -13,8 +13,6 @@ PACKAGE    = $(PY) scripts/package.py --model-dir $(MODEL_DIR) --model-config $(
 STATE_DIR ?= .run
 
 BENCH     := $(VENV)/.bench-installed
-P99_MS    ?= 200
-CONCURRENCY ?= 8
 
 .PHONY: install model package serve stop status metrics smoke test unit check bench tune compare-precision chaos deploy-layout clean distclean FORCE
 
@@ -76,9 +74,10 @@ $(BENCH): $(STAMP) pyproject.toml
 bench: $(MAR) $(BENCH)
 	$(PY) scripts/bench.py --out docs/bench
 
-## tune: sweep batch size x delay (x workers/threads) at CONCURRENCY clients -> docs/tune/
+## tune: batch size x delay x workers/threads at 1..64 clients: the config closest to the best
+##       at every load, and what TorchServe's logging costs -> docs/tune/
 tune: $(MAR) $(BENCH)
-	$(PY) scripts/tune.py --p99-ms $(P99_MS) --concurrency $(CONCURRENCY) --out docs/tune
+	$(PY) scripts/tune.py --out docs/tune
 
 ## compare-precision: fp32 vs PRECISION (default bf16) on TEXTS (one per line; default the
 ##        corpus) with MODEL_DIR: texts/s, largest score change, flipped labels -> build/
