@@ -15,8 +15,9 @@ Scenarios, all on the same model and the same deterministic mixed-length corpus:
 - ``client_lists``: on the default server, the Python client's ``classify_many`` (list
   requests of up to 64 texts, a few in flight) over a fixed set of texts.
 
-Each served scenario starts its own server on free 127.0.0.1 ports, warms up, runs a closed
-loop per concurrency level for a bounded time, and stops the server it started. Writes
+Each served scenario has its own server on free 127.0.0.1 ports; all run at once, and at
+each concurrency level each gets a warm-up and a bounded closed loop in turn (so a slow
+spell of a shared machine falls on all alike); all are stopped at the end. Writes
 ``results.json`` and ``serving.png`` into ``--out`` (docs/bench/README.md reads them), and
 prints the issue's bars, each with its value and whether it is met.
 
@@ -33,6 +34,7 @@ import platform
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +45,14 @@ from bert_serve.harness.archive import DEFAULT_MODEL_DIR, package_variant
 from bert_serve.harness.compare import compare_precision, config_settings
 from bert_serve.harness.config import ROOT, models_entry
 from bert_serve.harness.corpus import corpus_stats, make_corpus
-from bert_serve.harness.measure import Loads, at_loads, client_lists, measure_config
+from bert_serve.harness.measure import (
+    Endpoint,
+    Loads,
+    client_lists,
+    endpoint,
+    interleaved,
+    servers,
+)
 from bert_serve.harness.peer import PEER_CONFIG, litserve_peer
 from bert_serve.harness.reports import bench_ratios, plot_bench
 from handler.precision import cpu_has_native_bf16
@@ -74,44 +83,41 @@ def run(args: argparse.Namespace, corpus: list[str]) -> dict[str, Any]:
             results["precision"] = compare_precision(
                 model_dir, corpus, "bf16", config_settings(), seconds=0
             )
-        step("TorchServe, batch size 1")
-        bs1 = {"models": models_entry(batch_size=1)}
-        scenarios["torchserve_bs1"] = measure_config(
-            "torchserve_bs1", bs1, corpus, Loads([1, 8, 32], args.seconds, args.warmup)
-        )
 
-    step("TorchServe, default config")
     levels = [2] if smoke else [1, 8, 32, 64]
     list_runs = [(16, 2)] if smoke else [(64, 4), (16, 8), (16, 32), (32, 32)]
     list_texts = corpus[: 64 if smoke else 1500]
-    scenarios["torchserve_batched"] = measure_config(
-        "torchserve_batched",
-        {},
-        corpus,
-        Loads(levels, args.seconds, args.warmup),
-        then=lambda server: {
-            "client_lists": [client_lists(server, list_texts, *run) for run in list_runs]
-        },
-    )
-
-    if not smoke and cpu_has_native_bf16():
-        step("TorchServe, default config in bf16")
-        with tempfile.TemporaryDirectory(prefix="bench-bf16-") as store:
-            package_variant(Path(store), handler_changes={"precision": "bf16"}, model_dir=model_dir)
-            scenarios["torchserve_bf16"] = measure_config(
-                "torchserve_bf16",
-                {"model_store": store},
-                corpus,
-                Loads(levels, args.seconds, args.warmup),
+    loads = Loads(levels, args.seconds, args.warmup)
+    with tempfile.TemporaryDirectory(prefix="bench-bf16-") as store, ExitStack() as stack:
+        configs: dict[str, dict[str, str]] = {"torchserve_batched": {}}
+        if not smoke:
+            configs["torchserve_bs1"] = {"models": models_entry(batch_size=1)}
+            if cpu_has_native_bf16():
+                package_variant(
+                    Path(store), handler_changes={"precision": "bf16"}, model_dir=model_dir
+                )
+                configs["torchserve_bf16"] = {"model_store": store}
+        step(f"starting {', '.join(configs)}")
+        started = stack.enter_context(servers(configs))
+        endpoints = [endpoint(name, item["server"]) for name, item in started.items()]
+        if not smoke:
+            step("starting the LitServe peer")
+            endpoints.append(
+                Endpoint("litserve", stack.enter_context(litserve_peer(model_dir)), {})
             )
-
-    if not smoke:
-        step("LitServe peer")
-        with litserve_peer(model_dir) as url:
-            by_level = at_loads(
-                "litserve", url, {}, corpus, Loads([1, 8, 32], args.seconds, args.warmup)
-            )
-        scenarios["litserve"] = {"config": PEER_CONFIG, "by_concurrency": by_level}
+        step("every server in turn at each load")
+        measured = interleaved(endpoints, corpus, loads)
+        for name, item in started.items():
+            scenarios[name] = {
+                key: item[key] for key in ("config", "startup_s", "worker_memory")
+            } | {"by_concurrency": measured[name]}
+        if "litserve" in measured:
+            scenarios["litserve"] = {"config": PEER_CONFIG, "by_concurrency": measured["litserve"]}
+        step("client list requests on the default server")
+        default_server = started["torchserve_batched"]["server"]
+        scenarios["torchserve_batched"]["client_lists"] = [
+            client_lists(default_server, list_texts, *run) for run in list_runs
+        ]
 
     step("in-process ceiling, second pass")
     second_pass = inprocess.ceiling(model_dir, corpus, ceiling_sizes, ceiling_s)

@@ -1,8 +1,9 @@
 """Tuner: the batching config that is close to the best at every load, not at one guessed load.
 
 Every candidate (batch size, maxBatchDelay, workers x torch threads) runs on its own
-TorchServe (free 127.0.0.1 ports, stopped afterwards) with the benchmark's corpus at each
-concurrency of --loads, one closed loop per level. For each level the best requests/s of any
+TorchServe (free 127.0.0.1 ports, stopped afterwards); all run at once, idle but one, and at
+each concurrency of --loads each gets the benchmark's corpus in turn, one closed loop per
+level, so a slow spell of the machine does not favour whichever config ran at a quiet time. For each level the best requests/s of any
 candidate is the reference; a candidate's score is its worst ratio to that reference over
 all levels, and the recommendation is the candidate with the best score. A second, smaller
 experiment measures what TorchServe's logging costs: the default config at --log-clients
@@ -28,7 +29,7 @@ from typing import Any
 from bert_serve.harness.archive import package_variant
 from bert_serve.harness.config import ROOT, models_entry
 from bert_serve.harness.corpus import make_corpus
-from bert_serve.harness.measure import Loads, frontend_cost, measure_config
+from bert_serve.harness.measure import Loads, endpoint, frontend_cost, interleaved, servers
 from bert_serve.harness.reports import plot_tune, recommend_across_loads, tune_snippet
 
 CANDIDATE = re.compile(r"b(\d+)d(\d+)w(\d+)t(\d+)")
@@ -58,25 +59,32 @@ def candidate_name(config: dict[str, int]) -> str:
 
 
 def sweep(configs: list[dict[str, int]], corpus: list[str], loads: Loads) -> list[dict[str, Any]]:
-    """Each config at every load, on its own server, from a store whose .mar has its threads."""
-    runs = []
+    """Every config on its own server (from a store whose .mar has its threads), all running
+    at once and measured in turn at each load (``interleaved``)."""
     with tempfile.TemporaryDirectory(prefix="tune-stores-") as stores:
         for threads in sorted({config["threads"] for config in configs}):
             package_variant(
                 Path(stores) / f"threads{threads}", handler_changes={"torch_threads": threads}
             )
-        for number, config in enumerate(configs, start=1):
-            name = candidate_name(config)
-            print(f"[tune] {number}/{len(configs)}: {name}", file=sys.stderr)
-            overrides = {
+        overrides = {
+            candidate_name(config): {
                 "model_store": str(Path(stores) / f"threads{config['threads']}"),
                 "models": models_entry(config["batch_size"], config["delay_ms"], config["workers"]),
             }
-            measured = measure_config(name, overrides, corpus, loads)
-            runs.append(
-                {"name": name, "config": config, "by_concurrency": measured["by_concurrency"]}
-            )
-    return runs
+            for config in configs
+        }
+        print(f"[tune] starting {len(configs)} servers", file=sys.stderr)
+        with servers(overrides) as running_servers:
+            endpoints = [endpoint(name, item["server"]) for name, item in running_servers.items()]
+            measured = interleaved(endpoints, corpus, loads)
+    return [
+        {
+            "name": candidate_name(config),
+            "config": config,
+            "by_concurrency": measured[candidate_name(config)],
+        }
+        for config in configs
+    ]
 
 
 def logging_cost(corpus: list[str], level: int, loads: Loads, rounds: int) -> dict[str, Any]:

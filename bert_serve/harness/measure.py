@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,22 +64,6 @@ def worker_memory(server: Server) -> list[dict[str, float]]:
     return out
 
 
-def measure_server(
-    name: str, server: Server, corpus: Sequence[str], loads: Loads
-) -> dict[str, Any]:
-    """The batch settings TorchServe applied, each worker's memory after a first request, and
-    the server at each load."""
-    model = server.model()
-    run_texts(server.predict_url, server.headers(), corpus[:8], 1, 0.5, f"{name} first request")
-    return {
-        "config": {key: model[key] for key in BATCH_KEYS},
-        "worker_memory": worker_memory(server),
-        "by_concurrency": at_loads(
-            name, server.predict_url, server.headers(), corpus, loads, server.model_log
-        ),
-    }
-
-
 def measure_config(
     name: str,
     overrides: dict[str, str],
@@ -86,13 +71,15 @@ def measure_config(
     loads: Loads,
     then: Callable[[Server], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """``measure_server`` on a server of its own started with ``overrides``; ``then`` runs on
-    the same server afterwards and adds its keys to the result."""
-    prefix = "measure-" + re.sub(r"\W+", "-", name) + "-"
-    started = time.monotonic()
-    with running(overrides, prefix=prefix) as server:
-        startup_s = round(time.monotonic() - started, 1)
-        result = {"startup_s": startup_s} | measure_server(name, server, corpus, loads)
+    """One config on a server of its own: its applied batch settings, start-up time, worker
+    memory and each load; ``then`` runs on the same server afterwards and adds its keys."""
+    with servers({name: overrides}) as started:
+        item = started[name]
+        server: Server = item["server"]
+        result = {key: item[key] for key in ("config", "startup_s", "worker_memory")}
+        result["by_concurrency"] = at_loads(
+            name, server.predict_url, server.headers(), corpus, loads, server.model_log
+        )
         return result | (then(server) if then else {})
 
 
@@ -130,6 +117,59 @@ def frontend_cost(
             "frontend_cpu_ms_per_request": round(cpu_ms / requests, 3),
             "log_bytes_per_request": round(written / requests),
         }
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Something to load: a name, its predict URL and headers, and the handler's log if any."""
+
+    name: str
+    url: str
+    headers: dict[str, str]
+    batch_log: Path | None = None
+
+
+def endpoint(name: str, server: Server) -> Endpoint:
+    return Endpoint(name, server.predict_url, server.headers(), server.model_log)
+
+
+def interleaved(
+    endpoints: Sequence[Endpoint], corpus: Sequence[str], loads: Loads
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """{name: {level: load summary}}, every endpoint in turn at each level, so a slow spell
+    of a shared machine falls on all of them alike instead of on whichever ran then."""
+    results: dict[str, dict[str, dict[str, Any]]] = {item.name: {} for item in endpoints}
+    for level in loads.levels:
+        one_level = Loads([level], loads.seconds, loads.warmup)
+        for item in endpoints:
+            measured = at_loads(
+                item.name, item.url, item.headers, corpus, one_level, item.batch_log
+            )
+            results[item.name] |= measured
+    return results
+
+
+@contextmanager
+def servers(configs: Mapping[str, dict[str, str]]) -> Iterator[dict[str, dict[str, Any]]]:
+    """One TorchServe per named config, started one after another (each one's start-up time
+    measured alone), all running until the block ends, then all stopped. Yields {name:
+    {"server", "startup_s", "config", "worker_memory"}}, memory taken after a first request."""
+    with ExitStack() as stack:
+        started: dict[str, dict[str, Any]] = {}
+        for name, overrides in configs.items():
+            prefix = "measure-" + re.sub(r"\W+", "-", name) + "-"
+            began = time.monotonic()
+            server = stack.enter_context(running(overrides, prefix=prefix))
+            startup_s = round(time.monotonic() - began, 1)
+            model = server.model()
+            run_texts(server.predict_url, server.headers(), ["warm"], 1, 0.3, f"{name} first")
+            started[name] = {
+                "server": server,
+                "startup_s": startup_s,
+                "config": {key: model[key] for key in BATCH_KEYS},
+                "worker_memory": worker_memory(server),
+            }
+        yield started
 
 
 def client_lists(
