@@ -37,11 +37,12 @@ DEFAULT_CANDIDATES = [
     "b1d0w2t1",
     "b4d1w2t1",
     "b8d1w2t1",
+    "b8d2w2t1",
+    "b16d0w2t1",
     "b16d1w2t1",
     "b16d2w2t1",
-    "b16d5w2t1",
     "b32d2w2t1",
-    "b16d2w1t2",
+    "b8d1w1t2",
 ]
 
 
@@ -124,7 +125,7 @@ def main() -> int:
     )
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "tune")
     parser.add_argument("--loads", type=int, nargs="+", default=[1, 4, 8, 16, 32, 64])
-    parser.add_argument("--seconds", type=float, default=6, help="measured seconds per load")
+    parser.add_argument("--seconds", type=float, default=5, help="measured seconds per load")
     parser.add_argument("--warmup", type=float, default=1.5)
     parser.add_argument(
         "--candidates",
