@@ -2,8 +2,9 @@
 
 Scenarios, all on the same model and the same deterministic mixed-length corpus:
 
-- ``ceiling``: tokenization + forward in this process, no HTTP, at each batch size with
-  length grouping; the best is the in-process ceiling;
+- ``ceiling``: tokenization + forward with no HTTP, in as many single-threaded processes as
+  the default config has workers, at each batch size with length grouping; the best is the
+  in-process ceiling;
 - ``torchserve_bs1``: TorchServe with batchSize 1, the one-request-at-a-time path;
 - ``torchserve_batched``: TorchServe with the default config/config.properties (fp32);
 - ``torchserve_bf16``: the same with ``precision: bf16`` packed in the .mar (the fast mode of
@@ -43,7 +44,14 @@ import torch
 from bert_serve.harness import inprocess
 from bert_serve.harness.archive import DEFAULT_MODEL_DIR, package_variant
 from bert_serve.harness.compare import compare_precision, config_settings
-from bert_serve.harness.config import ROOT, models_entry
+from bert_serve.harness.config import (
+    BASE_CONFIG,
+    MODEL_NAME,
+    MODEL_VERSION,
+    ROOT,
+    models_entry,
+    read_properties,
+)
 from bert_serve.harness.corpus import corpus_stats, make_corpus
 from bert_serve.harness.measure import (
     Endpoint,
@@ -71,7 +79,10 @@ def run(args: argparse.Namespace, corpus: list[str]) -> dict[str, Any]:
     scenarios: dict[str, Any] = {}
 
     step("in-process ceiling, first pass")
-    first_pass = inprocess.ceiling(model_dir, corpus, ceiling_sizes, ceiling_s)
+    workers = json.loads(read_properties(BASE_CONFIG)["models"])[MODEL_NAME][MODEL_VERSION][
+        "minWorkers"
+    ]
+    first_pass = inprocess.ceiling(model_dir, corpus, ceiling_sizes, ceiling_s, workers)
     if not smoke:
         step("execution options (in-process)")
         results["execution_options"] = inprocess.execution_options(model_dir, corpus, 5)
@@ -120,7 +131,7 @@ def run(args: argparse.Namespace, corpus: list[str]) -> dict[str, Any]:
         ]
 
     step("in-process ceiling, second pass")
-    second_pass = inprocess.ceiling(model_dir, corpus, ceiling_sizes, ceiling_s)
+    second_pass = inprocess.ceiling(model_dir, corpus, ceiling_sizes, ceiling_s, workers)
     results["ceiling"] = inprocess.best_of(first_pass, second_pass)
     results["scenarios"] = scenarios
     return results
