@@ -6,9 +6,9 @@ elsewhere PyTorch would emulate it, slower than fp32. ``fp16`` is for CUDA only 
 no fast fp16 matmuls for this model). A precision the hardware cannot honour fails at worker
 start with the reason, instead of serving slowly or wrongly.
 
-How it is applied, as measured on a Sapphire Rapids CPU (docs/bench/README.md): on the CPU
-the weights are cast to bf16 (oneDNN's bf16 kernels; about twice the speed of autocast,
-which converts the fp32 weights on every call); on CUDA the forward runs under autocast,
+How it is applied, as measured on this project's CPU (AVX-512 BF16 and AMX; see
+docs/bench/README.md): on the CPU the weights are cast to bf16 (oneDNN's bf16 kernels; faster
+than autocast, which converts the fp32 weights on every call, at the same accuracy); on CUDA the forward runs under autocast,
 which keeps the numerically sensitive ops (softmax, layer norm) in fp32. Either way the
 logits leave the forward as float32, so scoring is the same code for every precision.
 """
