@@ -211,6 +211,9 @@ def execution_options(model_dir: Path, corpus: Sequence[str], seconds: float) ->
     )
     if "sdpa_bf16" in out:
         out["bf16_speedup"] = round(out["sdpa_bf16"]["texts_per_s"] / out["sdpa"]["texts_per_s"], 2)
+        out["bf16_autocast_speedup"] = round(
+            out["sdpa_bf16_autocast"]["texts_per_s"] / out["sdpa"]["texts_per_s"], 2
+        )
         out["bf16_accuracy_change_points"] = round(
             100 * (out["sdpa_bf16"]["held_out_accuracy"] - out["sdpa"]["held_out_accuracy"]), 1
         )
