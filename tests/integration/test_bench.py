@@ -6,20 +6,27 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 from tests.conftest import ROOT
 
 
-def test_bench_smoke_run_writes_results(tmp_path) -> None:
+def run_tool(script: str, out: Path, *args: str) -> dict[str, Any]:
+    """Run ``scripts/<script>`` with ``--out out``; the results.json it wrote."""
     result = subprocess.run(
-        [sys.executable, "scripts/bench.py", "--smoke", "--out", str(tmp_path)],
+        [sys.executable, f"scripts/{script}", "--out", str(out), *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=400,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    results = json.loads((tmp_path / "results.json").read_text())
+    return dict(json.loads((out / "results.json").read_text()))
+
+
+def test_bench_smoke_run_writes_results(tmp_path) -> None:
+    results = run_tool("bench.py", tmp_path, "--smoke")
     assert results["ceiling"]["texts_per_s"] > 0
     level = results["scenarios"]["torchserve_batched"]["by_concurrency"]["2"]
     assert level["requests"] > 0 and level["errors"] == 0
@@ -34,32 +41,9 @@ def test_bench_smoke_run_writes_results(tmp_path) -> None:
 
 
 def test_tune_smoke_run_recommends_across_loads(tmp_path) -> None:
-    result = subprocess.run(
-        [
-            sys.executable,
-            "scripts/tune.py",
-            "--out",
-            str(tmp_path),
-            "--candidates",
-            "b1d0w1t1",
-            "b4d1w1t1",
-            "--loads",
-            "1",
-            "2",
-            "--seconds",
-            "1",
-            "--warmup",
-            "0.3",
-            "--log-rounds",
-            "0",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    results = json.loads((tmp_path / "results.json").read_text())
+    candidates = ["b1d0w1t1", "b4d1w1t1"]
+    loads = ["--loads", "1", "2", "--seconds", "1", "--warmup", "0.3", "--log-rounds", "0"]
+    results = run_tool("tune.py", tmp_path, "--candidates", *candidates, *loads)
     assert [run["name"] for run in results["runs"]] == ["b1d0w1t1", "b4d1w1t1"]
     for run in results["runs"]:
         assert set(run["by_concurrency"]) == {"1", "2"}
