@@ -151,6 +151,8 @@ def plot_bench(results: dict[str, Any], out: Path) -> None:
                 label=f"in-process ceiling fp32 (batch {results['ceiling']['best_batch_size']})",
             )
         axes.set_xscale("log", base=2)
+        if metric != "rps":
+            axes.set_yscale("log")  # one slow peer must not flatten the others' latencies
         axes.set_xlabel("concurrent clients")
         axes.set_ylabel(ylabel)
         axes.grid(alpha=0.3)
