@@ -4,16 +4,17 @@ PY        := $(VENV)/bin/python
 STAMP     := $(VENV)/.installed
 MODEL_DIR ?= build/bert-sentiment
 MODEL_CONFIG ?= config/model-config.yaml
+# PRECISION=bf16 (or fp32, fp16) packs MODEL_CONFIG with handler.precision replaced; without
+# it the config is packed as written. The .mar's source stamp follows either way.
+PRECISION ?=
 MAR       := model_store/bert.mar
 MAR_SOURCE = $(MAR).source
-PACKAGE    = $(PY) scripts/package.py --model-dir $(MODEL_DIR) --model-config $(MODEL_CONFIG) --export-path $(dir $(MAR))
+PACKAGE    = $(PY) scripts/package.py --model-dir $(MODEL_DIR) --model-config $(MODEL_CONFIG) --export-path $(dir $(MAR)) $(if $(PRECISION),--precision $(PRECISION))
 STATE_DIR ?= .run
 
 BENCH     := $(VENV)/.bench-installed
-P99_MS    ?= 200
-CONCURRENCY ?= 8
 
-.PHONY: install model package serve stop status metrics smoke test unit check bench tune chaos soak fuzz deploy-layout clean distclean FORCE
+.PHONY: install model package serve stop status metrics smoke test unit check bench tune compare-precision chaos soak fuzz deploy-layout clean distclean FORCE
 
 install: $(STAMP)
 
@@ -41,6 +42,7 @@ package: $(STAMP) $(MODEL_DIR)/config.json
 	$(PACKAGE)
 
 ## serve: install, build, package, start TorchServe and wait until the model is READY
+##        (PRECISION=bf16: the fast mode on a CPU with native bf16; see docs/bench/README.md)
 serve:
 	@bash scripts/check_java.sh
 	@$(MAKE) --no-print-directory $(MAR)
@@ -72,9 +74,17 @@ $(BENCH): $(STAMP) pyproject.toml
 bench: $(MAR) $(BENCH)
 	$(PY) scripts/bench.py --out docs/bench
 
-## tune: sweep batch size x delay (x workers/threads) at CONCURRENCY clients -> docs/tune/
+## tune: batch size x delay x workers/threads at 1..64 clients: the config closest to the best
+##       at every load, and what TorchServe's logging costs -> docs/tune/
 tune: $(MAR) $(BENCH)
-	$(PY) scripts/tune.py --p99-ms $(P99_MS) --concurrency $(CONCURRENCY) --out docs/tune
+	$(PY) scripts/tune.py --out docs/tune
+
+## compare-precision: fp32 vs PRECISION (default bf16) on TEXTS (one per line; default the
+##        corpus) with MODEL_DIR: texts/s, largest score change, flipped labels -> build/
+compare-precision: $(STAMP) $(MODEL_DIR)/config.json
+	$(PY) scripts/compare_precision.py --model-dir $(MODEL_DIR) --model-config $(MODEL_CONFIG) \
+	  --precision $(or $(filter-out fp32,$(PRECISION)),bf16) $(if $(TEXTS),--texts $(TEXTS)) \
+	  --out build/compare-precision.json
 
 ## chaos: faults and overload against a real server -> docs/chaos/chaos.json
 chaos: $(MAR) $(BENCH)
@@ -104,7 +114,7 @@ check: $(STAMP)
 	$(VENV)/bin/pip-audit --skip-editable --progress-spinner off
 
 clean: stop
-	rm -rf build $(STATE_DIR) model_store/*.mar model_store/*.mar.source .pytest_cache
+	rm -rf build $(STATE_DIR) model_store/*.mar model_store/*.mar.source model_store/*.mar.model-config.yaml .pytest_cache
 
 distclean: clean
 	rm -rf $(VENV)

@@ -9,6 +9,7 @@ function (``handler.scoring``); per-request options are applied afterwards, per 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -116,8 +117,9 @@ def forward(
 ) -> torch.Tensor:
     """Float32 logits on the CPU, one row per input: one move to the device and one back.
 
-    On CUDA the host tensors are pinned (when enabled) so the copy can be asynchronous, and the
-    forward runs under fp16 autocast when ``half_precision`` is on; logits leave as float32.
+    On CUDA the host tensors are pinned (when enabled) so the copy can be asynchronous. The
+    forward runs in the precision's plan (``handler.precision``): bf16 weights on the CPU, or
+    autocast on CUDA; logits leave as float32 either way.
     """
     device = loaded.device
     on_cuda = device.type == "cuda"
@@ -126,11 +128,10 @@ def forward(
         inputs["token_type_ids"] = token_type_ids
     if on_cuda and loaded.pin_memory:
         inputs = {name: tensor.pin_memory() for name, tensor in inputs.items()}
+    autocast = loaded.precision.autocast
     with (
         torch.inference_mode(),
-        torch.autocast(
-            device_type=device.type, dtype=torch.float16, enabled=on_cuda and loaded.half_precision
-        ),
+        torch.autocast(device.type, dtype=autocast) if autocast else contextlib.nullcontext(),
     ):
         on_device = {name: t.to(device, non_blocking=on_cuda) for name, t in inputs.items()}
         logits: torch.Tensor = loaded.model(**on_device).logits.float().cpu()

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+from handler.precision import Plan, check_precision, hardware_of, plan_for
 from handler.scoring import ScoreFunction, resolve_score_function
 from handler.settings import HandlerSettings
 
@@ -23,7 +24,8 @@ class LoadedModel:
     tokenizer: Any
     labels: tuple[str, ...]
     device: torch.device
-    half_precision: bool = False
+    precision: Plan = Plan(weights=torch.float32, autocast=None)
+    """How the forward runs: the weights' dtype, and autocast's dtype when it is used."""
     pin_memory: bool = False
     score_function: ScoreFunction = ScoreFunction.SOFTMAX
     multi_label_threshold: float | None = None
@@ -57,6 +59,8 @@ def label_names(
 
 def load_model(model_dir: Path, settings: HandlerSettings, gpu_id: int | None) -> LoadedModel:
     device = select_device(settings.device, gpu_id)
+    check_precision(settings.precision, hardware_of(device))
+    precision = plan_for(settings.precision, device.type)
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
     tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
@@ -68,7 +72,7 @@ def load_model(model_dir: Path, settings: HandlerSettings, gpu_id: int | None) -
         use_safetensors=True,
         attn_implementation=settings.attention,
     )
-    model.to(device).eval()
+    model.to(device=device, dtype=precision.weights).eval()
     if settings.quantize_int8 and device.type == "cpu":
         model = quantize_linear_int8(model)
     positions = getattr(model.config, "max_position_embeddings", settings.max_length)
@@ -82,9 +86,10 @@ def load_model(model_dir: Path, settings: HandlerSettings, gpu_id: int | None) -
     )
     multi_label = function is ScoreFunction.SIGMOID and len(labels) > 1
     logger.info(
-        "loaded %s on %s: labels=%s score_function=%s %s%s max_length=%d torch_threads=%d",
+        "loaded %s on %s in %s: labels=%s score_function=%s %s%s max_length=%d torch_threads=%d",
         model.config.model_type,
         device,
+        settings.precision,
         list(labels),
         function.value,
         source,
@@ -97,7 +102,7 @@ def load_model(model_dir: Path, settings: HandlerSettings, gpu_id: int | None) -
         tokenizer=tokenizer,
         labels=labels,
         device=device,
-        half_precision=settings.half_precision,
+        precision=precision,
         pin_memory=settings.pin_memory,
         score_function=function,
         multi_label_threshold=settings.multi_label_threshold if multi_label else None,

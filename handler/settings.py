@@ -15,6 +15,7 @@ from typing import Any
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 SCORE_FUNCTION_CHOICES = ("auto", "softmax", "sigmoid", "none")
 ATTENTION_CHOICES = ("sdpa", "eager")
+PRECISION_CHOICES = ("fp32", "bf16", "fp16")
 
 
 @dataclass(frozen=True)
@@ -37,8 +38,9 @@ class HandlerSettings:
     """Label names by class index; empty means ``id2label`` of the model config."""
     attention: str = "sdpa"
     """Attention implementation: ``sdpa`` (PyTorch's fused kernel) or ``eager``."""
-    half_precision: bool = False
-    """CUDA only: run the forward under fp16 autocast."""
+    precision: str = "fp32"
+    """Forward pass: ``fp32`` (exact), ``bf16`` (a CPU with native bf16, or CUDA) or ``fp16``
+    (CUDA); one the hardware cannot run fails at worker start (``handler.precision``)."""
     pin_memory: bool = True
     """CUDA only: pin host tensors so the copy to the GPU is asynchronous."""
     quantize_int8: bool = False
@@ -68,6 +70,15 @@ class HandlerSettings:
         _require(
             self.attention in ATTENTION_CHOICES,
             f"attention must be one of {ATTENTION_CHOICES}, got {self.attention!r}",
+        )
+        _require(
+            self.precision in PRECISION_CHOICES,
+            f"precision must be one of {PRECISION_CHOICES}, got {self.precision!r}",
+        )
+        _require(
+            not (self.quantize_int8 and self.precision != "fp32"),
+            f"quantize_int8 runs fp32 activations; it cannot be combined with "
+            f"precision {self.precision!r}",
         )
         _require(self.torch_threads >= 0, f"torch_threads must be >= 0, got {self.torch_threads}")
         _require(

@@ -4,6 +4,11 @@ What the archive holds and how its source is recorded: ``bert_serve/harness/arch
 
     python scripts/package.py --model-dir build/bert-sentiment
     python scripts/package.py --model-dir build/bert-sentiment --stamp-only
+    python scripts/package.py --model-dir build/bert-sentiment --precision bf16
+
+``--precision`` packs the handler config with ``handler.precision`` replaced (kept beside the
+archive as ``bert.mar.model-config.yaml``), so ``make serve PRECISION=bf16`` serves the fast
+mode and ``make serve`` without it repackages the config as written.
 """
 
 from __future__ import annotations
@@ -19,8 +24,11 @@ from bert_serve.harness.archive import (
     source_record,
     stamp_for,
     update_stamp,
+    variant_config_for,
+    write_variant_config,
 )
 from bert_serve.harness.config import MODEL_NAME, ROOT
+from handler.settings import PRECISION_CHOICES
 
 
 def main() -> int:
@@ -35,15 +43,25 @@ def main() -> int:
         "--model-config", type=Path, default=MODEL_CONFIG, help="the handler config to pack"
     )
     parser.add_argument(
+        "--precision",
+        choices=PRECISION_CHOICES,
+        help="pack the handler config with this precision (default: as the config says)",
+    )
+    parser.add_argument(
         "--stamp-only",
         action="store_true",
         help="only refresh the archive's .source stamp (rewritten when the source changed)",
     )
     args = parser.parse_args()
     model_dir, model_config = args.model_dir.resolve(), args.model_config.resolve()
+    archive = args.export_path.resolve() / f"{MODEL_NAME}.mar"
+    if args.precision:
+        model_config = write_variant_config(
+            variant_config_for(archive), model_config, handler_changes={"precision": args.precision}
+        )
     if args.stamp_only:
         check_model_dir(model_dir)
-        stamp = stamp_for(args.export_path.resolve() / f"{MODEL_NAME}.mar")
+        stamp = stamp_for(archive)
         if update_stamp(stamp, source_record(model_dir, model_config)):
             print(f"{stamp.name}: the model folder or handler config changed; repackaging")
         return 0

@@ -8,6 +8,7 @@
 - ``corpus``: the labelled reviews and the deterministic mixed-length benchmark corpus;
 - ``batchlog``: the handler's per-batch log lines, read over a window of time;
 - ``measure``: "this config at these loads", the step bench and tune repeat;
+- ``compare``: fp32 against a faster precision on a user's texts (speed, score changes, flips);
 - ``inprocess``, ``peer``, ``reports``: the benchmark's in-process runs, its LitServe peer,
   and the JSON summaries and plots of bench and tune;
 - ``faults``: the chaos experiments; ``kills``: the chaos kill runs (many worker kills, counting

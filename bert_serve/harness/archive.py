@@ -37,6 +37,7 @@ PICKLED_SUFFIXES = {".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".h5", ".
 BATCH_KEYS = {"batchSize", "maxBatchDelay", "minWorkers", "maxWorkers"}
 SOURCE_FILE = "mar-source.json"
 STAMP_SUFFIX = ".source"
+VARIANT_CONFIG_SUFFIX = ".model-config.yaml"
 
 
 def check_model_dir(model_dir: Path) -> None:
@@ -164,18 +165,41 @@ def package(model_dir: Path, export_path: Path, model_config: Path = MODEL_CONFI
     return archive
 
 
+def write_variant_config(
+    path: Path,
+    base: Path = MODEL_CONFIG,
+    changes: dict[str, Any] | None = None,
+    handler_changes: dict[str, Any] | None = None,
+) -> Path:
+    """``base`` with ``changes`` at its top level (e.g. responseTimeout) and ``handler_changes``
+    in its ``handler:`` section, written to ``path`` only when its text differs, so the
+    archive's source record (which hashes it) changes only when the settings do."""
+    config = yaml.safe_load(base.read_text())
+    config |= changes or {}
+    config["handler"] = config["handler"] | (handler_changes or {})
+    text = yaml.safe_dump(config)
+    if not path.is_file() or path.read_text() != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return path
+
+
+def variant_config_for(archive: Path) -> Path:
+    """Where the handler config of an archive packaged with changed settings is kept: beside
+    the archive, so two stores never share one."""
+    return archive.with_name(archive.name + VARIANT_CONFIG_SUFFIX)
+
+
 def package_variant(
     store: Path,
     changes: dict[str, Any] | None = None,
     handler_changes: dict[str, Any] | None = None,
     model_dir: Path = DEFAULT_MODEL_DIR,
 ) -> Path:
-    """Package ``model_dir`` into ``store`` with config/model-config.yaml changed: ``changes``
-    at its top level (e.g. responseTimeout), ``handler_changes`` in its ``handler:`` section."""
-    config = yaml.safe_load(MODEL_CONFIG.read_text())
-    config |= changes or {}
-    config["handler"] = config["handler"] | (handler_changes or {})
-    store.mkdir(parents=True, exist_ok=True)
-    config_file = store / "model-config.yaml"
-    config_file.write_text(yaml.safe_dump(config))
+    """Package ``model_dir`` into ``store`` with config/model-config.yaml changed (see
+    ``write_variant_config``)."""
+    archive = store / f"{MODEL_NAME}.mar"
+    config_file = write_variant_config(
+        variant_config_for(archive), MODEL_CONFIG, changes, handler_changes
+    )
     return package(model_dir, store, config_file)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -13,6 +14,7 @@ MODEL_VERSION = "1.0"
 ADDRESS_KEYS = ("inference_address", "management_address", "metrics_address")
 PATH_KEYS = ("model_store", "metrics_config")
 GRPC_PORT_KEYS = ("grpc_inference_port", "grpc_management_port")
+LOG_CONFIG_FLAG = "-Dlog4j.configurationFile="
 
 
 def read_properties(path: Path) -> dict[str, str]:
@@ -38,7 +40,29 @@ def effective_properties(
         if key in properties:
             path = Path(properties[key])
             properties[key] = str(path if path.is_absolute() else ROOT / path)
+    if "vmargs" in properties:
+        properties["vmargs"] = with_log_config(properties["vmargs"], lambda path: ROOT / path)
     return properties
+
+
+def log_config_path(vmargs: str) -> Path | None:
+    """The log4j2 file named in ``vmargs`` (``-Dlog4j.configurationFile=...``), if any."""
+    for word in vmargs.split():
+        if word.startswith(LOG_CONFIG_FLAG):
+            return Path(word.removeprefix(LOG_CONFIG_FLAG))
+    return None
+
+
+def with_log_config(vmargs: str, place: Callable[[Path], Path]) -> str:
+    """``vmargs`` with a relative log4j2 path replaced by ``place(path)`` (TorchServe would
+    resolve it against its working directory, the instance's state folder)."""
+    words = []
+    for word in vmargs.split():
+        if word.startswith(LOG_CONFIG_FLAG):
+            path = Path(word.removeprefix(LOG_CONFIG_FLAG))
+            word = LOG_CONFIG_FLAG + str(path if path.is_absolute() else place(path))
+        words.append(word)
+    return " ".join(words)
 
 
 def free_port() -> int:

@@ -8,7 +8,8 @@ a container needs is rewritten:
 
 - listeners bind 0.0.0.0 for inference and metrics (kubelet probes, the Service, Prometheus);
   management and gRPC stay on 127.0.0.1 inside the pod, on the same ports;
-- paths point into /mnt/models (model_store, and metrics_config, whose yaml is copied too);
+- paths point into /mnt/models (model_store, metrics_config and the log4j2 config named in
+  vmargs, whose files are copied too);
 - token authorization is off: kubelet probes cannot send a token that TorchServe generates
   at start, so authentication belongs to the ingress, mesh or NetworkPolicy (deploy/README.md).
 
@@ -23,7 +24,14 @@ import importlib.metadata
 import shutil
 from pathlib import Path
 
-from bert_serve.harness.config import BASE_CONFIG, ROOT, properties_text, read_properties
+from bert_serve.harness.config import (
+    BASE_CONFIG,
+    ROOT,
+    log_config_path,
+    properties_text,
+    read_properties,
+    with_log_config,
+)
 
 MOUNT = "/mnt/models"
 MAR_PATH = ROOT / "model_store" / "bert.mar"
@@ -48,6 +56,10 @@ def container_properties(base: dict[str, str]) -> dict[str, str]:
     properties["model_store"] = f"{MOUNT}/model-store"
     if "metrics_config" in base:
         properties["metrics_config"] = f"{MOUNT}/config/{Path(base['metrics_config']).name}"
+    if "vmargs" in base:
+        properties["vmargs"] = with_log_config(
+            base["vmargs"], lambda path: Path(f"{MOUNT}/config/{path.name}")
+        )
     properties["disable_token_authorization"] = "true"
     return properties
 
@@ -82,6 +94,10 @@ def write_layout(out: Path, base_config: Path = BASE_CONFIG, mar: Path = MAR_PAT
         metrics = Path(base["metrics_config"])
         source = metrics if metrics.is_absolute() else ROOT / metrics
         shutil.copy2(source, out / "config" / metrics.name)
+    log_config = log_config_path(base.get("vmargs", ""))
+    if log_config is not None:
+        source = log_config if log_config.is_absolute() else ROOT / log_config
+        shutil.copy2(source, out / "config" / log_config.name)
     shutil.copy2(mar, out / "model-store" / mar.name)
     (out / "requirements.txt").write_text(requirements())
     return out

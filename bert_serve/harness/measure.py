@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from bert_serve.client import Client
 from bert_serve.harness.batchlog import LogWindow, batch_summary
@@ -52,17 +55,13 @@ def at_loads(
     return results
 
 
-def measure_server(
-    name: str, server: Server, corpus: Sequence[str], loads: Loads
-) -> dict[str, Any]:
-    """The batch settings TorchServe applied, and the server at each load."""
-    model = server.model()
-    return {
-        "config": {key: model[key] for key in BATCH_KEYS},
-        "by_concurrency": at_loads(
-            name, server.predict_url, server.headers(), corpus, loads, server.model_log
-        ),
-    }
+def worker_memory(server: Server) -> list[dict[str, float]]:
+    """Each worker's resident memory and the part only it holds (USS), in MB."""
+    out = []
+    for worker in server.workers():
+        info = psutil.Process(int(worker["pid"])).memory_full_info()
+        out.append({"rss_mb": round(info.rss / 1e6, 1), "uss_mb": round(info.uss / 1e6, 1)})
+    return out
 
 
 def measure_config(
@@ -72,12 +71,105 @@ def measure_config(
     loads: Loads,
     then: Callable[[Server], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """``measure_server`` on a server of its own started with ``overrides``; ``then`` runs on
-    the same server afterwards and adds its keys to the result."""
-    prefix = "measure-" + re.sub(r"\W+", "-", name) + "-"
-    with running(overrides, prefix=prefix) as server:
-        result = measure_server(name, server, corpus, loads)
+    """One config on a server of its own: its applied batch settings, start-up time, worker
+    memory and each load; ``then`` runs on the same server afterwards and adds its keys."""
+    with servers({name: overrides}) as started:
+        item = started[name]
+        server: Server = item["server"]
+        result = {key: item[key] for key in ("config", "startup_s", "worker_memory")}
+        result["by_concurrency"] = at_loads(
+            name, server.predict_url, server.headers(), corpus, loads, server.model_log
+        )
         return result | (then(server) if then else {})
+
+
+def process_cpu_s(pid: int) -> float:
+    times = psutil.Process(pid).cpu_times()
+    return float(times.user + times.system)
+
+
+def frontend_cost(
+    name: str, overrides: dict[str, str], corpus: Sequence[str], level: int, loads: Loads
+) -> dict[str, Any]:
+    """Requests/s at ``level`` clients, and what each request cost TorchServe's frontend (the
+    Java process: HTTP, batching, logging) in CPU time and in log bytes written."""
+    prefix = "frontend-" + re.sub(r"\W+", "-", name) + "-"
+    with running(overrides, prefix=prefix) as server:
+        pid = server.pid()
+        if pid is None:
+            raise RuntimeError(f"{name}: the frontend is not running")
+        logs = server.state_dir / "logs"
+        run_texts(
+            server.predict_url, server.headers(), corpus, level, loads.warmup, f"{name} warm-up"
+        )
+        cpu_before = process_cpu_s(pid)
+        bytes_before = sum(item.stat().st_size for item in logs.iterdir() if item.is_file())
+        result = run_texts(server.predict_url, server.headers(), corpus, level, loads.seconds, name)
+        cpu_ms = (process_cpu_s(pid) - cpu_before) * 1000
+        written = (
+            sum(item.stat().st_size for item in logs.iterdir() if item.is_file()) - bytes_before
+        )
+        requests = max(result["requests"], 1)
+        return {
+            "rps": result["rps"],
+            "p50_ms": result["p50_ms"],
+            "errors": result["errors"],
+            "frontend_cpu_ms_per_request": round(cpu_ms / requests, 3),
+            "log_bytes_per_request": round(written / requests),
+        }
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Something to load: a name, its predict URL and headers, and the handler's log if any."""
+
+    name: str
+    url: str
+    headers: dict[str, str]
+    batch_log: Path | None = None
+
+
+def endpoint(name: str, server: Server) -> Endpoint:
+    return Endpoint(name, server.predict_url, server.headers(), server.model_log)
+
+
+def interleaved(
+    endpoints: Sequence[Endpoint], corpus: Sequence[str], loads: Loads
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """{name: {level: load summary}}, every endpoint in turn at each level, so a slow spell
+    of a shared machine falls on all of them alike instead of on whichever ran then."""
+    results: dict[str, dict[str, dict[str, Any]]] = {item.name: {} for item in endpoints}
+    for level in loads.levels:
+        one_level = Loads([level], loads.seconds, loads.warmup)
+        for item in endpoints:
+            measured = at_loads(
+                item.name, item.url, item.headers, corpus, one_level, item.batch_log
+            )
+            results[item.name] |= measured
+    return results
+
+
+@contextmanager
+def servers(configs: Mapping[str, dict[str, str]]) -> Iterator[dict[str, dict[str, Any]]]:
+    """One TorchServe per named config, started one after another (each one's start-up time
+    measured alone), all running until the block ends, then all stopped. Yields {name:
+    {"server", "startup_s", "config", "worker_memory"}}, memory taken after a first request."""
+    with ExitStack() as stack:
+        started: dict[str, dict[str, Any]] = {}
+        for name, overrides in configs.items():
+            prefix = "measure-" + re.sub(r"\W+", "-", name) + "-"
+            began = time.monotonic()
+            server = stack.enter_context(running(overrides, prefix=prefix))
+            startup_s = round(time.monotonic() - began, 1)
+            model = server.model()
+            run_texts(server.predict_url, server.headers(), ["warm"], 1, 0.3, f"{name} first")
+            started[name] = {
+                "server": server,
+                "startup_s": startup_s,
+                "config": {key: model[key] for key in BATCH_KEYS},
+                "worker_memory": worker_memory(server),
+            }
+        yield started
 
 
 def client_lists(

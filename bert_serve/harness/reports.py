@@ -45,7 +45,66 @@ def bench_ratios(results: dict[str, Any]) -> dict[str, Any]:
         out["client_lists_vs_ceiling"] = round(best_lists / ceiling["texts_per_s"], 2)
     out["padding_efficiency"] = batched[top].get("padding_efficiency")
     out["errors_batched"] = sum(level["errors"] for level in batched.values())
-    return out | _p99_bound(results)
+    return out | _p99_bound(results) | {"modes": _modes(scenarios), "bars": _bars(results)}
+
+
+def _modes(scenarios: dict[str, Any]) -> dict[str, Any]:
+    """Start-up time and memory per worker of each TorchServe scenario."""
+    out = {}
+    for name, scenario in scenarios.items():
+        memory = scenario.get("worker_memory")
+        if not memory:
+            continue
+        out[name] = {
+            "startup_s": scenario["startup_s"],
+            "worker_rss_mb": round(sum(m["rss_mb"] for m in memory) / len(memory), 1),
+            "worker_uss_mb": round(sum(m["uss_mb"] for m in memory) / len(memory), 1),
+        }
+    return out
+
+
+def _bar(value: float | None, bar: str, met: bool) -> dict[str, Any]:
+    return {"value": value, "bar": bar, "met": met}
+
+
+def _bars(results: dict[str, Any]) -> dict[str, Any]:
+    """The issue's bars that this run has the scenarios for, each with its value."""
+    scenarios = results["scenarios"]
+
+    def level(name: str, clients: int) -> dict[str, Any] | None:
+        found: dict[str, Any] | None = (
+            scenarios.get(name, {}).get("by_concurrency", {}).get(str(clients))
+        )
+        return found
+
+    bars: dict[str, Any] = {}
+    for clients, floor in ((1, 0.9), (8, 0.95), (32, 1.4)):
+        default, bs1 = level("torchserve_batched", clients), level("torchserve_bs1", clients)
+        if default and bs1:
+            ratio = _ratio(default["rps"], bs1["rps"])
+            bars[f"default_vs_bs1_rps_at_{clients}"] = _bar(ratio, f">= {floor}", ratio >= floor)
+            if clients == 1:
+                extra = round(default["p50_ms"] - bs1["p50_ms"], 1)
+                bars["default_p50_minus_bs1_ms_at_1"] = _bar(extra, "<= 5", extra <= 5)
+    default, fast = level("torchserve_batched", 32), level("torchserve_bf16", 32)
+    if default and fast:
+        ratio = _ratio(fast["rps"], default["rps"])
+        bars["bf16_vs_default_rps_at_32"] = _bar(ratio, ">= 1.6", ratio >= 1.6)
+    options = results.get("execution_options", {})
+    if "bf16_accuracy_change_points" in options:
+        change = options["bf16_accuracy_change_points"]
+        bars["bf16_held_out_accuracy_change_points"] = _bar(change, ">= -1", change >= -1)
+    if "precision" in results:
+        unchanged = results["precision"]["labels_unchanged_pct"]
+        bars["bf16_corpus_labels_unchanged_pct"] = _bar(unchanged, ">= 99.5", unchanged >= 99.5)
+    if default:
+        ratio = _ratio(default["rps"], results["ceiling"]["texts_per_s"])
+        bars["default_vs_ceiling_at_32"] = _bar(ratio, ">= 0.8", ratio >= 0.8)
+    peer = level("litserve", 32)
+    if default and peer:
+        ratio = _ratio(default["rps"], peer["rps"])
+        bars["default_vs_litserve_at_32"] = _bar(ratio, "> 1", ratio > 1)
+    return bars
 
 
 def _p99_bound(results: dict[str, Any]) -> dict[str, Any]:
@@ -75,13 +134,11 @@ def pyplot() -> Any:
 
 
 def plot_bench(results: dict[str, Any], out: Path) -> None:
-    """``throughput.png`` and ``latency.png``: each scenario against concurrency."""
+    """``serving.png``: requests/s, p50 and p99 against clients, one line per scenario."""
     plt = pyplot()
-    for metric, ylabel, filename in (
-        ("rps", "requests/s", "throughput.png"),
-        ("p99_ms", "p99 latency (ms)", "latency.png"),
-    ):
-        figure, axes = plt.subplots(figsize=(7, 4.2))
+    panels = (("rps", "requests/s"), ("p50_ms", "p50 latency (ms)"), ("p99_ms", "p99 latency (ms)"))
+    figure, axes_row = plt.subplots(1, 3, figsize=(15, 4.4))
+    for axes, (metric, ylabel) in zip(axes_row, panels, strict=True):
         for name, scenario in results["scenarios"].items():
             levels = sorted(scenario["by_concurrency"], key=int)
             values = [scenario["by_concurrency"][level][metric] for level in levels]
@@ -91,39 +148,59 @@ def plot_bench(results: dict[str, Any], out: Path) -> None:
                 results["ceiling"]["texts_per_s"],
                 linestyle="--",
                 color="grey",
-                label=f"in-process ceiling (batch {results['ceiling']['best_batch_size']})",
+                label=f"in-process ceiling fp32 (batch {results['ceiling']['best_batch_size']})",
             )
         axes.set_xscale("log", base=2)
+        if metric != "rps":
+            axes.set_yscale("log")  # one slow peer must not flatten the others' latencies
         axes.set_xlabel("concurrent clients")
         axes.set_ylabel(ylabel)
-        axes.set_title(f"{ylabel} vs concurrency ({results['machine']['cpus']} CPU cores)")
         axes.grid(alpha=0.3)
-        axes.legend(fontsize=8)
-        figure.tight_layout()
-        figure.savefig(out / filename, dpi=110)
-        plt.close(figure)
+    axes_row[0].legend(fontsize=8)
+    figure.suptitle(f"Served model against concurrency ({results['machine']['cpus']} CPU cores)")
+    figure.tight_layout()
+    figure.savefig(out / "serving.png", dpi=110)
+    plt.close(figure)
 
 
-def recommend(runs: list[dict[str, Any]], p99_ms: float) -> dict[str, Any]:
-    """The error-free run with the most requests/s within the p99 target; else the lowest p99."""
-    clean = [run for run in runs if run["errors"] == 0]
-    meeting = [run for run in clean if run["p99_ms"] <= p99_ms]
-    if meeting:
-        return {"meets_target": True, **max(meeting, key=lambda run: run["rps"])}
-    return {"meets_target": False, **min(clean or runs, key=lambda run: run["p99_ms"])}
+def recommend_across_loads(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The config whose worst ratio to the best requests/s at each load is the highest.
+
+    Every run has ``by_concurrency`` at the same levels. A run with errors at some level
+    scores 0 there. In a closed loop, requests/s at a level fixes the mean latency
+    (clients / requests/s), so the ratio covers both."""
+    levels = sorted({level for run in runs for level in run["by_concurrency"]}, key=int)
+
+    def rps(run: dict[str, Any], level: str) -> float:
+        measured = run["by_concurrency"][level]
+        return 0.0 if measured["errors"] else float(measured["rps"])
+
+    best_at = {level: max(rps(run, level) for run in runs) for level in levels}
+    scored = []
+    for run in runs:
+        ratios = {level: _ratio(rps(run, level), best_at[level]) for level in levels}
+        scored.append({"name": run["name"], "config": run["config"], "ratios": ratios})
+    ranking = sorted(
+        scored,
+        key=lambda item: (min(item["ratios"].values()), sum(item["ratios"].values())),
+        reverse=True,
+    )
+    best = ranking[0]
+    return best | {
+        "worst_ratio": min(best["ratios"].values()),
+        "best_rps_at": best_at,
+        "ranking": [
+            {"name": item["name"], "worst_ratio": min(item["ratios"].values())} for item in ranking
+        ],
+    }
 
 
-def tune_snippet(best: dict[str, Any], p99_ms: float, concurrency: int) -> str:
+def tune_snippet(best: dict[str, Any], loads: list[int]) -> str:
     """The recommendation as lines to paste into config/config.properties."""
     config = best["config"]
-    missed = (
-        ""
-        if best["meets_target"]
-        else (f" (NO config met p99 <= {p99_ms:g} ms; this is the lowest p99)")
-    )
     lines = [
-        f"# Recommended by `make tune P99_MS={p99_ms:g}` at {concurrency} concurrent clients:",
-        f"# {best['rps']} requests/s, p99 {best['p99_ms']} ms{missed}",
+        f"# Recommended by `make tune` over {', '.join(map(str, loads))} concurrent clients:",
+        f"# {best['name']}, at least {best['worst_ratio']:.2f}x the best config's requests/s at every load",
         "# Paste into config/config.properties (replacing the models= line).",
         f"models={models_entry(config['batch_size'], config['delay_ms'], config['workers'])}",
         f"# and in config/model-config.yaml: handler.torch_threads: {config['threads']} (then make package)",
@@ -131,23 +208,39 @@ def tune_snippet(best: dict[str, Any], p99_ms: float, concurrency: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_tune(runs: list[dict[str, Any]], p99_ms: float, out: Path) -> None:
-    """``tune.png``: requests/s and p99 per config, with the target."""
+def plot_tune(runs: list[dict[str, Any]], best: dict[str, Any], out: Path) -> None:
+    """``tune.png``: requests/s against clients per config, and each config's ratio to the
+    best at each load, with the recommendation drawn thick."""
     plt = pyplot()
-    names = [run["name"] for run in runs]
-    figure, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6.5), sharex=True)
-    top.bar(names, [run["rps"] for run in runs], color="tab:blue")
+    figure, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7.5), sharex=True)
+    for run in runs:
+        levels = sorted(run["by_concurrency"], key=int)
+        width = 3 if run["name"] == best["name"] else 1.2
+        x = [int(level) for level in levels]
+        top.plot(
+            x,
+            [run["by_concurrency"][level]["rps"] for level in levels],
+            marker="o",
+            linewidth=width,
+            label=run["name"],
+        )
+        bottom.plot(
+            x,
+            [run["by_concurrency"][level]["rps"] / best["best_rps_at"][level] for level in levels],
+            marker="o",
+            linewidth=width,
+            label=run["name"],
+        )
     top.set_ylabel("requests/s")
     top.set_title(
-        "Throughput and p99 latency per config (b=batch size, d=max batch delay ms, w=workers, t=threads)"
+        "Each config at each load (b=batch size, d=maxBatchDelay ms, w=workers, t=threads)"
     )
-    bottom.bar(names, [run["p99_ms"] for run in runs], color="tab:orange")
-    bottom.axhline(p99_ms, linestyle="--", color="grey", label=f"p99 target {p99_ms:g} ms")
-    bottom.set_ylabel("p99 latency (ms)")
-    bottom.legend(fontsize=8)
-    plt.setp(bottom.get_xticklabels(), rotation=45, ha="right", fontsize=8)
+    bottom.set_ylabel("ratio to the best config at that load")
+    bottom.set_xlabel("concurrent clients")
+    bottom.set_xscale("log", base=2)
     for axes in (top, bottom):
-        axes.grid(axis="y", alpha=0.3)
+        axes.grid(alpha=0.3)
+    top.legend(fontsize=8, ncol=2)
     figure.tight_layout()
     figure.savefig(out / "tune.png", dpi=110)
     plt.close(figure)

@@ -6,20 +6,27 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 from tests.conftest import ROOT
 
 
-def test_bench_smoke_run_writes_results(tmp_path) -> None:
+def run_tool(script: str, out: Path, *args: str) -> dict[str, Any]:
+    """Run ``scripts/<script>`` with ``--out out``; the results.json it wrote."""
     result = subprocess.run(
-        [sys.executable, "scripts/bench.py", "--smoke", "--out", str(tmp_path)],
+        [sys.executable, f"scripts/{script}", "--out", str(out), *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=400,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    results = json.loads((tmp_path / "results.json").read_text())
+    return dict(json.loads((out / "results.json").read_text()))
+
+
+def test_bench_smoke_run_writes_results(tmp_path) -> None:
+    results = run_tool("bench.py", tmp_path, "--smoke")
     assert results["ceiling"]["texts_per_s"] > 0
     level = results["scenarios"]["torchserve_batched"]["by_concurrency"]["2"]
     assert level["requests"] > 0 and level["errors"] == 0
@@ -28,5 +35,20 @@ def test_bench_smoke_run_writes_results(tmp_path) -> None:
     assert lists[0]["texts"] == 64 and lists[0]["errors"] == 0 and lists[0]["texts_per_s"] > 0
     assert {"served_vs_ceiling", "padding_efficiency", "errors_batched"} <= set(results["ratios"])
     assert "client_lists_vs_single_texts" in results["ratios"]
-    assert (tmp_path / "throughput.png").stat().st_size > 0
-    assert (tmp_path / "latency.png").stat().st_size > 0
+    assert (tmp_path / "serving.png").stat().st_size > 0
+    default = results["scenarios"]["torchserve_batched"]
+    assert default["startup_s"] > 0 and default["worker_memory"][0]["uss_mb"] > 0
+
+
+def test_tune_smoke_run_recommends_across_loads(tmp_path) -> None:
+    candidates = ["b1d0w1t1", "b4d1w1t1"]
+    loads = ["--loads", "1", "2", "--seconds", "1", "--warmup", "0.3", "--log-rounds", "0"]
+    results = run_tool("tune.py", tmp_path, "--candidates", *candidates, *loads)
+    assert [run["name"] for run in results["runs"]] == ["b1d0w1t1", "b4d1w1t1"]
+    for run in results["runs"]:
+        assert set(run["by_concurrency"]) == {"1", "2"}
+    best = results["recommended"]
+    assert best["name"] in {"b1d0w1t1", "b4d1w1t1"}
+    assert 0 < best["worst_ratio"] <= 1 and set(best["ratios"]) == {"1", "2"}
+    assert "models=" in (tmp_path / "recommended.properties").read_text()
+    assert (tmp_path / "tune.png").stat().st_size > 0

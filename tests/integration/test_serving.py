@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
+from bert_serve.harness.config import BASE_CONFIG, read_properties
 from tests.conftest import ROOT
 from tests.integration.conftest import model_log
 
@@ -103,12 +104,10 @@ def test_batch_settings_come_from_config_properties(server) -> None:
         f"{server.management_url}/models/bert", headers=server.headers("management"), timeout=30
     )
     model = response.json()[0]
-    assert (
-        model["batchSize"],
-        model["maxBatchDelay"],
-        model["minWorkers"],
-        model["maxWorkers"],
-    ) == (16, 20, 2, 2)
+    configured = json.loads(read_properties(BASE_CONFIG)["models"])["bert"]["1.0"]
+    keys = ("batchSize", "maxBatchDelay", "minWorkers", "maxWorkers")
+    assert {key: model[key] for key in keys} == {key: configured[key] for key in keys}
+    assert configured["batchSize"] > 1, "the default config batches"
     assert model["responseTimeout"] == 60
 
 

@@ -181,7 +181,7 @@ def test_dockerfile_copies_what_the_layout_contains(
 def test_layout_keeps_batching_and_limits_single_sourced(layout_config: dict[str, str]) -> None:
     """Only addresses, paths and token auth differ from config/config.properties."""
     base = read_properties(BASE_CONFIG)
-    rewritten = {*deploy_layout.PUBLIC_KEYS, "model_store", "metrics_config"}
+    rewritten = {*deploy_layout.PUBLIC_KEYS, "model_store", "metrics_config", "vmargs"}
     for key, value in base.items():
         if key in rewritten or key in deploy_layout.DROPPED_KEYS:
             continue
@@ -201,6 +201,11 @@ def test_layout_files(layout: Path, layout_config: dict[str, str]) -> None:
         ROOT / "config" / "metrics.yaml"
     ).read_bytes()
     assert (layout / "model-store" / "bert.mar").stat().st_size == MAR_PATH.stat().st_size
+    log_config = Path(layout_config["vmargs"].split("-Dlog4j.configurationFile=", 1)[1])
+    assert log_config == Path(deploy_layout.MOUNT) / "config" / "log4j2.xml"
+    assert (layout / "config" / log_config.name).read_bytes() == (
+        ROOT / "config" / "log4j2.xml"
+    ).read_bytes()
     pins = dict(line.split("==") for line in (layout / "requirements.txt").read_text().splitlines())
     assert set(pins) == set(deploy_layout.RUNTIME_PACKAGES)
     for name, version in pins.items():

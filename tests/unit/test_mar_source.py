@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import yaml
 
 from bert_serve.harness.archive import MODEL_CONFIG, SOURCE_FILE, source_record, stamp_for
 from tests.conftest import MAR_PATH, REAL_MODEL_DIR, ROOT
@@ -40,8 +41,10 @@ def test_the_packaged_mar_is_built_from_the_default_model_and_config() -> None:
     )
 
 
-def make_mar(archive: Path, model_dir: Path, model_config: Path = MODEL_CONFIG) -> str:
-    """``make <archive>`` with this model folder and handler config; its output."""
+def make_mar(
+    archive: Path, model_dir: Path, model_config: Path = MODEL_CONFIG, precision: str = ""
+) -> str:
+    """``make <archive>`` with this model folder, handler config and PRECISION; its output."""
     result = subprocess.run(
         [
             "make",
@@ -50,6 +53,7 @@ def make_mar(archive: Path, model_dir: Path, model_config: Path = MODEL_CONFIG) 
             f"MAR={archive}",
             f"MODEL_DIR={model_dir}",
             f"MODEL_CONFIG={model_config}",
+            f"PRECISION={precision}",
         ],
         cwd=ROOT,
         capture_output=True,
@@ -97,6 +101,32 @@ def test_make_repackages_when_the_source_changes(
     age(second, 3 * 86_400)
     assert "packaged" in make_mar(archive, second, config), "a changed model file was not packaged"
     assert stamp_for(archive).read_text() == source_record(second, config)
+
+
+def packed_handler_settings(archive: Path) -> dict:
+    with zipfile.ZipFile(archive) as mar:
+        config_file = json.loads(mar.read("MAR-INF/MANIFEST.json"))["model"]["configFile"]
+        return dict(yaml.safe_load(mar.read(config_file))["handler"])
+
+
+def test_make_precision_packages_that_precision_and_back(
+    head_model_dir: Callable[..., Path], tmp_path: Path
+) -> None:
+    """``make serve PRECISION=bf16`` serves a .mar whose handler config says bf16; the same
+    make without PRECISION repackages the config as written (fp32)."""
+    archive = tmp_path / "store" / "bert.mar"
+    model_dir = head_model_dir("single_label")
+    assert "packaged" in make_mar(archive, model_dir)
+    assert packed_handler_settings(archive)["precision"] == "fp32"
+
+    assert "packaged" in make_mar(archive, model_dir, precision="bf16")
+    settings = packed_handler_settings(archive)
+    written = yaml.safe_load(MODEL_CONFIG.read_text())["handler"]
+    assert settings == written | {"precision": "bf16"}
+    assert "packaged" not in make_mar(archive, model_dir, precision="bf16")
+
+    assert "packaged" in make_mar(archive, model_dir), "switching back to fp32 did not repackage"
+    assert packed_handler_settings(archive)["precision"] == "fp32"
 
 
 def test_packagings_at_the_same_time_do_not_mix(

@@ -44,9 +44,8 @@ def test_from_mapping_reads_every_field() -> None:
             "labels": ["negative", "positive"],
             "max_texts_per_request": 8,
             "attention": "eager",
-            "half_precision": True,
+            "precision": "bf16",
             "pin_memory": False,
-            "quantize_int8": True,
         }
     )
     assert settings == HandlerSettings(
@@ -58,9 +57,8 @@ def test_from_mapping_reads_every_field() -> None:
         labels=("negative", "positive"),
         max_texts_per_request=8,
         attention="eager",
-        half_precision=True,
+        precision="bf16",
         pin_memory=False,
-        quantize_int8=True,
     )
 
 
@@ -126,6 +124,11 @@ def test_wrong_type_is_rejected(key: str, value: Any) -> None:
         pytest.param({"device": "cuda:0"}, "device", id="device-indexed"),
         pytest.param({"torch_threads": -1}, "torch_threads", id="threads-negative"),
         pytest.param({"labels": ["a", "b", "a"]}, "labels must be unique", id="duplicate-labels"),
+        pytest.param({"precision": "fp8"}, "precision must be one of", id="precision-fp8"),
+        pytest.param({"precision": "BF16"}, "precision", id="precision-upper-case"),
+        pytest.param(
+            {"precision": "bf16", "quantize_int8": True}, "quantize_int8", id="int8-with-bf16"
+        ),
     ],
 )
 def test_out_of_range_values_are_rejected(raw: dict[str, Any], match: str) -> None:

@@ -1,0 +1,117 @@
+"""Precision of the forward pass: what the hardware can run decides, before any model loads."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from handler.inference import classify
+from handler.model import load_model
+from handler.precision import (
+    Hardware,
+    Plan,
+    check_precision,
+    cpu_flags_have_bf16,
+    cpu_has_native_bf16,
+    plan_for,
+)
+from handler.settings import HandlerSettings
+from tests.heads import HEADS
+
+CPU_WITH_BF16 = Hardware("cpu", native_bf16=True)
+CPU_WITHOUT_BF16 = Hardware("cpu", native_bf16=False)
+GPU_WITH_BF16 = Hardware("cuda", native_bf16=True)
+GPU_WITHOUT_BF16 = Hardware("cuda", native_bf16=False)
+
+
+@pytest.mark.parametrize(
+    ("precision", "hardware"),
+    [
+        ("fp32", CPU_WITHOUT_BF16),
+        ("fp32", GPU_WITHOUT_BF16),
+        ("bf16", CPU_WITH_BF16),
+        ("bf16", GPU_WITH_BF16),
+        ("fp16", GPU_WITHOUT_BF16),
+        ("fp16", GPU_WITH_BF16),
+    ],
+)
+def test_precisions_the_hardware_runs_are_accepted(precision: str, hardware: Hardware) -> None:
+    check_precision(precision, hardware)
+
+
+@pytest.mark.parametrize(
+    ("precision", "hardware", "reason"),
+    [
+        ("bf16", CPU_WITHOUT_BF16, "this CPU has no native bf16"),
+        ("bf16", GPU_WITHOUT_BF16, "this GPU does not support bf16"),
+        ("fp16", CPU_WITH_BF16, "fp16 needs a CUDA GPU"),
+        ("fp16", CPU_WITHOUT_BF16, "fp16 needs a CUDA GPU"),
+        ("int8", CPU_WITH_BF16, "precision must be one of"),
+    ],
+)
+def test_precisions_the_hardware_cannot_run_fail_with_the_reason(
+    precision: str, hardware: Hardware, reason: str
+) -> None:
+    with pytest.raises(ValueError, match=reason):
+        check_precision(precision, hardware)
+
+
+def test_plans_cast_weights_on_the_cpu_and_autocast_on_cuda() -> None:
+    assert plan_for("fp32", "cpu") == plan_for("fp32", "cuda") == Plan(torch.float32, None)
+    assert plan_for("bf16", "cpu") == Plan(torch.bfloat16, None)
+    assert plan_for("bf16", "cuda") == Plan(torch.float32, torch.bfloat16)
+    assert plan_for("fp16", "cuda") == Plan(torch.float32, torch.float16)
+
+
+@pytest.mark.parametrize(
+    ("cpuinfo", "machine", "expected"),
+    [
+        ("flags\t\t: fpu sse avx512f avx512_bf16 avx512_vnni\n", "x86_64", True),
+        ("flags\t\t: fpu sse avx512f amx_tile amx_bf16\n", "x86_64", True),
+        # AVX-512 alone: oneDNN would emulate bf16, slower than fp32.
+        ("flags\t\t: fpu sse avx512f avx512bw avx512vl avx512dq\n", "x86_64", False),
+        ("flags\t\t: fpu sse avx2\n", "x86_64", False),
+        ("Features\t: fp asimd bf16 i8mm\n", "aarch64", True),
+        ("Features\t: fp asimd\n", "aarch64", False),
+        ("", "x86_64", False),
+    ],
+)
+def test_native_bf16_is_read_from_the_cpu_flags(cpuinfo: str, machine: str, expected: bool) -> None:
+    assert cpu_flags_have_bf16(cpuinfo, machine) is expected
+
+
+def test_bf16_on_this_machine_loads_or_fails_at_start(tiny_model_dir: Path) -> None:
+    """Either way is decided at load: bf16 weights where the CPU has bf16, else the reason."""
+    settings = HandlerSettings(precision="bf16", device="cpu")
+    if not cpu_has_native_bf16():
+        with pytest.raises(ValueError, match="no native bf16"):
+            load_model(tiny_model_dir, settings, None)
+        return
+    loaded = load_model(tiny_model_dir, settings, None)
+    assert {parameter.dtype for parameter in loaded.model.parameters()} == {torch.bfloat16}
+
+
+def test_fp16_on_the_cpu_fails_at_start(tiny_model_dir: Path) -> None:
+    with pytest.raises(ValueError, match="fp16 needs a CUDA GPU"):
+        load_model(tiny_model_dir, HandlerSettings(precision="fp16", device="cpu"), None)
+
+
+@pytest.mark.skipif(not cpu_has_native_bf16(), reason="this CPU has no native bf16")
+@pytest.mark.parametrize("kind", sorted(HEADS))
+def test_bf16_scores_every_head_in_float32_close_to_fp32(
+    head_model_dir: Callable[..., Path], kind: str
+) -> None:
+    """Scores leave the forward as float32 and score the same way; bf16 moves them a little."""
+    model_dir = head_model_dir(kind)
+    texts = ["short", "a somewhat longer sentence to classify", "word " * 50]
+    exact, _ = classify(load_model(model_dir, HandlerSettings(), None), texts, 128, 256)
+    fast, _ = classify(
+        load_model(model_dir, HandlerSettings(precision="bf16"), None), texts, 128, 256
+    )
+    for got, expected in zip(fast, exact, strict=True):
+        assert got.scores.keys() == expected.scores.keys()
+        assert all(isinstance(score, float) for score in got.scores.values())
+        assert got.scores == pytest.approx(expected.scores, abs=0.1)
