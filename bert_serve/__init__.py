@@ -9,4 +9,11 @@ from bert_serve.client import (
     token_from_key_file,
 )
 
-__all__ = ["BertServeError", "Client", "ItemError", "ItemResult", "Prediction", "token_from_key_file"]
+__all__ = [
+    "BertServeError",
+    "Client",
+    "ItemError",
+    "ItemResult",
+    "Prediction",
+    "token_from_key_file",
+]

@@ -50,8 +50,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--key-file",
         help="TorchServe's key_file.json (or $BERT_SERVE_KEY_FILE; default: ./key_file.json or ./.run/key_file.json if present)",
     )
-    classify.add_argument("--chunk-size", type=int, default=DEFAULT_CHUNK_SIZE, help="texts per request")
-    classify.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="requests in flight")
+    classify.add_argument(
+        "--chunk-size", type=int, default=DEFAULT_CHUNK_SIZE, help="texts per request"
+    )
+    classify.add_argument(
+        "--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="requests in flight"
+    )
     classify.add_argument(
         "--timeout",
         type=float,
@@ -59,7 +63,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="seconds one attempt may wait for an answer before it is retried (default: the server's responseTimeout + 10)",
     )
     classify.add_argument(
-        "--retries", type=int, default=4, help="retries on a dead worker, 503, connection errors and timeouts"
+        "--retries",
+        type=int,
+        default=4,
+        help="retries on a dead worker, 503, connection errors and timeouts",
     )
     classify.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     return parser.parse_args(argv)
@@ -102,9 +109,17 @@ def classify_one(client: Client, text: str) -> int:
 def classify_file(client: Client, args: argparse.Namespace) -> int:
     outcomes: Counter[str] = Counter()
     with ExitStack() as stack:
-        source = sys.stdin.buffer if args.file == "-" else stack.enter_context(open(args.file, "rb"))
-        out = sys.stdout if args.out == "-" else stack.enter_context(open(args.out, "w", encoding="utf-8"))
-        progress = stack.enter_context(tqdm(unit="text", disable=args.no_progress or None, file=sys.stderr))
+        source = (
+            sys.stdin.buffer if args.file == "-" else stack.enter_context(open(args.file, "rb"))
+        )
+        out = (
+            sys.stdout
+            if args.out == "-"
+            else stack.enter_context(open(args.out, "w", encoding="utf-8"))
+        )
+        progress = stack.enter_context(
+            tqdm(unit="text", disable=args.no_progress or None, file=sys.stderr)
+        )
         results = client.classify_iter(
             read_lines(source), chunk_size=args.chunk_size, concurrency=args.concurrency
         )
@@ -130,7 +145,11 @@ def _outcome_name(result: ItemResult) -> str:
 def summary(outcomes: Counter[str]) -> str:
     """'500 texts: 495 classified (negative 270, positive 225), 5 failed (empty_text 3, ...)'."""
     labels = {name: n for name, n in outcomes.most_common() if not name.startswith("error:")}
-    errors = {name.removeprefix("error:"): n for name, n in outcomes.most_common() if name.startswith("error:")}
+    errors = {
+        name.removeprefix("error:"): n
+        for name, n in outcomes.most_common()
+        if name.startswith("error:")
+    }
     parts = [f"{sum(outcomes.values())} texts: {sum(labels.values())} classified"]
     if labels:
         parts[0] += " (" + ", ".join(f"{name} {n}" for name, n in labels.items()) + ")"
@@ -143,7 +162,13 @@ def summary(outcomes: Counter[str]) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        client = Client(args.url, model=args.model, token=resolve_token(args), timeout=args.timeout, retries=args.retries)
+        client = Client(
+            args.url,
+            model=args.model,
+            token=resolve_token(args),
+            timeout=args.timeout,
+            retries=args.retries,
+        )
         if args.file is None:
             return classify_one(client, args.text)
         return classify_file(client, args)

@@ -64,7 +64,15 @@ RETRY_STATUSES = frozenset({503, 507})
 # BatchAggregator.java); its status varies: 500, 507 (exit code 137), or the worker's own.
 WORKER_GONE_MESSAGES = frozenset({"Worker died.", "Worker scaled down."})
 REQUEST_WIDE_CODES = frozenset(
-    {"unauthorized", "model_not_found", "connection_failed", "request_failed", "http_400", "http_404", "http_405"}
+    {
+        "unauthorized",
+        "model_not_found",
+        "connection_failed",
+        "request_failed",
+        "http_400",
+        "http_404",
+        "http_405",
+    }
 )
 TORCHSERVE_STATUS_CODES = {
     404: "model_not_found",
@@ -77,7 +85,9 @@ TORCHSERVE_STATUS_CODES = {
 class BertServeError(Exception):
     """A request failed; `code` is the server's error code (or one named in the module docstring)."""
 
-    def __init__(self, code: str, message: str, status: int | None = None, request_id: str | None = None):
+    def __init__(
+        self, code: str, message: str, status: int | None = None, request_id: str | None = None
+    ):
         super().__init__(f"{code}: {message}" + (f" (HTTP {status})" if status else ""))
         self.code = code
         self.message = message
@@ -132,7 +142,12 @@ class ItemResult:
     def to_json(self) -> dict[str, Any]:
         if self.prediction is not None:
             p = self.prediction
-            return {"label": p.label, "score": p.score, "scores": p.scores, "truncated": p.truncated}
+            return {
+                "label": p.label,
+                "score": p.score,
+                "scores": p.scores,
+                "truncated": p.truncated,
+            }
         assert self.error is not None
         return {"error": {"code": self.error.code, "message": self.error.message}}
 
@@ -142,10 +157,14 @@ def token_from_key_file(path: str | Path) -> str:
     try:
         return str(json.loads(Path(path).read_text())["inference"]["key"])
     except (OSError, ValueError, KeyError, TypeError) as error:
-        raise BertServeError("invalid_key_file", f"cannot read an inference key from {path}: {error}") from error
+        raise BertServeError(
+            "invalid_key_file", f"cannot read an inference key from {path}: {error}"
+        ) from error
 
 
-def chunk_texts(texts: Iterable[str], chunk_size: int, max_request_bytes: int) -> Iterator[list[str]]:
+def chunk_texts(
+    texts: Iterable[str], chunk_size: int, max_request_bytes: int
+) -> Iterator[list[str]]:
     """Consecutive groups of at most `chunk_size` texts whose JSON body stays under the byte cap.
 
     A text too big for the cap on its own still goes, alone: the server then answers
@@ -176,7 +195,10 @@ def error_from_response(response: requests.Response) -> BertServeError:
     if isinstance(body, dict) and isinstance(body.get("error"), dict):
         error = body["error"]
         return BertServeError(
-            str(error.get("code")), str(error.get("message")), response.status_code, body.get("request_id", request_id)
+            str(error.get("code")),
+            str(error.get("message")),
+            response.status_code,
+            body.get("request_id", request_id),
         )
     kind = body.get("type", "") if isinstance(body, dict) else ""
     message = body.get("message", "") if isinstance(body, dict) else response.text
@@ -187,7 +209,9 @@ def error_from_response(response: requests.Response) -> BertServeError:
         code = "worker_died"
     else:
         code = TORCHSERVE_STATUS_CODES.get(response.status_code, f"http_{response.status_code}")
-    return BertServeError(code, message or kind or response.reason or "no message", response.status_code, request_id)
+    return BertServeError(
+        code, message or kind or response.reason or "no message", response.status_code, request_id
+    )
 
 
 def is_worker_gone(response: requests.Response) -> bool:
@@ -202,7 +226,11 @@ def is_worker_gone(response: requests.Response) -> bool:
         body = response.json()
     except ValueError:
         return False
-    return isinstance(body, dict) and "error" not in body and body.get("message") in WORKER_GONE_MESSAGES
+    return (
+        isinstance(body, dict)
+        and "error" not in body
+        and body.get("message") in WORKER_GONE_MESSAGES
+    )
 
 
 def backoff_delays(retries: int, base: float, cap: float) -> Iterator[float]:
@@ -253,7 +281,9 @@ class Client:
         delays = backoff_delays(self.retries, self.backoff, self.max_backoff)
         while True:
             try:
-                response = self._session().post(self.predict_url, json=payload, headers=headers, timeout=self.timeout)
+                response = self._session().post(
+                    self.predict_url, json=payload, headers=headers, timeout=self.timeout
+                )
             except requests.ConnectionError as error:
                 failure = BertServeError("connection_failed", f"{self.predict_url}: {error}")
             except requests.Timeout as error:
@@ -285,7 +315,9 @@ class Client:
             return [ItemResult(error=ItemError(error.code, error.message))] * len(texts)
         results = body.get("results")
         if not isinstance(results, list) or len(results) != len(texts):
-            raise BertServeError("bad_response", f"expected {len(texts)} results, got {body!r:.200}")
+            raise BertServeError(
+                "bad_response", f"expected {len(texts)} results, got {body!r:.200}"
+            )
         return [_item_result(entry) for entry in results]
 
     def classify_iter(
@@ -301,7 +333,9 @@ class Client:
         Reads `texts` lazily, so a large file never sits in memory whole.
         """
         if chunk_size < 1 or concurrency < 1:
-            raise ValueError(f"chunk_size and concurrency must be >= 1, got {chunk_size} and {concurrency}")
+            raise ValueError(
+                f"chunk_size and concurrency must be >= 1, got {chunk_size} and {concurrency}"
+            )
         chunks = chunk_texts(texts, chunk_size, max_request_bytes)
         with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="bert-serve") as pool:
             pending: deque[Future[list[ItemResult]]] = deque()
@@ -327,7 +361,11 @@ def _json_object(response: requests.Response) -> dict[str, Any]:
     except ValueError:
         body = None
     if not isinstance(body, dict):
-        raise BertServeError("bad_response", f"expected a JSON object, got {response.text!r:.200}", response.status_code)
+        raise BertServeError(
+            "bad_response",
+            f"expected a JSON object, got {response.text!r:.200}",
+            response.status_code,
+        )
     return body
 
 

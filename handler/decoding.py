@@ -142,7 +142,9 @@ def _text_from_json(document: Any, max_chars: int, max_texts: int) -> Decoded:
     if list_fields:
         return _text_list(document, list_fields, max_chars, max_texts, options)
     if TEXT_FIELD not in document:
-        return Rejected(ErrorCode.MISSING_FIELD, 'the JSON object has no "text", "texts" or "instances" field')
+        return Rejected(
+            ErrorCode.MISSING_FIELD, 'the JSON object has no "text", "texts" or "instances" field'
+        )
     text = document[TEXT_FIELD]
     if not isinstance(text, str):
         return Rejected(ErrorCode.INVALID_TYPE, f'"text" must be a string, got {_json_type(text)}')
@@ -215,7 +217,8 @@ def _text_list(
     items = document[field]
     if not isinstance(items, list):
         return Rejected(
-            ErrorCode.INVALID_TYPE, f'"{field}" must be an array of strings, got {_json_type(items)}'
+            ErrorCode.INVALID_TYPE,
+            f'"{field}" must be an array of strings, got {_json_type(items)}',
         )
     if not items:
         return Rejected(ErrorCode.EMPTY_TEXT, f'"{field}" is an empty array')

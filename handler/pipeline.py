@@ -81,7 +81,12 @@ def safe_decode(
 ) -> Decoded:
     try:
         infer = decode_infer(
-            request.fields, request.content_type, request.headers, request.model_name, max_chars, max_texts
+            request.fields,
+            request.content_type,
+            request.headers,
+            request.model_name,
+            max_chars,
+            max_texts,
         )
         if infer is not None:
             return infer

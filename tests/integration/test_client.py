@@ -50,7 +50,11 @@ def test_a_wrong_token_is_a_typed_error(server) -> None:
 def test_classify_many_mixed_valid_and_invalid_texts(client: Client) -> None:
     """Bad texts fail alone, in place; good texts score as they do when sent one by one."""
     texts = make_corpus(size=120, seed=3)
-    bad = {5: ("", "empty_text"), 40: ("\ud800 lone surrogate", "invalid_encoding"), 41: ("x" * 10_001, "payload_too_large")}
+    bad = {
+        5: ("", "empty_text"),
+        40: ("\ud800 lone surrogate", "invalid_encoding"),
+        41: ("x" * 10_001, "payload_too_large"),
+    }
     for position, (text, _) in bad.items():
         texts[position] = text
     results = client.classify_many(texts, chunk_size=16, concurrency=3)
@@ -98,7 +102,10 @@ def test_cli_classifies_a_500_line_file_into_jsonl(server, tmp_path: Path) -> No
 def test_cli_one_text_finds_the_key_file_in_the_working_directory(server) -> None:
     finished = subprocess.run(
         [str(BERT_SERVE), "classify", "--url", server.inference_url, "An absolute delight."],
-        capture_output=True, text=True, timeout=60, cwd=server.state_dir,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=server.state_dir,
     )
     assert finished.returncode == 0, finished.stderr
     assert json.loads(finished.stdout)["label"] == "positive"
@@ -107,7 +114,10 @@ def test_cli_one_text_finds_the_key_file_in_the_working_directory(server) -> Non
 def test_cli_without_a_token_fails_clearly(server, tmp_path: Path) -> None:
     finished = subprocess.run(
         [str(BERT_SERVE), "classify", "--url", server.inference_url, "fine"],
-        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
     )
     assert finished.returncode == 2
     assert "unauthorized" in finished.stderr and "--key-file" in finished.stderr
@@ -117,7 +127,9 @@ def test_the_commands_make_serve_prints_work_as_printed(server) -> None:
     """`make serve` ends by printing commands to paste: the curl ones and `bert-serve classify`."""
     lines = curl_example(server).splitlines()[1:]
     script = "\n".join(line for line in lines if "--file" not in line)
-    finished = subprocess.run(["bash", "-euo", "pipefail", "-c", script], capture_output=True, text=True, timeout=120)
+    finished = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script], capture_output=True, text=True, timeout=120
+    )
     assert finished.returncode == 0, finished.stderr
     decoder, text, labels = json.JSONDecoder(), finished.stdout.strip(), []
     while text:

@@ -32,13 +32,21 @@ Reply = tuple[int, Any]  # (status, JSON body or None for an empty body)
 
 def prediction_for(text: str) -> dict[str, Any]:
     """A fake prediction that names its text, so a test can see which answer went where."""
-    return {"label": f"label-{len(text)}", "score": 0.5, "scores": {"a": 0.5, "b": 0.5}, "truncated": False, "text": text}
+    return {
+        "label": f"label-{len(text)}",
+        "score": 0.5,
+        "scores": {"a": 0.5, "b": 0.5},
+        "truncated": False,
+        "text": text,
+    }
 
 
 def echo(body: dict[str, Any]) -> Reply:
     if "texts" in body:
         results = [
-            {"error": {"code": "empty_text", "message": "text is empty"}} if not t.strip() else prediction_for(t)
+            {"error": {"code": "empty_text", "message": "text is empty"}}
+            if not t.strip()
+            else prediction_for(t)
             for t in body["texts"]
         ]
         return 200, {"results": results, "request_id": "r"}
@@ -126,17 +134,28 @@ def test_classify_sends_token_and_request_id(stub_factory: Callable[..., Stub]) 
     assert headers["X-Request-ID"].startswith("bert-serve-")
 
 
-def test_classify_raises_the_handlers_error_code_without_retrying(stub_factory: Callable[..., Stub]) -> None:
+def test_classify_raises_the_handlers_error_code_without_retrying(
+    stub_factory: Callable[..., Stub],
+) -> None:
     stub = stub_factory()
     client, sleeps = client_for(stub)
     with pytest.raises(BertServeError) as caught:
         client.classify("   ")
-    assert (caught.value.code, caught.value.status, caught.value.request_id) == ("empty_text", 400, "r")
+    assert (caught.value.code, caught.value.status, caught.value.request_id) == (
+        "empty_text",
+        400,
+        "r",
+    )
     assert len(stub.requests) == 1 and sleeps == []
 
 
 def test_503_and_507_are_retried_with_growing_backoff(stub_factory: Callable[..., Stub]) -> None:
-    replies = iter([(503, {"code": 503, "type": "ServiceUnavailableException", "message": "full"}), (507, None)])
+    replies = iter(
+        [
+            (503, {"code": 503, "type": "ServiceUnavailableException", "message": "full"}),
+            (507, None),
+        ]
+    )
     stub = stub_factory(lambda body: next(replies, None) or echo(body))
     client, sleeps = client_for(stub, backoff=1.0, max_backoff=100.0)
     assert client.classify("fine").label == "label-4"
@@ -145,11 +164,20 @@ def test_503_and_507_are_retried_with_growing_backoff(stub_factory: Callable[...
 
 
 def test_retries_give_up_with_the_last_error(stub_factory: Callable[..., Stub]) -> None:
-    stub = stub_factory(lambda body: (503, {"code": 503, "type": "ServiceUnavailableException", "message": "queue full"}))
+    stub = stub_factory(
+        lambda body: (
+            503,
+            {"code": 503, "type": "ServiceUnavailableException", "message": "queue full"},
+        )
+    )
     client, sleeps = client_for(stub, retries=3)
     with pytest.raises(BertServeError) as caught:
         client.classify("x")
-    assert (caught.value.code, caught.value.status, caught.value.message) == ("unavailable", 503, "queue full")
+    assert (caught.value.code, caught.value.status, caught.value.message) == (
+        "unavailable",
+        503,
+        "queue full",
+    )
     assert len(stub.requests) == 4 and len(sleeps) == 3
 
 
@@ -168,13 +196,23 @@ def test_a_malformed_url_is_a_typed_error() -> None:
 @pytest.mark.parametrize(
     ("status", "body", "code"),
     [
-        (400, {"code": 400, "type": "InvalidKeyException", "message": "Token Authorization failed"}, "unauthorized"),
-        (404, {"code": 404, "type": "ModelNotFoundException", "message": "Model not found"}, "model_not_found"),
+        (
+            400,
+            {"code": 400, "type": "InvalidKeyException", "message": "Token Authorization failed"},
+            "unauthorized",
+        ),
+        (
+            404,
+            {"code": 404, "type": "ModelNotFoundException", "message": "Model not found"},
+            "model_not_found",
+        ),
         (413, None, "payload_too_large"),
         (500, {"code": 500, "type": "InternalServerException", "message": "boom"}, "http_500"),
     ],
 )
-def test_torchserve_errors_get_a_code(stub_factory: Callable[..., Stub], status: int, body: Any, code: str) -> None:
+def test_torchserve_errors_get_a_code(
+    stub_factory: Callable[..., Stub], status: int, body: Any, code: str
+) -> None:
     stub = stub_factory(lambda _: (status, body))
     client, _ = client_for(stub)
     with pytest.raises(BertServeError) as caught:
@@ -198,7 +236,11 @@ def test_classify_many_keeps_order_under_concurrency(stub_factory: Callable[...,
     assert len(stub.requests) == 15
     for text, result in zip(texts, results, strict=True):
         if text:
-            assert result.ok and result.prediction is not None and result.prediction.label == f"label-{len(text)}"
+            assert (
+                result.ok
+                and result.prediction is not None
+                and result.prediction.label == f"label-{len(text)}"
+            )
         else:
             assert result.error == ItemError("empty_text", "text is empty")
 
@@ -212,13 +254,17 @@ def test_a_failed_chunk_fails_only_its_own_texts(stub_factory: Callable[..., Stu
 
 
 def test_a_request_wide_error_stops_classify_many(stub_factory: Callable[..., Stub]) -> None:
-    stub = stub_factory(lambda _: (400, {"code": 400, "type": "InvalidKeyException", "message": "bad token"}))
+    stub = stub_factory(
+        lambda _: (400, {"code": 400, "type": "InvalidKeyException", "message": "bad token"})
+    )
     client, _ = client_for(stub)
     with pytest.raises(BertServeError, match="unauthorized"):
         client.classify_many(["a"] * 10, chunk_size=2, concurrency=2)
 
 
-def test_an_attempt_with_no_answer_is_retried_after_the_deadline(stub_factory: Callable[..., Stub]) -> None:
+def test_an_attempt_with_no_answer_is_retried_after_the_deadline(
+    stub_factory: Callable[..., Stub],
+) -> None:
     """A request TorchServe dropped without an answer (a worker died while collecting its batch)
     must not hang the call: after `timeout` the client sends it again, and the retry succeeds."""
     release = threading.Event()
@@ -240,7 +286,9 @@ def test_an_attempt_with_no_answer_is_retried_after_the_deadline(stub_factory: C
     assert 0.3 <= time.monotonic() - started < 5
 
 
-def test_a_call_with_no_answers_at_all_ends_within_its_bound(stub_factory: Callable[..., Stub]) -> None:
+def test_a_call_with_no_answers_at_all_ends_within_its_bound(
+    stub_factory: Callable[..., Stub],
+) -> None:
     """Never hang: (retries + 1) attempts of `timeout` each plus the backoff sleeps, then `timeout`."""
     release = threading.Event()
     stub = stub_factory(lambda body: (release.wait(30), echo(body))[1])
@@ -271,7 +319,9 @@ WORKER_DIED = {"code": 500, "type": "InternalServerException", "message": "Worke
         (507, None),
     ],
 )
-def test_every_worker_died_answer_is_retried(stub_factory: Callable[..., Stub], status: int, body: Any) -> None:
+def test_every_worker_died_answer_is_retried(
+    stub_factory: Callable[..., Stub], status: int, body: Any
+) -> None:
     """TorchServe answers a dead worker's requests with 500, 507 or the worker's own status;
     the message, not the status, says the worker died."""
     replies = iter([(status, body)])
@@ -294,12 +344,20 @@ def test_worker_died_after_the_retries_has_its_own_code(stub_factory: Callable[.
     ("status", "body"),
     [
         (413, None),
-        (413, {"error": {"code": "payload_too_large", "message": "Worker died."}, "request_id": "r"}),
-        (500, {"error": {"code": "internal_error", "message": "the model failed"}, "request_id": "r"}),
+        (
+            413,
+            {"error": {"code": "payload_too_large", "message": "Worker died."}, "request_id": "r"},
+        ),
+        (
+            500,
+            {"error": {"code": "internal_error", "message": "the model failed"}, "request_id": "r"},
+        ),
         (500, {"code": 500, "type": "InternalServerException", "message": "boom"}),
     ],
 )
-def test_final_answers_are_not_retried(stub_factory: Callable[..., Stub], status: int, body: Any) -> None:
+def test_final_answers_are_not_retried(
+    stub_factory: Callable[..., Stub], status: int, body: Any
+) -> None:
     """A real 413 (the body-size limit, or the handler's own) and other errors are final."""
     stub = stub_factory(lambda _: (status, body))
     client, sleeps = client_for(stub)
@@ -315,8 +373,12 @@ def test_the_default_deadline_follows_the_servers_response_timeout() -> None:
     assert Client().timeout == client_module.DEFAULT_TIMEOUT_S > config["responseTimeout"]
 
 
-@pytest.mark.parametrize("body", [[1, 2], {"label": "x"}, {"label": "x", "score": "high", "scores": {}}])
-def test_a_200_that_is_not_a_prediction_is_a_bad_response(stub_factory: Callable[..., Stub], body: Any) -> None:
+@pytest.mark.parametrize(
+    "body", [[1, 2], {"label": "x"}, {"label": "x", "score": "high", "scores": {}}]
+)
+def test_a_200_that_is_not_a_prediction_is_a_bad_response(
+    stub_factory: Callable[..., Stub], body: Any
+) -> None:
     stub = stub_factory(lambda _: (200, body))
     client, _ = client_for(stub)
     with pytest.raises(BertServeError, match="bad_response"):
@@ -332,7 +394,11 @@ def test_a_short_results_list_is_a_bad_response(stub_factory: Callable[..., Stub
 
 def test_token_from_key_file(tmp_path: Path) -> None:
     key_file = tmp_path / "key_file.json"
-    key_file.write_text(json.dumps({"inference": {"key": "abc", "expiration time": "x"}, "management": {"key": "m"}}))
+    key_file.write_text(
+        json.dumps(
+            {"inference": {"key": "abc", "expiration time": "x"}, "management": {"key": "m"}}
+        )
+    )
     assert token_from_key_file(key_file) == "abc"
     key_file.write_text("{}")
     with pytest.raises(BertServeError, match="invalid_key_file"):
@@ -350,7 +416,10 @@ def test_read_lines_keeps_one_text_per_line_and_marks_bad_bytes() -> None:
 
 def test_summary_counts_labels_and_error_codes() -> None:
     outcomes = cli.Counter({"positive": 3, "negative": 1, "error:empty_text": 2})
-    assert cli.summary(outcomes) == "6 texts: 4 classified (positive 3, negative 1), 2 failed (empty_text 2)"
+    assert (
+        cli.summary(outcomes)
+        == "6 texts: 4 classified (positive 3, negative 1), 2 failed (empty_text 2)"
+    )
 
 
 def test_cli_file_to_jsonl_with_per_line_errors(
@@ -360,7 +429,19 @@ def test_cli_file_to_jsonl_with_per_line_errors(
     texts = tmp_path / "texts.txt"
     texts.write_text("good\n\nfine film\n")
     out = tmp_path / "results.jsonl"
-    code = cli.main(["classify", "--url", stub.url, "--file", str(texts), "--out", str(out), "--chunk-size", "2"])
+    code = cli.main(
+        [
+            "classify",
+            "--url",
+            stub.url,
+            "--file",
+            str(texts),
+            "--out",
+            str(out),
+            "--chunk-size",
+            "2",
+        ]
+    )
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert code == cli.EXIT_ITEM_FAILED
     assert [line["line"] for line in lines] == [1, 2, 3]
@@ -369,7 +450,9 @@ def test_cli_file_to_jsonl_with_per_line_errors(
     assert "3 texts: 2 classified" in capsys.readouterr().err
 
 
-def test_cli_exit_codes(stub_factory: Callable[..., Stub], capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_exit_codes(
+    stub_factory: Callable[..., Stub], capsys: pytest.CaptureFixture[str]
+) -> None:
     stub = stub_factory()
     assert cli.main(["classify", "--url", stub.url, "great"]) == cli.EXIT_OK
     assert json.loads(capsys.readouterr().out)["label"] == "label-5"
@@ -397,7 +480,10 @@ def test_cli_reads_the_key_file(stub_factory: Callable[..., Stub], tmp_path: Pat
     stub = stub_factory()
     key_file = tmp_path / "key_file.json"
     key_file.write_text(json.dumps({"inference": {"key": "from-file"}}))
-    assert cli.main(["classify", "--url", stub.url, "--key-file", str(key_file), "great"]) == cli.EXIT_OK
+    assert (
+        cli.main(["classify", "--url", stub.url, "--key-file", str(key_file), "great"])
+        == cli.EXIT_OK
+    )
     assert stub.requests[0][0]["Authorization"] == "Bearer from-file"
 
 
@@ -415,6 +501,8 @@ def test_cli_token_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_item_result_json_shapes() -> None:
-    assert ItemResult(error=ItemError("empty_text", "m")).to_json() == {"error": {"code": "empty_text", "message": "m"}}
+    assert ItemResult(error=ItemError("empty_text", "m")).to_json() == {
+        "error": {"code": "empty_text", "message": "m"}
+    }
     with pytest.raises(ValueError, match="not both or neither"):
         ItemResult()

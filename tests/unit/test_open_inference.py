@@ -267,7 +267,10 @@ def test_through_torchserves_worker_code_v2_scores_equal_plain_requests(service)
 
 def test_through_torchserves_worker_code_v2_pairs_equal_plain_pair_requests(service) -> None:
     """A v2 request with a text_pair tensor answers what the same pairs answer as JSON pairs."""
-    pairs = [("It rains.", "The street is wet."), ("ok", "a much longer second text than the first")]
+    pairs = [
+        ("It rains.", "The street is wet."),
+        ("ok", "a much longer second text than the first"),
+    ]
     v2_body = {
         "inputs": [
             text_tensor([text for text, _ in pairs]),
