@@ -1,8 +1,8 @@
 """A worker killed while its frontend thread is still collecting a batch, on a real server.
 
 TorchServe 0.12 drops the requests that thread had collected, without any answer
-(`BatchAggregator.cleanJobs()`; README, "When a worker dies"). A raw HTTP request then waits
-until its own timeout; `bert_serve.Client` gives up on the attempt after its per-attempt
+(`BatchAggregator.cleanJobs()`; docs/chaos/README.md, "When a worker dies"). A raw HTTP
+request then waits until its own timeout; `bert_serve.Client` gives up on the attempt after its per-attempt
 deadline, sends it again, and the restarted worker answers. `maxBatchDelay` is 3 s here (one
 worker), so the collecting window is wide enough to kill the worker inside it every time.
 """
