@@ -183,6 +183,23 @@ def with_options(prediction: Prediction, options: ScoreOptions) -> Prediction:
     return replace(prediction, score=scores[prediction.label], scores=scores, raw_scores=None)
 
 
+def model_inputs(
+    loaded: LoadedModel, rows: Sequence[TokenizedText]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """One sub-batch padded to its longest row: ids, mask, and token types when the model
+    takes them (a single text's are all 0)."""
+    input_ids, attention_mask = collate(
+        [row.input_ids for row in rows], loaded.tokenizer.pad_token_id
+    )
+    if not loaded.uses_token_types:
+        return input_ids, attention_mask, None
+    token_type_ids = pad_rows(
+        [row.token_type_ids or [0] * len(row.input_ids) for row in rows],
+        loaded.tokenizer.pad_token_type_id,
+    )
+    return input_ids, attention_mask, token_type_ids
+
+
 def classify(
     loaded: LoadedModel, texts: Sequence[TextInput], max_length: int, max_batch_tokens: int
 ) -> tuple[list[Prediction], BatchStats]:
@@ -198,16 +215,9 @@ def classify(
     scores: list[list[float]] = [[] for _ in texts]
     started = time.perf_counter()
     for group in plan_sub_batches(lengths, max_batch_tokens):
-        rows = [tokenized[i] for i in group]
-        input_ids, attention_mask = collate(
-            [row.input_ids for row in rows], loaded.tokenizer.pad_token_id
+        input_ids, attention_mask, token_type_ids = model_inputs(
+            loaded, [tokenized[i] for i in group]
         )
-        token_type_ids = None
-        if loaded.uses_token_types:
-            token_type_ids = pad_rows(
-                [row.token_type_ids or [0] * len(row.input_ids) for row in rows],
-                loaded.tokenizer.pad_token_type_id,
-            )
         group_logits = forward(loaded, input_ids, attention_mask, token_type_ids)
         group_scores = apply_score_function(loaded.score_function, group_logits)
         for index, raw, scored in zip(

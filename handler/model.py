@@ -66,20 +66,7 @@ def load_model(model_dir: Path, settings: HandlerSettings, gpu_id: int | None) -
     tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     if not tokenizer.is_fast:
         raise ValueError(f"{model_dir} has no fast tokenizer (tokenizer.json); one is required")
-    model = AutoModelForSequenceClassification.from_pretrained(
-        model_dir,
-        local_files_only=True,
-        use_safetensors=True,
-        attn_implementation=settings.attention,
-    )
-    model.to(device=device, dtype=precision.weights).eval()
-    if settings.quantize_int8 and device.type == "cpu":
-        model = quantize_linear_int8(model)
-    positions = getattr(model.config, "max_position_embeddings", settings.max_length)
-    if settings.max_length > positions:
-        raise ValueError(
-            f"max_length {settings.max_length} exceeds the model's {positions} positions"
-        )
+    model = load_classifier(model_dir, settings, device, precision.weights)
     labels = label_names(model.config.id2label, model.config.num_labels, settings.labels)
     function, source = resolve_score_function(
         getattr(model.config, "problem_type", None), len(labels), settings.score_function
@@ -108,6 +95,27 @@ def load_model(model_dir: Path, settings: HandlerSettings, gpu_id: int | None) -
         multi_label_threshold=settings.multi_label_threshold if multi_label else None,
         uses_token_types="token_type_ids" in tokenizer.model_input_names,
     )
+
+
+def load_classifier(
+    model_dir: Path, settings: HandlerSettings, device: torch.device, weights: torch.dtype
+) -> Any:
+    """The model from safetensors only, on its device in eval mode, its length limit checked."""
+    model = AutoModelForSequenceClassification.from_pretrained(
+        model_dir,
+        local_files_only=True,
+        use_safetensors=True,
+        attn_implementation=settings.attention,
+    )
+    model.to(device=device, dtype=weights).eval()
+    if settings.quantize_int8 and device.type == "cpu":
+        model = quantize_linear_int8(model)
+    positions = getattr(model.config, "max_position_embeddings", settings.max_length)
+    if settings.max_length > positions:
+        raise ValueError(
+            f"max_length {settings.max_length} exceeds the model's {positions} positions"
+        )
+    return model
 
 
 def quantize_linear_int8(model: Any) -> Any:
