@@ -70,31 +70,11 @@ def step(title: str) -> None:
     print(f"[bench] {title}", file=sys.stderr)
 
 
-def run(args: argparse.Namespace, corpus: list[str]) -> dict[str, Any]:
-    """The experiments, in order; the smoke run keeps the ceiling and the default server."""
-    smoke = args.smoke
-    model_dir = args.model_dir
-    ceiling_sizes, ceiling_s = ([1, 16], 1) if smoke else ([1, 8, 16, 32], 4)
-    results: dict[str, Any] = {}
+def served(args: argparse.Namespace, corpus: list[str]) -> dict[str, Any]:
+    """Every server (default, batch size 1, bf16, the LitServe peer) measured in turn at each
+    load, then the client's list requests on the default server; the smoke run keeps the default."""
+    smoke, model_dir = args.smoke, args.model_dir
     scenarios: dict[str, Any] = {}
-
-    step("in-process ceiling, first pass")
-    workers = json.loads(read_properties(BASE_CONFIG)["models"])[MODEL_NAME][MODEL_VERSION][
-        "minWorkers"
-    ]
-    first_pass = inprocess.ceiling(model_dir, corpus, ceiling_sizes, ceiling_s, workers)
-    if not smoke:
-        step("execution options (in-process)")
-        results["execution_options"] = inprocess.execution_options(model_dir, corpus, 5)
-        step("max_batch_tokens sweep (in-process, batch 16)")
-        budgets = [128, 256, 512, 1024, 2048, 8192]
-        results["budget_sweep"] = inprocess.budget_sweep(model_dir, corpus, budgets, 3)
-        if cpu_has_native_bf16():
-            step("fp32 vs bf16 on the corpus (in-process, the handler's classify)")
-            results["precision"] = compare_precision(
-                model_dir, corpus, "bf16", config_settings(), seconds=0
-            )
-
     levels = [2] if smoke else [1, 8, 32, 64]
     list_runs = [(16, 2)] if smoke else [(64, 4), (16, 8), (16, 32), (32, 32)]
     list_texts = corpus[: 64 if smoke else 1500]
@@ -129,6 +109,35 @@ def run(args: argparse.Namespace, corpus: list[str]) -> dict[str, Any]:
         scenarios["torchserve_batched"]["client_lists"] = [
             client_lists(default_server, list_texts, *run) for run in list_runs
         ]
+
+    return scenarios
+
+
+def run(args: argparse.Namespace, corpus: list[str]) -> dict[str, Any]:
+    """The experiments, in order; the smoke run keeps the ceiling and the default server."""
+    smoke = args.smoke
+    model_dir = args.model_dir
+    ceiling_sizes, ceiling_s = ([1, 16], 1) if smoke else ([1, 8, 16, 32], 4)
+    results: dict[str, Any] = {}
+
+    step("in-process ceiling, first pass")
+    workers = json.loads(read_properties(BASE_CONFIG)["models"])[MODEL_NAME][MODEL_VERSION][
+        "minWorkers"
+    ]
+    first_pass = inprocess.ceiling(model_dir, corpus, ceiling_sizes, ceiling_s, workers)
+    if not smoke:
+        step("execution options (in-process)")
+        results["execution_options"] = inprocess.execution_options(model_dir, corpus, 5)
+        step("max_batch_tokens sweep (in-process, batch 16)")
+        budgets = [128, 256, 512, 1024, 2048, 8192]
+        results["budget_sweep"] = inprocess.budget_sweep(model_dir, corpus, budgets, 3)
+        if cpu_has_native_bf16():
+            step("fp32 vs bf16 on the corpus (in-process, the handler's classify)")
+            results["precision"] = compare_precision(
+                model_dir, corpus, "bf16", config_settings(), seconds=0
+            )
+
+    scenarios = served(args, corpus)
 
     step("in-process ceiling, second pass")
     second_pass = inprocess.ceiling(model_dir, corpus, ceiling_sizes, ceiling_s, workers)
