@@ -9,7 +9,7 @@ loop is bounded in count and time.
 
     python scripts/chaos.py --out docs/chaos              # the full run (make chaos)
     python scripts/chaos.py --quick --out /tmp/chaos      # every duration a few seconds, 3 kills
-    python scripts/chaos.py --only kill_runs kill_runs_short_delay --kills 50 --out docs/chaos
+    python scripts/chaos.py --only kill_runs kill_runs_long_delay --kills 50 --out docs/chaos
 
 Writes ``chaos.json`` ({part: result}) into --out (with --only, the other parts already in it
 are kept), prints a summary table and a last line ``chaos: N passed, M failed``; exits 1 if
@@ -34,7 +34,7 @@ EXPERIMENTS = {
     "oversized": faults.oversized,
     "restart": faults.restart,
     "kill_runs": kills.kill_runs,
-    "kill_runs_short_delay": kills.kill_runs_short_delay,
+    "kill_runs_long_delay": kills.kill_runs_long_delay,
 }
 
 

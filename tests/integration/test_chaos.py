@@ -18,7 +18,7 @@ PARTS = (
     "oversized",
     "restart",
     "kill_runs",
-    "kill_runs_short_delay",
+    "kill_runs_long_delay",
 )
 
 
@@ -37,7 +37,7 @@ def test_chaos_quick_passes_every_part(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "chaos.json").read_text())
     assert {part: report[part]["passed"] for part in PARTS} == dict.fromkeys(PARTS, True)
     assert result.stdout.strip().splitlines()[-1] == "chaos: 7 passed, 0 failed"
-    for part in ("kill_runs", "kill_runs_short_delay"):
+    for part in ("kill_runs", "kill_runs_long_delay"):
         levels = report[part]["levels"].values()
         assert [level["kills"] for level in levels] == [3, 3]
         assert report[part]["client_failed"] == report[part]["client_hung"] == 0
