@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from bert_serve.harness import layout as deploy_layout
-from bert_serve.harness.config import BASE_CONFIG, read_properties
+from bert_serve.harness.config import BASE_CONFIG, log_config_path, read_properties
 from tests.conftest import MAR_PATH, ROOT
 
 KUBERNETES_VERSION = "1.30.0"
@@ -201,7 +201,7 @@ def test_layout_files(layout: Path, layout_config: dict[str, str]) -> None:
         ROOT / "config" / "metrics.yaml"
     ).read_bytes()
     assert (layout / "model-store" / "bert.mar").stat().st_size == MAR_PATH.stat().st_size
-    log_config = Path(layout_config["vmargs"].split("-Dlog4j.configurationFile=", 1)[1])
+    log_config = log_config_path(layout_config["vmargs"])
     assert log_config == Path(deploy_layout.MOUNT) / "config" / "log4j2.xml"
     assert (layout / "config" / log_config.name).read_bytes() == (
         ROOT / "config" / "log4j2.xml"
