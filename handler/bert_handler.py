@@ -7,6 +7,7 @@ the unit tests do. This module must define exactly one class: TorchServe looks i
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 from collections.abc import Mapping, Sequence
@@ -23,10 +24,12 @@ from handler.model import LoadedModel, load_model
 from handler.open_inference import route_content_type
 from handler.pipeline import IncomingRequest, render, run_batch
 from handler.settings import HandlerSettings
+from handler.thread_share import ThreadShare, open_thread_share
 
 logger = logging.getLogger(__name__)
 
 MODEL_SUBDIR = "model"
+THREAD_SHARE_SUBDIR = ".thread-share"
 SANE_REQUEST_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}")
 JSON_CONTENT_TYPE = "application/json"
 
@@ -82,30 +85,43 @@ class BertHandler(BaseHandler):  # type: ignore[misc]
         self.settings = HandlerSettings.from_mapping(
             (context.model_yaml_config or {}).get("handler")
         )
-        model_dir = Path(properties["model_dir"])
-        if (model_dir / MODEL_SUBDIR).is_dir():
-            model_dir = model_dir / MODEL_SUBDIR
+        archive_dir = Path(properties["model_dir"])
+        model_dir = archive_dir / MODEL_SUBDIR
+        if not model_dir.is_dir():
+            model_dir = archive_dir
         gpu_id = properties.get("gpu_id")
         gpu_id = int(gpu_id) if gpu_id is not None and int(gpu_id) >= 0 else None
         self.loaded: LoadedModel = load_model(model_dir, self.settings, gpu_id)
+        self.thread_share: ThreadShare | None = None
+        if self.settings.share_idle_threads and self.settings.torch_threads >= 1:
+            if self.loaded.device.type == "cpu":
+                self.thread_share = open_thread_share(
+                    archive_dir / THREAD_SHARE_SUBDIR, self.settings.torch_threads
+                )
         self.metrics = MetricsEmitter(context.metrics, context.model_name)
         self.initialized = True
 
     def classify(self, texts: Sequence[TextInput]) -> tuple[list[Prediction], BatchStats]:
         return classify(
-            self.loaded, texts, self.settings.max_length, self.settings.max_batch_tokens
+            self.loaded,
+            texts,
+            self.settings.max_length,
+            self.settings.max_batch_tokens,
+            self.thread_share,
         )
 
     def handle(self, data: Any, context: Any) -> list[str]:
         batch = list(data or [])
+        busy = self.thread_share.busy() if self.thread_share else contextlib.nullcontext()
         try:
-            responses = run_batch(
-                incoming_requests(batch, context),
-                self.classify,
-                self.settings.max_chars,
-                observe=self.metrics.emit,
-                max_texts=self.settings.max_texts_per_request,
-            )
+            with busy:
+                responses = run_batch(
+                    incoming_requests(batch, context),
+                    self.classify,
+                    self.settings.max_chars,
+                    observe=self.metrics.emit,
+                    max_texts=self.settings.max_texts_per_request,
+                )
             for index, response in enumerate(responses):
                 context.set_response_status(response.status, response.phrase, index)
                 context.set_response_content_type(index, JSON_CONTENT_TYPE)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -20,6 +20,7 @@ import torch
 from handler.decoding import ScoreOptions
 from handler.model import LoadedModel
 from handler.scoring import apply_score_function
+from handler.thread_share import ThreadShare
 
 TextInput = str | tuple[str, str]
 """One item to classify: a text, or a (text, text_pair) pair tokenized as one input."""
@@ -54,6 +55,8 @@ class BatchStats:
     padded_tokens: int = 0
     tokenize_ms: float = 0.0
     forward_ms: float = 0.0
+    threads: int = 0
+    """The most torch threads one of its forward passes ran with (borrowed ones included)."""
 
 
 def tokenize(tokenizer: Any, texts: Sequence[TextInput], max_length: int) -> list[TokenizedText]:
@@ -200,8 +203,25 @@ def model_inputs(
     return input_ids, attention_mask, token_type_ids
 
 
+@contextlib.contextmanager
+def forward_threads(share: ThreadShare | None) -> Iterator[int]:
+    """Around one forward pass: torch runs with this worker's threads plus any that idle
+    sibling workers lend (``handler.thread_share``); without a share, torch's setting."""
+    if share is None:
+        yield torch.get_num_threads()
+        return
+    with share.borrowed() as threads:
+        if threads != torch.get_num_threads():
+            torch.set_num_threads(threads)
+        yield threads
+
+
 def classify(
-    loaded: LoadedModel, texts: Sequence[TextInput], max_length: int, max_batch_tokens: int
+    loaded: LoadedModel,
+    texts: Sequence[TextInput],
+    max_length: int,
+    max_batch_tokens: int,
+    thread_share: ThreadShare | None = None,
 ) -> tuple[list[Prediction], BatchStats]:
     """Predictions in the order of ``texts``; may raise if the model fails."""
     stats = BatchStats(texts=len(texts))
@@ -218,7 +238,9 @@ def classify(
         input_ids, attention_mask, token_type_ids = model_inputs(
             loaded, [tokenized[i] for i in group]
         )
-        group_logits = forward(loaded, input_ids, attention_mask, token_type_ids)
+        with forward_threads(thread_share) as threads:
+            group_logits = forward(loaded, input_ids, attention_mask, token_type_ids)
+        stats.threads = max(stats.threads, threads)
         group_scores = apply_score_function(loaded.score_function, group_logits)
         for index, raw, scored in zip(
             group, group_logits.tolist(), group_scores.tolist(), strict=True

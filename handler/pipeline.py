@@ -251,7 +251,7 @@ def _log_batch(
     ]
     logger.info(
         "batch_size=%d valid=%d rejected=%d sub_batches=%s real_tokens=%d padded_tokens=%d "
-        "tokenize_ms=%.1f forward_ms=%.1f",
+        "tokenize_ms=%.1f forward_ms=%.1f threads=%d",
         len(requests),
         len(requests) - len(rejected),
         len(rejected),
@@ -260,6 +260,7 @@ def _log_batch(
         stats.padded_tokens,
         stats.tokenize_ms,
         stats.forward_ms,
+        stats.threads,
     )
     for request_id, code in rejected:
         logger.info("request %s rejected: %s", request_id, code)

@@ -34,6 +34,9 @@ class HandlerSettings:
     """``auto`` takes the GPU TorchServe assigned when there is one, else the CPU."""
     torch_threads: int = 0
     """Intra-op threads per worker; 0 keeps torch's default."""
+    share_idle_threads: bool = True
+    """CPU with ``torch_threads`` set: a forward pass also runs on the threads of this
+    model's workers that are idle (``handler.thread_share``); false keeps each to its own."""
     labels: tuple[str, ...] = ()
     """Label names by class index; empty means ``id2label`` of the model config."""
     attention: str = "sdpa"

@@ -32,7 +32,7 @@ from bert_serve.harness.corpus import make_corpus
 from bert_serve.harness.measure import Loads, endpoint, frontend_cost, interleaved, servers
 from bert_serve.harness.reports import plot_tune, recommend_across_loads, tune_snippet
 
-CANDIDATE = re.compile(r"b(\d+)d(\d+)w(\d+)t(\d+)")
+CANDIDATE = re.compile(r"b(\d+)d(\d+)w(\d+)t(\d+)(-own)?")
 DEFAULT_CANDIDATES = [
     "b1d0w2t1",
     "b4d1w2t1",
@@ -47,29 +47,48 @@ DEFAULT_CANDIDATES = [
 
 
 def parse_candidate(name: str) -> dict[str, int]:
-    """``b16d2w2t1``: batch size 16, maxBatchDelay 2 ms, 2 workers x 1 torch thread."""
+    """``b16d2w2t1``: batch size 16, maxBatchDelay 2 ms, 2 workers x 1 torch thread, idle
+    workers lending their threads; ``b16d2w2t1-own``: each worker keeps to its own thread."""
     match = CANDIDATE.fullmatch(name)
     if not match:
-        raise argparse.ArgumentTypeError(f"{name!r} is not like b16d2w2t1")
-    batch_size, delay_ms, workers, threads = map(int, match.groups())
-    return {"batch_size": batch_size, "delay_ms": delay_ms, "workers": workers, "threads": threads}
+        raise argparse.ArgumentTypeError(f"{name!r} is not like b16d2w2t1 or b16d2w2t1-own")
+    batch_size, delay_ms, workers, threads = map(int, match.groups()[:4])
+    return {
+        "batch_size": batch_size,
+        "delay_ms": delay_ms,
+        "workers": workers,
+        "threads": threads,
+        "share": int(match.group(5) is None),
+    }
 
 
 def candidate_name(config: dict[str, int]) -> str:
-    return f"b{config['batch_size']}d{config['delay_ms']}w{config['workers']}t{config['threads']}"
+    own = "" if config["share"] else "-own"
+    return (
+        f"b{config['batch_size']}d{config['delay_ms']}w{config['workers']}t{config['threads']}"
+        f"{own}"
+    )
+
+
+def store_name(config: dict[str, int]) -> str:
+    return f"threads{config['threads']}share{config['share']}"
 
 
 def sweep(configs: list[dict[str, int]], corpus: list[str], loads: Loads) -> list[dict[str, Any]]:
     """Every config on its own server (from a store whose .mar has its threads), all running
     at once and measured in turn at each load (``interleaved``)."""
     with tempfile.TemporaryDirectory(prefix="tune-stores-") as stores:
-        for threads in sorted({config["threads"] for config in configs}):
+        for config in {store_name(config): config for config in configs}.values():
             package_variant(
-                Path(stores) / f"threads{threads}", handler_changes={"torch_threads": threads}
+                Path(stores) / store_name(config),
+                handler_changes={
+                    "torch_threads": config["threads"],
+                    "share_idle_threads": bool(config["share"]),
+                },
             )
         overrides = {
             candidate_name(config): {
-                "model_store": str(Path(stores) / f"threads{config['threads']}"),
+                "model_store": str(Path(stores) / store_name(config)),
                 "models": models_entry(config["batch_size"], config["delay_ms"], config["workers"]),
             }
             for config in configs

@@ -1,0 +1,147 @@
+"""Idle workers lend their torch threads to the busy ones of the same model (CPU only).
+
+TorchServe's aggregator gives every request queued within ``maxBatchDelay`` to the first
+free worker, so under bursty or closed-loop traffic one worker often takes a whole wave of
+requests while its sibling idles, and half the CPU does nothing (docs/tune/README.md).
+
+Each worker owns ``torch_threads`` threads' worth of CPU, represented by a lock file it
+holds (``flock``) while it works on a batch. Before each forward pass a busy worker also
+tries to lock the files of siblings that have been idle for at least ``lend_after_s``, and
+runs that pass with their threads added to its own. So:
+
+- the threads running at once never exceed the workers' own total (no oversubscription,
+  which costs torch's spinning OpenMP threads several times their speed);
+- a sibling that gets work back waits for its lock, at most one sub-batch of the borrower,
+  and is never lent again while it is busy;
+- a worker that dies releases its locks with its process; its slot is taken by the next one.
+
+The files live in a folder the model's workers share (the extracted .mar's folder), so
+servers and models never share threads with each other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import mmap
+import os
+import struct
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+MAX_SLOTS = 64
+SLOT = struct.Struct("<qq")
+"""Per worker slot: its own threads (0: never used) and when it went idle (ns; 0: busy)."""
+DEFAULT_LEND_AFTER_S = 0.005
+"""Idle this long before lending: longer than the gap between two batches of a busy worker
+(send the answers, take the next batch; about 1-3 ms here), so a loaded worker's threads
+are not taken during that gap."""
+
+
+class ThreadShare:
+    """One worker's view of the shared slots: claim one, mark busy/idle, borrow idle ones."""
+
+    def __init__(
+        self, folder: Path, threads: int, lend_after_s: float = DEFAULT_LEND_AFTER_S
+    ) -> None:
+        if threads < 1:
+            raise ValueError(f"threads must be at least 1, got {threads}")
+        folder.mkdir(parents=True, exist_ok=True)
+        self.folder = folder
+        self.threads = threads
+        self.lend_after_ns = int(lend_after_s * 1e9)
+        self._state_fd = os.open(folder / "slots", os.O_RDWR | os.O_CREAT, 0o600)
+        if os.fstat(self._state_fd).st_size < MAX_SLOTS * SLOT.size:
+            os.ftruncate(self._state_fd, MAX_SLOTS * SLOT.size)
+        self._state = mmap.mmap(self._state_fd, MAX_SLOTS * SLOT.size)
+        self.slot, self._slot_fd = self._claim_slot()
+        self._lock_fds: dict[int, int] = {}
+        self._own_fd = self._lock_fd(self.slot)
+        self._write(self.threads, idle_since=0)
+
+    def _claim_slot(self) -> tuple[int, int]:
+        """The first slot no live worker holds; held until this process ends."""
+        for slot in range(MAX_SLOTS):
+            fd = os.open(self.folder / f"worker-{slot}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            return slot, fd
+        raise RuntimeError(f"more than {MAX_SLOTS} workers share {self.folder}")
+
+    def _lock_fd(self, slot: int) -> int:
+        if slot not in self._lock_fds:
+            path = self.folder / f"threads-{slot}.lock"
+            self._lock_fds[slot] = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        return self._lock_fds[slot]
+
+    def _write(self, threads: int, idle_since: int) -> None:
+        SLOT.pack_into(self._state, self.slot * SLOT.size, threads, idle_since)
+
+    def _read(self, slot: int) -> tuple[int, int]:
+        threads, idle_since = SLOT.unpack_from(self._state, slot * SLOT.size)
+        return int(threads), int(idle_since)
+
+    @contextlib.contextmanager
+    def busy(self) -> Iterator[None]:
+        """Around one batch: marked busy first (no one borrows from now on), then this
+        worker's lock, which a borrower gives back after its current forward pass."""
+        self._write(self.threads, idle_since=0)
+        fcntl.flock(self._own_fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._own_fd, fcntl.LOCK_UN)
+            self._write(self.threads, idle_since=time.monotonic_ns())
+
+    @contextlib.contextmanager
+    def borrowed(self) -> Iterator[int]:
+        """Around one forward pass inside ``busy``: yields the threads to run it with."""
+        now = time.monotonic_ns()
+        taken: list[int] = []
+        threads = self.threads
+        try:
+            for slot in range(MAX_SLOTS):
+                if slot == self.slot:
+                    continue
+                lender_threads, idle_since = self._read(slot)
+                if lender_threads < 1 or idle_since == 0:
+                    continue
+                if now - idle_since < self.lend_after_ns:
+                    continue
+                fd = self._lock_fd(slot)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue
+                taken.append(fd)
+                threads += lender_threads
+            yield threads
+        finally:
+            for fd in taken:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        """Give the slot up (a dead process does the same implicitly)."""
+        self._write(0, idle_since=0)
+        self._state.close()
+        for fd in [*self._lock_fds.values(), self._slot_fd, self._state_fd]:
+            os.close(fd)
+        self._lock_fds.clear()
+
+
+def open_thread_share(folder: Path, threads: int) -> ThreadShare | None:
+    """The worker's share, or None (with a warning) when its folder cannot be written."""
+    try:
+        share = ThreadShare(folder, threads)
+    except OSError as error:
+        logger.warning("idle workers will not lend threads: %s", error)
+        return None
+    logger.info("thread share: slot %d in %s, %d own thread(s)", share.slot, folder, threads)
+    return share

@@ -1,0 +1,179 @@
+"""Idle workers lend their threads: each ThreadShare here stands for one worker process
+(flock locks belong to open files, so two shares in one process exclude each other too)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from handler.thread_share import ThreadShare
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> Iterator[tuple[ThreadShare, ThreadShare]]:
+    first = ThreadShare(tmp_path, threads=1, lend_after_s=0.0)
+    second = ThreadShare(tmp_path, threads=2, lend_after_s=0.0)
+    yield first, second
+    first.close()
+    second.close()
+
+
+def idle(*shares: ThreadShare) -> None:
+    """Each share through one batch, so each is marked idle from now."""
+    for share in shares:
+        with share.busy():
+            pass
+
+
+def test_each_worker_claims_its_own_slot(pair: tuple[ThreadShare, ThreadShare]) -> None:
+    first, second = pair
+    assert {first.slot, second.slot} == {0, 1}
+
+
+def test_a_busy_worker_borrows_an_idle_siblings_threads(
+    pair: tuple[ThreadShare, ThreadShare],
+) -> None:
+    first, second = pair
+    idle(second)
+    with first.busy(), first.borrowed() as threads:
+        assert threads == 1 + 2
+
+
+def test_a_sibling_that_never_ran_a_batch_lends_nothing(
+    pair: tuple[ThreadShare, ThreadShare],
+) -> None:
+    """A worker is busy from its start until its first batch ends (it may still be loading)."""
+    first, _ = pair
+    with first.busy(), first.borrowed() as threads:
+        assert threads == 1
+
+
+def test_a_busy_sibling_lends_nothing(pair: tuple[ThreadShare, ThreadShare]) -> None:
+    first, second = pair
+    idle(first, second)
+    with second.busy(), first.busy(), first.borrowed() as threads:
+        assert threads == 1
+
+
+def test_a_sibling_idle_for_less_than_the_lending_delay_lends_nothing(tmp_path: Path) -> None:
+    first = ThreadShare(tmp_path, threads=1, lend_after_s=60.0)
+    second = ThreadShare(tmp_path, threads=1, lend_after_s=60.0)
+    idle(second)
+    with first.busy(), first.borrowed() as threads:
+        assert threads == 1
+    first.close()
+    second.close()
+
+
+def test_threads_are_lent_to_one_borrower_at_a_time(tmp_path: Path) -> None:
+    shares = [ThreadShare(tmp_path, threads=1, lend_after_s=0.0) for _ in range(3)]
+    idle(shares[2])
+    with shares[0].busy(), shares[1].busy():
+        with shares[0].borrowed() as first, shares[1].borrowed() as second:
+            assert sorted([first, second]) == [1, 2]
+    for share in shares:
+        share.close()
+
+
+def test_borrowed_threads_are_given_back_after_the_pass(
+    pair: tuple[ThreadShare, ThreadShare],
+) -> None:
+    first, second = pair
+    idle(second)
+    with first.busy():
+        with first.borrowed():
+            pass
+        with second.busy(), first.borrowed() as threads:
+            assert threads == 1
+
+
+def test_a_lender_that_gets_work_waits_for_the_borrowers_pass_then_is_not_lent_again(
+    pair: tuple[ThreadShare, ThreadShare],
+) -> None:
+    first, second = pair
+    idle(second)
+    entered, release = threading.Event(), threading.Event()
+
+    def second_gets_a_batch() -> None:
+        with second.busy():
+            entered.set()
+            release.wait(10)
+
+    with first.busy():
+        waiter = threading.Thread(target=second_gets_a_batch)
+        with first.borrowed() as threads:
+            assert threads == 3
+            waiter.start()
+            assert not entered.wait(0.2), "the lender ran while its threads were lent"
+        assert entered.wait(5), "the lender did not get its threads back"
+        with first.borrowed() as threads:
+            assert threads == 1
+        release.set()
+        waiter.join(10)
+
+
+def hold_a_slot_then_wait(folder: str, ready: object) -> None:
+    share = ThreadShare(Path(folder), threads=1, lend_after_s=0.0)
+    with share.busy():
+        ready.set()  # type: ignore[attr-defined]
+        time.sleep(60)
+
+
+def test_a_dead_workers_slot_and_threads_are_free_again(tmp_path: Path) -> None:
+    ready = multiprocessing.get_context("spawn").Event()
+    worker = multiprocessing.get_context("spawn").Process(
+        target=hold_a_slot_then_wait, args=(str(tmp_path), ready)
+    )
+    worker.start()
+    try:
+        assert ready.wait(30)
+        survivor = ThreadShare(tmp_path, threads=1, lend_after_s=0.0)
+        assert survivor.slot == 1
+        worker.kill()
+        worker.join(10)
+        replacement = ThreadShare(tmp_path, threads=1, lend_after_s=0.0)
+        assert replacement.slot == 0
+        idle(replacement)
+        with survivor.busy(), survivor.borrowed() as threads:
+            assert threads == 2
+        survivor.close()
+        replacement.close()
+    finally:
+        worker.kill()
+        worker.join(10)
+
+
+def test_threads_must_be_positive(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        ThreadShare(tmp_path, threads=0)
+
+
+def test_a_worker_runs_its_forward_on_an_idle_siblings_threads_too(tiny_worker) -> None:
+    """The handler wiring: a worker alone keeps to its torch_threads; with an idle sibling
+    registered beside it (as a second worker of the model would be), it borrows its thread."""
+    import torch
+
+    from tests.worker_harness import Sent, predict
+
+    worker = tiny_worker(torch_threads=1)
+    share = worker.handler.thread_share
+    assert share is not None and share.threads == 1
+    predict(worker.service, [Sent(b"a text on its own")])
+    assert torch.get_num_threads() == 1
+    sibling = ThreadShare(share.folder, threads=1, lend_after_s=0.0)
+    idle(sibling)
+    time.sleep(share.lend_after_ns / 1e9)
+    predict(worker.service, [Sent(b"a text with an idle sibling")])
+    assert torch.get_num_threads() == 2
+    sibling.close()
+    predict(worker.service, [Sent(b"the sibling is gone")])
+    assert torch.get_num_threads() == 1
+
+
+def test_share_idle_threads_false_keeps_each_worker_to_its_own(tiny_worker) -> None:
+    assert tiny_worker(torch_threads=1, share_idle_threads=False).handler.thread_share is None
