@@ -36,10 +36,11 @@ logger = logging.getLogger(__name__)
 MAX_SLOTS = 64
 SLOT = struct.Struct("<qq")
 """Per worker slot: its own threads (0: never used) and when it went idle (ns; 0: busy)."""
-DEFAULT_LEND_AFTER_S = 0.005
-"""Idle this long before lending: longer than the gap between two batches of a busy worker
-(send the answers, take the next batch; about 1-3 ms here), so a loaded worker's threads
-are not taken during that gap."""
+DEFAULT_LEND_AFTER_S = 0.002
+"""Idle this long before lending: longer than a loaded worker's gap between two batches
+(answer, take the queued next batch: about 1 ms here), shorter than the time between one
+worker's answer and its sibling's next forward pass at light load (about 3-4 ms here: the
+client's round trip, maxBatchDelay, decoding), so a lone request runs on both threads."""
 
 
 class ThreadShare:

@@ -11,8 +11,9 @@ Scenarios, all on the same model and the same deterministic mixed-length corpus:
   ``make serve PRECISION=bf16``), when this CPU has native bf16;
 - ``precision``: fp32 against bf16 on the whole corpus through the handler's classify
   (``bert_serve.harness.compare``): speed, largest score change, labels unchanged;
-- ``litserve``: a minimal LitServe server of the same model without batching
-  (``scripts/litserve_peer.py``), what users pick instead;
+- ``litserve`` and ``litserve_tuned``: LitServe servers of the same model
+  (``scripts/litserve_peer.py``), what users pick instead: out of the box (one worker, no
+  batching), and configured like our default (2 workers x 1 thread, batches of 16 in 1 ms);
 - ``client_lists``: on the default server, the Python client's ``classify_many`` (list
   requests of up to 64 texts, a few in flight) over a fixed set of texts.
 
@@ -57,11 +58,12 @@ from bert_serve.harness.measure import (
     Endpoint,
     Loads,
     client_lists,
+    cpu_split,
     endpoint,
     interleaved,
     servers,
 )
-from bert_serve.harness.peer import PEER_CONFIG, litserve_peer
+from bert_serve.harness.peer import PEER_CONFIGS, litserve_peer
 from bert_serve.harness.reports import bench_ratios, plot_bench
 from handler.precision import cpu_has_native_bf16
 
@@ -91,21 +93,26 @@ def served(args: argparse.Namespace, corpus: list[str]) -> dict[str, Any]:
         step(f"starting {', '.join(configs)}")
         started = stack.enter_context(servers(configs))
         endpoints = [endpoint(name, item["server"]) for name, item in started.items()]
-        if not smoke:
-            step("starting the LitServe peer")
-            endpoints.append(
-                Endpoint("litserve", stack.enter_context(litserve_peer(model_dir)), {})
-            )
+        for peer, peer_config in ({} if smoke else PEER_CONFIGS).items():
+            step(f"starting the LitServe peer {peer}")
+            url = stack.enter_context(litserve_peer(model_dir, peer_config))
+            endpoints.append(Endpoint(peer, url, {}))
         step("every server in turn at each load")
         measured = interleaved(endpoints, corpus, loads)
         for name, item in started.items():
             scenarios[name] = {
                 key: item[key] for key in ("config", "startup_s", "worker_memory")
             } | {"by_concurrency": measured[name]}
-        if "litserve" in measured:
-            scenarios["litserve"] = {"config": PEER_CONFIG, "by_concurrency": measured["litserve"]}
-        step("client list requests on the default server")
+        for peer, peer_config in PEER_CONFIGS.items():
+            if peer in measured:
+                scenarios[peer] = {"config": peer_config, "by_concurrency": measured[peer]}
         default_server = started["torchserve_batched"]["server"]
+        if not smoke:
+            step("where the CPU goes on the default server at 32 clients")
+            scenarios["torchserve_batched"]["cpu_split"] = cpu_split(
+                default_server, corpus, 32, loads
+            )
+        step("client list requests on the default server")
         scenarios["torchserve_batched"]["client_lists"] = [
             client_lists(default_server, list_texts, *run) for run in list_runs
         ]

@@ -1,7 +1,10 @@
-"""The reference peer for the benchmark: a minimal LitServe server of the same model.
+"""The reference peer for the benchmark: a LitServe server of the same model.
 
-What a team would write instead of bert-serve: one LitAPI, no batching, the same model
-folder and the same tokenization and forward code. Installed with the ``bench`` extra.
+What a team would write instead of bert-serve: one LitAPI over the same model folder and the
+same tokenization and forward code. By default it is what LitServe gives out of the box (one
+worker, torch's own thread count, no batching); the flags configure it like bert-serve's
+default (``--workers 2 --torch-threads 1 --max-batch-size 16 --batch-timeout-ms 1``), LitServe's
+own dynamic batching included. Installed with the ``bench`` extra.
 
     python scripts/litserve_peer.py --model-dir build/bert-sentiment --port 8100
 """
@@ -18,10 +21,12 @@ from handler.settings import HandlerSettings
 
 
 class SentimentAPI(ls.LitAPI):  # type: ignore[misc]
-    def __init__(self, model_dir: Path) -> None:
-        super().__init__()
+    def __init__(
+        self, model_dir: Path, torch_threads: int, max_batch_size: int, batch_timeout_s: float
+    ) -> None:
+        super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout_s)
         self.model_dir = model_dir
-        self.settings = HandlerSettings()
+        self.settings = HandlerSettings(torch_threads=torch_threads)
 
     def setup(self, device: str) -> None:
         self.loaded = load_model(self.model_dir, self.settings, gpu_id=None)
@@ -29,12 +34,22 @@ class SentimentAPI(ls.LitAPI):  # type: ignore[misc]
     def decode_request(self, request: dict) -> str:  # type: ignore[type-arg]  # LitServe reads this plain dict annotation
         return str(request["text"])
 
-    def predict(self, text: str) -> dict[str, Any]:
+    def batch(self, texts: list[str]) -> list[str]:
+        return texts
+
+    def predict(self, texts: str | list[str]) -> dict[str, Any] | list[dict[str, Any]]:
+        batch = texts if isinstance(texts, list) else [texts]
         predictions, _ = classify(
-            self.loaded, [text], self.settings.max_length, self.settings.max_batch_tokens
+            self.loaded, batch, self.settings.max_length, self.settings.max_batch_tokens
         )
-        prediction = predictions[0]
-        return {"label": prediction.label, "score": prediction.score, "scores": prediction.scores}
+        answers = [
+            {"label": item.label, "score": item.score, "scores": item.scores}
+            for item in predictions
+        ]
+        return answers if isinstance(texts, list) else answers[0]
+
+    def unbatch(self, answers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return answers
 
     def encode_response(self, output: dict[str, Any]) -> dict[str, Any]:
         return output
@@ -46,10 +61,15 @@ def main() -> None:
     )
     parser.add_argument("--model-dir", type=Path, required=True)
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--workers", type=int, default=1, help="LitServe workers_per_device")
+    parser.add_argument("--torch-threads", type=int, default=0, help="0: torch's default")
+    parser.add_argument("--max-batch-size", type=int, default=1)
+    parser.add_argument("--batch-timeout-ms", type=float, default=0.0)
     args = parser.parse_args()
-    server = ls.LitServer(
-        SentimentAPI(args.model_dir), accelerator="cpu", workers_per_device=1, timeout=60
+    api = SentimentAPI(
+        args.model_dir, args.torch_threads, args.max_batch_size, args.batch_timeout_ms / 1000
     )
+    server = ls.LitServer(api, accelerator="cpu", workers_per_device=args.workers, timeout=60)
     server.run(
         host="127.0.0.1",
         port=args.port,

@@ -34,15 +34,15 @@ from bert_serve.harness.reports import plot_tune, recommend_across_loads, tune_s
 
 CANDIDATE = re.compile(r"b(\d+)d(\d+)w(\d+)t(\d+)(-own)?")
 DEFAULT_CANDIDATES = [
+    "b1d0w2t1-own",
     "b1d0w2t1",
     "b4d1w2t1",
     "b8d1w2t1",
-    "b8d2w2t1",
-    "b16d0w2t1",
+    "b16d1w2t1-own",
     "b16d1w2t1",
     "b16d2w2t1",
     "b32d2w2t1",
-    "b8d1w1t2",
+    "b16d1w1t2",
 ]
 
 
@@ -65,8 +65,7 @@ def parse_candidate(name: str) -> dict[str, int]:
 def candidate_name(config: dict[str, int]) -> str:
     own = "" if config["share"] else "-own"
     return (
-        f"b{config['batch_size']}d{config['delay_ms']}w{config['workers']}t{config['threads']}"
-        f"{own}"
+        f"b{config['batch_size']}d{config['delay_ms']}w{config['workers']}t{config['threads']}{own}"
     )
 
 

@@ -6,6 +6,7 @@ TorchServe) the batches the handler formed meanwhile, read from its log.
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -117,6 +118,29 @@ def frontend_cost(
             "frontend_cpu_ms_per_request": round(cpu_ms / requests, 3),
             "log_bytes_per_request": round(written / requests),
         }
+
+
+def cpu_split(server: Server, corpus: Sequence[str], level: int, loads: Loads) -> dict[str, Any]:
+    """Where the CPU goes while ``server`` answers ``level`` clients: cores used by the
+    frontend, by each worker and by this load generator (it shares the machine)."""
+    url, headers = server.predict_url, server.headers()
+    run_texts(url, headers, corpus, level, loads.warmup, "cpu split warm-up")
+    pids = {"frontend": server.pid() or 0, "load_generator": os.getpid()}
+    pids |= {f"worker_{n}": int(worker["pid"]) for n, worker in enumerate(server.workers())}
+    before = {name: process_cpu_s(pid) for name, pid in pids.items()}
+    began = time.monotonic()
+    result = run_texts(url, headers, corpus, level, loads.seconds, "cpu split")
+    elapsed = time.monotonic() - began
+    cores = {
+        name: round((process_cpu_s(pid) - before[name]) / elapsed, 3) for name, pid in pids.items()
+    }
+    return {
+        "concurrency": level,
+        "rps": result["rps"],
+        "cores": cores,
+        "cores_total": round(sum(cores.values()), 3),
+        "machine_cores": psutil.cpu_count(),
+    }
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,17 @@ import requests
 from bert_serve.harness.config import ROOT, free_port
 
 PEER_SCRIPT = ROOT / "scripts" / "litserve_peer.py"
-PEER_CONFIG = {"max_batch_size": 1, "workers_per_device": 1}
+PEER_CONFIGS: dict[str, dict[str, float]] = {
+    "litserve": {"workers": 1, "torch_threads": 0, "max_batch_size": 1, "batch_timeout_ms": 0},
+    "litserve_tuned": {
+        "workers": 2,
+        "torch_threads": 1,
+        "max_batch_size": 16,
+        "batch_timeout_ms": 1,
+    },
+}
+"""LitServe out of the box (one worker, torch's threads, no batching), and configured like
+bert-serve's default (2 workers x 1 thread, dynamic batches of 16 within 1 ms)."""
 
 
 def wait_healthy(process: subprocess.Popen[bytes], url: str, timeout: float) -> None:
@@ -49,10 +59,15 @@ def end(process: subprocess.Popen[bytes]) -> None:
 
 
 @contextmanager
-def litserve_peer(model_dir: Path, ready_timeout: float = 120) -> Iterator[str]:
-    """A healthy LitServe peer on a free 127.0.0.1 port; yields its predict URL."""
+def litserve_peer(
+    model_dir: Path, config: dict[str, float], ready_timeout: float = 120
+) -> Iterator[str]:
+    """A healthy LitServe peer of ``config`` (a value of PEER_CONFIGS) on a free 127.0.0.1
+    port; yields its predict URL."""
     port = free_port()
     command = [sys.executable, str(PEER_SCRIPT), "--model-dir", str(model_dir), "--port", str(port)]
+    for key, value in config.items():
+        command += [f"--{key.replace('_', '-')}", str(value)]
     process = subprocess.Popen(
         command,
         cwd=ROOT,
