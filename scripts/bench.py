@@ -95,8 +95,8 @@ def served(args: argparse.Namespace, corpus: list[str]) -> dict[str, Any]:
         endpoints = [endpoint(name, item["server"]) for name, item in started.items()]
         for peer, peer_config in ({} if smoke else PEER_CONFIGS).items():
             step(f"starting the LitServe peer {peer}")
-            url = stack.enter_context(litserve_peer(model_dir, peer_config))
-            endpoints.append(Endpoint(peer, url, {}))
+            running_peer = stack.enter_context(litserve_peer(model_dir, peer_config))
+            endpoints.append(Endpoint(peer, running_peer.url, {}, None, running_peer.process_group))
         step("every server in turn at each load")
         measured = interleaved(endpoints, corpus, loads)
         for name, item in started.items():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
@@ -151,6 +152,9 @@ class Endpoint:
     url: str
     headers: dict[str, str]
     batch_log: Path | None = None
+    paused_between_turns: int | None = None
+    """A process group to stop (SIGSTOP) while the others are measured: for a peer whose
+    idle processes use CPU."""
 
 
 def endpoint(name: str, server: Server) -> Endpoint:
@@ -166,11 +170,29 @@ def interleaved(
     for level in loads.levels:
         one_level = Loads([level], loads.seconds, loads.warmup)
         for item in endpoints:
-            measured = at_loads(
-                item.name, item.url, item.headers, corpus, one_level, item.batch_log
-            )
+            with its_turn(item, endpoints):
+                measured = at_loads(
+                    item.name, item.url, item.headers, corpus, one_level, item.batch_log
+                )
             results[item.name] |= measured
     return results
+
+
+@contextmanager
+def its_turn(current: Endpoint, endpoints: Sequence[Endpoint]) -> Iterator[None]:
+    """Every other endpoint that asks for it is paused while ``current`` is measured."""
+    paused = [
+        item.paused_between_turns
+        for item in endpoints
+        if item is not current and item.paused_between_turns is not None
+    ]
+    for group in paused:
+        os.killpg(group, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for group in paused:
+            os.killpg(group, signal.SIGCONT)
 
 
 @contextmanager

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -9,6 +10,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import requests
@@ -58,12 +60,21 @@ def end(process: subprocess.Popen[bytes]) -> None:
         process.wait(timeout=30)
 
 
+@dataclass(frozen=True)
+class Peer:
+    url: str
+    """Its predict URL."""
+    process_group: int
+    """The peer's processes (LitServe's API server and workers), to pause between turns:
+    idle, they poll their queues and took a third of a core from the server being measured."""
+
+
 @contextmanager
 def litserve_peer(
     model_dir: Path, config: dict[str, float], ready_timeout: float = 120
-) -> Iterator[str]:
+) -> Iterator[Peer]:
     """A healthy LitServe peer of ``config`` (a value of PEER_CONFIGS) on a free 127.0.0.1
-    port; yields its predict URL."""
+    port."""
     port = free_port()
     command = [sys.executable, str(PEER_SCRIPT), "--model-dir", str(model_dir), "--port", str(port)]
     for key, value in config.items():
@@ -77,6 +88,8 @@ def litserve_peer(
     )
     try:
         wait_healthy(process, f"http://127.0.0.1:{port}", ready_timeout)
-        yield f"http://127.0.0.1:{port}/predict"
+        yield Peer(f"http://127.0.0.1:{port}/predict", process.pid)
     finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGCONT)
         end(process)

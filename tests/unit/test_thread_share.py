@@ -177,3 +177,11 @@ def test_a_worker_runs_its_forward_on_an_idle_siblings_threads_too(tiny_worker) 
 
 def test_share_idle_threads_false_keeps_each_worker_to_its_own(tiny_worker) -> None:
     assert tiny_worker(torch_threads=1, share_idle_threads=False).handler.thread_share is None
+
+
+def test_a_folder_that_cannot_be_made_leaves_each_worker_its_own(tmp_path: Path) -> None:
+    from handler.thread_share import open_thread_share
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    assert open_thread_share(blocker / ".thread-share", threads=1) is None
