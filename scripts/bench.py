@@ -73,8 +73,9 @@ def step(title: str) -> None:
 
 
 def served(args: argparse.Namespace, corpus: list[str]) -> dict[str, Any]:
-    """Every server (default, batch size 1, bf16, the LitServe peer) measured in turn at each
-    load, then the client's list requests on the default server; the smoke run keeps the default."""
+    """Every server (default, batch size 1, bf16, the LitServe peers) measured in turn at each
+    load; then, the peers stopped, where the CPU goes and the client's list requests on the
+    default server. The smoke run keeps the default server."""
     smoke, model_dir = args.smoke, args.model_dir
     scenarios: dict[str, Any] = {}
     levels = [2] if smoke else [1, 8, 32, 64]
@@ -93,12 +94,16 @@ def served(args: argparse.Namespace, corpus: list[str]) -> dict[str, Any]:
         step(f"starting {', '.join(configs)}")
         started = stack.enter_context(servers(configs))
         endpoints = [endpoint(name, item["server"]) for name, item in started.items()]
-        for peer, peer_config in ({} if smoke else PEER_CONFIGS).items():
-            step(f"starting the LitServe peer {peer}")
-            running_peer = stack.enter_context(litserve_peer(model_dir, peer_config))
-            endpoints.append(Endpoint(peer, running_peer.url, {}, None, running_peer.process_group))
-        step("every server in turn at each load")
-        measured = interleaved(endpoints, corpus, loads)
+        with ExitStack() as peers:
+            for peer, peer_config in ({} if smoke else PEER_CONFIGS).items():
+                step(f"starting the LitServe peer {peer}")
+                running_peer = peers.enter_context(litserve_peer(model_dir, peer_config))
+                endpoints.append(
+                    Endpoint(peer, running_peer.url, {}, None, running_peer.process_group)
+                )
+            step("every server in turn at each load")
+            measured = interleaved(endpoints, corpus, loads)
+            step("stopping the LitServe peers (idle, they still use CPU)")
         for name, item in started.items():
             scenarios[name] = {
                 key: item[key] for key in ("config", "startup_s", "worker_memory")
