@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from bert_serve.harness.config import models_entry
+from bert_serve.harness.peer import PEER_CONFIGS
 
 
 def _ratio(numerator: float, denominator: float) -> float:
@@ -35,7 +36,7 @@ def bench_ratios(results: dict[str, Any]) -> dict[str, Any]:
             rps, scenarios["torchserve_bs1"]["by_concurrency"][top]["rps"]
         )
     out["served_vs_ceiling"] = round(rps / ceiling["texts_per_s"], 2)
-    for peer in ("litserve", "litserve_tuned"):
+    for peer in PEER_CONFIGS:
         if peer in scenarios:
             out[f"batched_vs_{peer}"] = _ratio(rps, scenarios[peer]["by_concurrency"][top]["rps"])
     lists = batched_scenario.get("client_lists")
@@ -110,7 +111,7 @@ def _fp32_default_bars(
     """The fp32 default at 32 clients against the in-process ceiling and each LitServe peer."""
     ratio = _ratio(default["rps"], results["ceiling"]["texts_per_s"])
     bars = {"default_vs_ceiling_at_32": _bar(ratio, ">= 0.8", ratio >= 0.8)}
-    for peer in ("litserve", "litserve_tuned"):
+    for peer in PEER_CONFIGS:
         at_32 = level(peer, 32)
         if at_32:
             ratio = _ratio(default["rps"], at_32["rps"])
