@@ -16,13 +16,19 @@ from typing import Any
 
 from ts.torch_handler.base_handler import BaseHandler
 
-from handler.decoding import Rejected
+from handler.decoding import BODY_KEYS
 from handler.errors import ErrorCode
 from handler.inference import BatchStats, Prediction, TextInput, classify
 from handler.metrics import MetricsEmitter
 from handler.model import LoadedModel, load_model
-from handler.open_inference import route_content_type
-from handler.pipeline import IncomingRequest, render, run_batch
+from handler.pipeline import refuse, run_batch
+from handler.protocol import (
+    JSON_MEDIA,
+    IncomingRequest,
+    Rejected,
+    header_value,
+    route_content_type,
+)
 from handler.settings import HandlerSettings
 from handler.thread_share import ThreadShare, open_thread_share
 
@@ -31,16 +37,6 @@ logger = logging.getLogger(__name__)
 MODEL_SUBDIR = "model"
 THREAD_SHARE_SUBDIR = ".thread-share"
 SANE_REQUEST_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}")
-JSON_CONTENT_TYPE = "application/json"
-
-
-def header_value(headers: Mapping[str, Any], name: str) -> str | None:
-    """Case-insensitive header lookup; TorchServe keeps the client's spelling."""
-    wanted = name.lower()
-    for key, value in headers.items():
-        if key.lower() == wanted and isinstance(value, str):
-            return value
-    return None
 
 
 def request_id_for(headers: Mapping[str, Any], torchserve_id: str) -> str:
@@ -53,7 +49,7 @@ def content_type_for(headers: Mapping[str, Any], fields: Mapping[str, Any]) -> s
     """The request's Content-Type, else the one TorchServe recorded for the body field."""
     content_type = header_value(headers, "Content-Type")
     if content_type is None:
-        for key in ("body", "data"):
+        for key in BODY_KEYS:
             per_field = headers.get(key)
             if key in fields and isinstance(per_field, dict):
                 content_type = per_field.get("content-type") or None
@@ -118,13 +114,12 @@ class BertHandler(BaseHandler):  # type: ignore[misc]
                 responses = run_batch(
                     incoming_requests(batch, context),
                     self.classify,
-                    self.settings.max_chars,
+                    self.settings,
                     observe=self.metrics.emit,
-                    max_texts=self.settings.max_texts_per_request,
                 )
             for index, response in enumerate(responses):
                 context.set_response_status(response.status, response.phrase, index)
-                context.set_response_content_type(index, JSON_CONTENT_TYPE)
+                context.set_response_content_type(index, JSON_MEDIA)
             return [response.body for response in responses]
         except Exception:
             logger.exception("handle failed for a batch of %d; this is a bug", len(batch))
@@ -136,8 +131,8 @@ def _internal_errors(batch: Sequence[Any], context: Any) -> list[str]:
     failure = Rejected(ErrorCode.INTERNAL_ERROR, "the batch failed (server bug)")
     bodies = []
     for index in range(len(batch)):
-        response = render(failure, str(context.get_request_id(index)))
+        response = refuse(failure, str(context.get_request_id(index)))
         context.set_response_status(response.status, response.phrase, index)
-        context.set_response_content_type(index, JSON_CONTENT_TYPE)
+        context.set_response_content_type(index, JSON_MEDIA)
         bodies.append(response.body)
     return bodies

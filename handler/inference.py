@@ -17,9 +17,8 @@ from typing import Any
 
 import torch
 
-from handler.decoding import ScoreOptions
 from handler.model import LoadedModel
-from handler.scoring import apply_score_function
+from handler.scoring import ScoreOptions, apply_score_function
 from handler.thread_share import ThreadShare
 
 TextInput = str | tuple[str, str]

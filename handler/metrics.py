@@ -27,9 +27,9 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from handler.decoding import Rejected
 from handler.inference import BatchStats, Prediction
-from handler.pipeline import ItemOutcome, ListOutcome, Outcome
+from handler.pipeline import ListOutcome, Outcome
+from handler.protocol import ItemOutcome, Rejected
 
 logger = logging.getLogger(__name__)
 

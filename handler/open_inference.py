@@ -37,18 +37,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from handler.decoding import (
-    BODY_KEYS,
-    Rejected,
-    TextList,
-    ValidText,
-    _json_type,
-    is_json,
-    media_type,
-    validate_text,
-)
+from handler.decoding import BODY_KEYS, is_json, json_type, media_type, validate_text
 from handler.errors import HTTP_STATUS, ErrorCode
 from handler.inference import Prediction
+from handler.protocol import (
+    IncomingRequest,
+    ItemOutcome,
+    Rejected,
+    Response,
+    ValidText,
+    WireProtocol,
+    header_value,
+    is_kserve_route,
+)
+from handler.settings import HandlerSettings
 
 INPUTS_FIELD = "inputs"
 TEXT_INPUT = "text"
@@ -59,25 +61,57 @@ SCORES_OUTPUT = "scores"
 TRUNCATED_OUTPUT = "truncated"
 OUTPUT_NAMES = (LABEL_OUTPUT, SCORES_OUTPUT, TRUNCATED_OUTPUT)
 BINARY_HEADER = "Inference-Header-Content-Length"
-# TorchServe adds url_path to /predictions requests only, and explain to those and KServe's.
-PREDICTIONS_ROUTE_HEADER = "url_path"
-KSERVE_ROUTE_HEADER = "explain"
-JSON_MEDIA = "application/json"
 
 
 @dataclass(frozen=True)
-class InferRejected(Rejected):
-    """A v2 request refused as a whole; answered in the protocol's error shape."""
-
-
-@dataclass(frozen=True)
-class InferRequest(TextList):
+class InferRequest:
     """A valid v2 request: its texts (every one valid) and what the answer must echo."""
 
-    field: str = INPUTS_FIELD
+    items: tuple[ValidText, ...]
     infer_id: str | None = None
     outputs: tuple[str, ...] = OUTPUT_NAMES
     model_name: str = ""
+
+
+class OpenInference:
+    """Claims JSON bodies with ``"inputs"``, and refuses what KServe's routes cannot take."""
+
+    def decode(
+        self, request: IncomingRequest, settings: HandlerSettings
+    ) -> InferRequest | Rejected | None:
+        return decode_infer(
+            request.fields,
+            request.content_type,
+            request.headers,
+            request.model_name,
+            settings.max_chars,
+            settings.max_texts_per_request,
+        )
+
+    def render(
+        self, decoded: InferRequest, outcomes: tuple[ItemOutcome, ...], request_id: str
+    ) -> Response:
+        """The output tensors; one failed text fails the request (the protocol has no
+        per-item error)."""
+        failed = next((item for item in outcomes if isinstance(item, Rejected)), None)
+        if failed is not None:
+            return self.refuse(failed, request_id)
+        predictions = [item for item in outcomes if isinstance(item, Prediction)]
+        body = {
+            "model_name": decoded.model_name,
+            "id": decoded.infer_id if decoded.infer_id is not None else request_id,
+            "outputs": output_tensors(predictions, decoded.outputs),
+        }
+        return Response(200, "OK", json.dumps(body))
+
+    def refuse(self, rejected: Rejected, request_id: str) -> Response:
+        status, phrase = HTTP_STATUS[rejected.code]
+        return Response(
+            status, phrase, json.dumps({"error": f"{rejected.code.value}: {rejected.message}"})
+        )
+
+
+PROTOCOL: WireProtocol[InferRequest] = OpenInference()
 
 
 def decode_infer(
@@ -87,13 +121,13 @@ def decode_infer(
     model_name: str,
     max_chars: int,
     max_texts: int,
-) -> InferRequest | InferRejected | None:
+) -> InferRequest | Rejected | None:
     """The request as a v2 request, or None when it is not one (the usual decoding applies).
 
     ``content_type`` is the one ``route_content_type`` gave, so JSON on KServe's routes.
     """
-    if _header(headers, BINARY_HEADER) is not None:
-        return InferRejected(
+    if header_value(headers, BINARY_HEADER) is not None:
+        return Rejected(
             ErrorCode.INVALID_TYPE,
             f"binary tensor data ({BINARY_HEADER}) is not supported; send the tensors as JSON "
             "(tritonclient: set_data_from_numpy(..., binary_data=False))",
@@ -101,7 +135,7 @@ def decode_infer(
     media = media_type(content_type)
     if not is_json(media):
         if is_kserve_route(headers):
-            return InferRejected(
+            return Rejected(
                 ErrorCode.INVALID_TYPE,
                 f"KServe's v1 and v2 routes take JSON bodies (Content-Type: application/json "
                 f"or none), got {media!r}; binary tensor data is not supported",
@@ -123,25 +157,25 @@ def decode_infer(
 
 def decode_infer_document(
     document: Mapping[str, Any], model_name: str, max_chars: int, max_texts: int
-) -> InferRequest | InferRejected:
+) -> InferRequest | Rejected:
     """A parsed v2 request: the envelope, the tensors, then each text."""
     infer_id = document.get("id")
     if infer_id is not None and not isinstance(infer_id, str):
-        return _invalid(f'"id" must be a string, got {_json_type(infer_id)}')
+        return _invalid(f'"id" must be a string, got {json_type(infer_id)}')
     outputs = _requested_outputs(document.get("outputs"))
-    if isinstance(outputs, InferRejected):
+    if isinstance(outputs, Rejected):
         return outputs
     parameters = document.get("parameters", {})
     if not isinstance(parameters, dict):
-        return _invalid(f'"parameters" must be an object, got {_json_type(parameters)}')
+        return _invalid(f'"parameters" must be an object, got {json_type(parameters)}')
     tensors = _input_tensors(document[INPUTS_FIELD], max_texts)
-    if isinstance(tensors, InferRejected):
+    if isinstance(tensors, Rejected):
         return tensors
     texts, pairs = tensors
     items: list[ValidText] = []
     for index, text in enumerate(texts):
         item = _valid_item(index, text, None if pairs is None else pairs[index], max_chars)
-        if isinstance(item, InferRejected):
+        if isinstance(item, Rejected):
             return item
         items.append(item)
     return InferRequest(
@@ -149,11 +183,11 @@ def decode_infer_document(
     )
 
 
-def _requested_outputs(outputs: Any) -> tuple[str, ...] | InferRejected:
+def _requested_outputs(outputs: Any) -> tuple[str, ...] | Rejected:
     if outputs is None:
         return OUTPUT_NAMES
     if not isinstance(outputs, list) or not all(isinstance(o, dict) for o in outputs):
-        return _invalid(f'"outputs" must be an array of objects, got {_json_type(outputs)}')
+        return _invalid(f'"outputs" must be an array of objects, got {json_type(outputs)}')
     names = tuple(output.get("name") for output in outputs)
     unknown = [name for name in names if name not in OUTPUT_NAMES]
     if unknown:
@@ -161,12 +195,10 @@ def _requested_outputs(outputs: Any) -> tuple[str, ...] | InferRejected:
     return tuple(str(name) for name in names)
 
 
-def _input_tensors(
-    inputs: Any, max_texts: int
-) -> tuple[list[Any], list[Any] | None] | InferRejected:
+def _input_tensors(inputs: Any, max_texts: int) -> tuple[list[Any], list[Any] | None] | Rejected:
     """The ``text`` tensor's elements and, when sent, the ``text_pair`` tensor's."""
     if not isinstance(inputs, list) or not all(isinstance(i, dict) for i in inputs):
-        return _invalid(f'"inputs" must be an array of tensor objects, got {_json_type(inputs)}')
+        return _invalid(f'"inputs" must be an array of tensor objects, got {json_type(inputs)}')
     names = [tensor.get("name") for tensor in inputs]
     unknown = [name for name in names if name not in INPUT_NAMES]
     if unknown:
@@ -174,15 +206,15 @@ def _input_tensors(
     if len(set(names)) != len(names):
         return _invalid(f"each input may be sent once, got {names}")
     if TEXT_INPUT not in names:
-        return InferRejected(ErrorCode.MISSING_FIELD, f'no "{TEXT_INPUT}" input; got {names}')
+        return Rejected(ErrorCode.MISSING_FIELD, f'no "{TEXT_INPUT}" input; got {names}')
     elements: dict[str, list[Any]] = {}
     shapes: dict[str, list[int]] = {}
     for tensor in inputs:
         shape = _text_shape(tensor, max_texts)
-        if isinstance(shape, InferRejected):
+        if isinstance(shape, Rejected):
             return shape
         data = _tensor_data(tensor, shape)
-        if isinstance(data, InferRejected):
+        if isinstance(data, Rejected):
             return data
         elements[tensor["name"]], shapes[tensor["name"]] = data, shape
     if TEXT_PAIR_INPUT in shapes and shapes[TEXT_PAIR_INPUT] != shapes[TEXT_INPUT]:
@@ -193,7 +225,7 @@ def _input_tensors(
     return elements[TEXT_INPUT], elements.get(TEXT_PAIR_INPUT)
 
 
-def _text_shape(tensor: Mapping[str, Any], max_texts: int) -> list[int] | InferRejected:
+def _text_shape(tensor: Mapping[str, Any], max_texts: int) -> list[int] | Rejected:
     name = tensor["name"]
     if tensor.get("datatype") != "BYTES":
         return _invalid(
@@ -209,16 +241,16 @@ def _text_shape(tensor: Mapping[str, Any], max_texts: int) -> list[int] | InferR
     ):
         return _invalid(f'input "{name}" must have shape [n] or [n, 1], got {shape!r}')
     if shape[0] == 0:
-        return InferRejected(ErrorCode.EMPTY_TEXT, f'input "{name}" has no texts')
+        return Rejected(ErrorCode.EMPTY_TEXT, f'input "{name}" has no texts')
     if shape[0] > max_texts:
-        return InferRejected(
+        return Rejected(
             ErrorCode.PAYLOAD_TOO_LARGE,
             f'input "{name}" has {shape[0]:,} texts; the limit is {max_texts:,}',
         )
     return shape
 
 
-def _tensor_data(tensor: Mapping[str, Any], shape: list[int]) -> list[Any] | InferRejected:
+def _tensor_data(tensor: Mapping[str, Any], shape: list[int]) -> list[Any] | Rejected:
     """The elements in row-major order; the protocol allows flat or nested arrays."""
     name = tensor["name"]
     parameters = tensor.get("parameters")
@@ -228,7 +260,7 @@ def _tensor_data(tensor: Mapping[str, Any], shape: list[int]) -> list[Any] | Inf
                 f'input "{name}" is binary tensor data, which is not supported; send it as JSON '
                 '"data" (tritonclient: binary_data=False)'
             )
-        return InferRejected(ErrorCode.MISSING_FIELD, f'input "{name}" has no "data"')
+        return Rejected(ErrorCode.MISSING_FIELD, f'input "{name}" has no "data"')
     data = tensor["data"]
     flat = _flatten(data, len(shape))
     count = math.prod(shape)
@@ -255,27 +287,21 @@ def _flatten(data: Any, depth: int) -> list[Any] | None:
     return flat
 
 
-def _valid_item(index: int, text: Any, pair: Any, max_chars: int) -> ValidText | InferRejected:
+def _valid_item(index: int, text: Any, pair: Any, max_chars: int) -> ValidText | Rejected:
     """One text (and its pair) checked like any text; the error names its place."""
     for name, value in ((TEXT_INPUT, text), (TEXT_PAIR_INPUT, pair)):
         if value is None and name == TEXT_PAIR_INPUT:
             continue
         if not isinstance(value, str):
-            return _invalid(f"{name}[{index}] must be a string, got {_json_type(value)}")
+            return _invalid(f"{name}[{index}] must be a string, got {json_type(value)}")
         checked = validate_text(value, max_chars)
         if isinstance(checked, Rejected):
-            return InferRejected(checked.code, f"{name}[{index}]: {checked.message}")
+            return Rejected(checked.code, f"{name}[{index}]: {checked.message}")
     return ValidText(text, pair)
 
 
-def render_infer(
-    request: InferRequest, results: tuple[Prediction | Rejected, ...], request_id: str
-) -> tuple[int, str, str]:
-    """Status, reason phrase and body of a v2 answer; one failed text fails the request."""
-    failed = next((item for item in results if isinstance(item, Rejected)), None)
-    if failed is not None:
-        return render_infer_error(failed)
-    predictions = [item for item in results if isinstance(item, Prediction)]
+def output_tensors(predictions: list[Prediction], names: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The requested outputs, in the requested order, for one row per prediction."""
     labels = list(predictions[0].scores)
     count = len(predictions)
     tensors: dict[str, dict[str, Any]] = {
@@ -296,37 +322,8 @@ def render_infer(
             "data": [p.truncated for p in predictions],
         },
     }
-    body = {
-        "model_name": request.model_name,
-        "id": request.infer_id if request.infer_id is not None else request_id,
-        "outputs": [{"name": name, **tensors[name]} for name in request.outputs],
-    }
-    return 200, "OK", json.dumps(body)
+    return [{"name": name, **tensors[name]} for name in names]
 
 
-def render_infer_error(rejected: Rejected) -> tuple[int, str, str]:
-    status, phrase = HTTP_STATUS[rejected.code]
-    return status, phrase, json.dumps({"error": f"{rejected.code.value}: {rejected.message}"})
-
-
-def route_content_type(headers: Mapping[str, Any], content_type: str | None) -> str | None:
-    """JSON when a KServe route's request has no Content-Type (tritonclient sends none)."""
-    if content_type is None and is_kserve_route(headers):
-        return JSON_MEDIA
-    return content_type
-
-
-def is_kserve_route(headers: Mapping[str, Any]) -> bool:
-    return (
-        _header(headers, KSERVE_ROUTE_HEADER) is not None
-        and _header(headers, PREDICTIONS_ROUTE_HEADER) is None
-    )
-
-
-def _header(headers: Mapping[str, Any], name: str) -> Any:
-    wanted = name.lower()
-    return next((value for key, value in headers.items() if key.lower() == wanted), None)
-
-
-def _invalid(message: str) -> InferRejected:
-    return InferRejected(ErrorCode.INVALID_TYPE, message)
+def _invalid(message: str) -> Rejected:
+    return Rejected(ErrorCode.INVALID_TYPE, message)

@@ -21,8 +21,6 @@ from pathlib import Path
 
 import torch
 
-from handler.settings import PRECISION_CHOICES
-
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 X86_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 ARM_BF16_FLAGS = frozenset({"bf16"})
@@ -47,9 +45,8 @@ class Plan:
 
 
 def check_precision(precision: str, hardware: Hardware) -> None:
-    """Raise ``ValueError`` with the reason when ``hardware`` cannot run ``precision``."""
-    if precision not in PRECISION_CHOICES:
-        raise ValueError(f"precision must be one of {PRECISION_CHOICES}, got {precision!r}")
+    """Raise ``ValueError`` with the reason when ``hardware`` cannot run ``precision`` (one of
+    ``HandlerSettings``' choices, which checks the name)."""
     if precision == "fp16" and hardware.device_type != "cuda":
         raise ValueError(
             "precision fp16 needs a CUDA GPU, and this worker runs on the CPU; "

@@ -17,6 +17,7 @@ refused at start: the config, not the setting, would be right about the model's 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
 
 import torch
@@ -26,6 +27,17 @@ class ScoreFunction(StrEnum):
     SOFTMAX = "softmax"
     SIGMOID = "sigmoid"
     NONE = "none"
+
+
+@dataclass(frozen=True)
+class ScoreOptions:
+    """Per-request choices, applied to each answer after the forward pass, so they never
+    change which requests share a batch."""
+
+    top_k: int | None = None
+    """Keep only the k best labels in ``scores``, best first (None: every label, in order)."""
+    raw_scores: bool = False
+    """Answer the logits instead of the model's score function applied to them."""
 
 
 AUTO = "auto"

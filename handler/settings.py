@@ -16,6 +16,12 @@ DEVICE_CHOICES = ("auto", "cpu", "cuda")
 SCORE_FUNCTION_CHOICES = ("auto", "softmax", "sigmoid", "none")
 ATTENTION_CHOICES = ("sdpa", "eager")
 PRECISION_CHOICES = ("fp32", "bf16", "fp16")
+CHOICES = {
+    "device": DEVICE_CHOICES,
+    "attention": ATTENTION_CHOICES,
+    "precision": PRECISION_CHOICES,
+    "score_function": SCORE_FUNCTION_CHOICES,
+}
 
 
 @dataclass(frozen=True)
@@ -66,18 +72,9 @@ class HandlerSettings:
             f"max_batch_tokens ({self.max_batch_tokens}) must be at least "
             f"max_length ({self.max_length}), or a long text could never run",
         )
-        _require(
-            self.device in DEVICE_CHOICES,
-            f"device must be one of {DEVICE_CHOICES}, got {self.device!r}",
-        )
-        _require(
-            self.attention in ATTENTION_CHOICES,
-            f"attention must be one of {ATTENTION_CHOICES}, got {self.attention!r}",
-        )
-        _require(
-            self.precision in PRECISION_CHOICES,
-            f"precision must be one of {PRECISION_CHOICES}, got {self.precision!r}",
-        )
+        for name, choices in CHOICES.items():
+            value = getattr(self, name)
+            _require(value in choices, f"{name} must be one of {choices}, got {value!r}")
         _require(
             not (self.quantize_int8 and self.precision != "fp32"),
             f"quantize_int8 runs fp32 activations; it cannot be combined with "
@@ -87,10 +84,6 @@ class HandlerSettings:
         _require(
             len(set(self.labels)) == len(self.labels),
             f"labels must be unique, got {list(self.labels)}",
-        )
-        _require(
-            self.score_function in SCORE_FUNCTION_CHOICES,
-            f"score_function must be one of {SCORE_FUNCTION_CHOICES}, got {self.score_function!r}",
         )
         _require(
             0.0 <= self.multi_label_threshold <= 1.0,

@@ -7,10 +7,14 @@ from typing import Any
 
 import pytest
 
-from handler.decoding import Rejected, ValidText, decode_body, decode_request, validate_text
+from handler.decoding import validate_text
 from handler.errors import ErrorCode
+from handler.native import decode_body, decode_request
+from handler.protocol import Rejected, ValidText
+from handler.settings import HandlerSettings
 
 LIMIT = 20
+MAX_TEXTS = HandlerSettings().max_texts_per_request
 
 WHITESPACE_ONLY = ["", " ", "   ", "\n", "\t", "\r\n", "\xa0", "\u2003", "\u3000\n\t"]
 
@@ -51,21 +55,27 @@ def assert_rejected(result: object, code: ErrorCode) -> Rejected:
 @pytest.mark.parametrize("content_type", JSON_TYPES)
 def test_json_content_types_parse_the_body(content_type: str) -> None:
     """Every spelling of a JSON media type parses the body and takes its "text"."""
-    result = decode_request({"body": json_body({"text": "great film"})}, content_type, LIMIT)
+    result = decode_request(
+        {"body": json_body({"text": "great film"})}, content_type, LIMIT, MAX_TEXTS
+    )
     assert result == ValidText("great film")
 
 
 @pytest.mark.parametrize("content_type", RAW_TYPES)
 def test_raw_content_types_take_the_body_as_text(content_type: str | None) -> None:
     """text/plain, no Content-Type and octet-stream treat the body as the UTF-8 text itself."""
-    assert decode_request({"body": b"great film"}, content_type, LIMIT) == ValidText("great film")
+    assert decode_request({"body": b"great film"}, content_type, LIMIT, MAX_TEXTS) == ValidText(
+        "great film"
+    )
 
 
 @pytest.mark.parametrize("content_type", RAW_TYPES)
 def test_json_looking_body_sent_as_raw_text_is_literal_text(content_type: str | None) -> None:
     """A JSON document sent as text/plain is classified as that literal text, not parsed."""
     body = '{"text": "hi"}'
-    assert decode_request({"body": body.encode()}, content_type, LIMIT) == ValidText(body)
+    assert decode_request({"body": body.encode()}, content_type, LIMIT, MAX_TEXTS) == ValidText(
+        body
+    )
 
 
 @pytest.mark.parametrize("key", ["body", "data"])
@@ -82,12 +92,14 @@ def test_json_looking_body_sent_as_raw_text_is_literal_text(content_type: str | 
 )
 def test_body_forms_and_keys(key: str, body: Any, content_type: str) -> None:
     """bytes, bytearray, str and a pre-parsed dict all work, under "body" and under "data"."""
-    assert decode_request({key: body}, content_type, LIMIT) == ValidText("good movie")
+    assert decode_request({key: body}, content_type, LIMIT, MAX_TEXTS) == ValidText("good movie")
 
 
 def test_body_key_wins_over_a_text_field() -> None:
     """When both a body and a "text" field are present, the body is the request."""
-    result = decode_request({"body": b"from body", "text": b"from field"}, "text/plain", LIMIT)
+    result = decode_request(
+        {"body": b"from body", "text": b"from field"}, "text/plain", LIMIT, MAX_TEXTS
+    )
     assert result == ValidText("from body")
 
 
@@ -95,7 +107,7 @@ def test_body_key_wins_over_a_text_field() -> None:
 @pytest.mark.parametrize("content_type", [*FORM_TYPES, None])
 def test_form_text_field(value: Any, content_type: str | None) -> None:
     """A form field named "text" (bytes, bytearray or str) is the text."""
-    assert decode_request({"text": value}, content_type, LIMIT) == ValidText("nice")
+    assert decode_request({"text": value}, content_type, LIMIT, MAX_TEXTS) == ValidText("nice")
 
 
 @pytest.mark.parametrize(
@@ -115,7 +127,7 @@ def test_non_ascii_text_is_valid(text: str, encoding: str) -> None:
     else:
         dumped = json.dumps({"text": text}, ensure_ascii=(encoding == "json-ascii-escaped"))
         body, content_type = dumped.encode("utf-8"), "application/json"
-    assert decode_request({"body": body}, content_type, LIMIT) == ValidText(text)
+    assert decode_request({"body": body}, content_type, LIMIT, MAX_TEXTS) == ValidText(text)
 
 
 def test_text_is_returned_unstripped() -> None:
@@ -147,7 +159,9 @@ def test_validate_text_rejects_empty_and_whitespace(text: str) -> None:
 )
 def test_empty_text_on_every_path(text: str, make_fields: Any, content_type: str | None) -> None:
     """Every way of sending a blank text ends as empty_text."""
-    assert_rejected(decode_request(make_fields(text), content_type, LIMIT), ErrorCode.EMPTY_TEXT)
+    assert_rejected(
+        decode_request(make_fields(text), content_type, LIMIT, MAX_TEXTS), ErrorCode.EMPTY_TEXT
+    )
 
 
 # --- length limit ---------------------------------------------------------------------------
@@ -157,16 +171,18 @@ def test_empty_text_on_every_path(text: str, make_fields: Any, content_type: str
 def test_exactly_max_chars_is_valid(char: str) -> None:
     """A text of exactly max_chars characters passes, however many bytes it takes."""
     text = char * LIMIT
-    assert decode_request({"body": text.encode()}, "text/plain", LIMIT) == ValidText(text)
-    assert decode_request({"body": json_body({"text": text})}, "application/json", LIMIT) == (
-        ValidText(text)
+    assert decode_request({"body": text.encode()}, "text/plain", LIMIT, MAX_TEXTS) == ValidText(
+        text
     )
+    assert decode_request(
+        {"body": json_body({"text": text})}, "application/json", LIMIT, MAX_TEXTS
+    ) == (ValidText(text))
 
 
 @pytest.mark.parametrize("char", ["a", "é", "😀", "中"])
 def test_one_over_max_chars_is_too_large(char: str) -> None:
     """max_chars + 1 characters is payload_too_large, and the message names both numbers."""
-    result = decode_request({"body": (char * (LIMIT + 1)).encode()}, "text/plain", LIMIT)
+    result = decode_request({"body": (char * (LIMIT + 1)).encode()}, "text/plain", LIMIT, MAX_TEXTS)
     message = assert_rejected(result, ErrorCode.PAYLOAD_TOO_LARGE).message
     assert str(LIMIT + 1) in message
     assert str(LIMIT) in message
@@ -198,7 +214,9 @@ def test_length_counts_characters_not_bytes() -> None:
 )
 def test_too_large_on_other_paths(fields: dict[str, Any], content_type: str) -> None:
     """The length limit applies to JSON bodies, form fields and str bodies alike."""
-    assert_rejected(decode_request(fields, content_type, LIMIT), ErrorCode.PAYLOAD_TOO_LARGE)
+    assert_rejected(
+        decode_request(fields, content_type, LIMIT, MAX_TEXTS), ErrorCode.PAYLOAD_TOO_LARGE
+    )
 
 
 # --- missing field --------------------------------------------------------------------------
@@ -207,7 +225,7 @@ def test_too_large_on_other_paths(fields: dict[str, Any], content_type: str) -> 
 @pytest.mark.parametrize("document", [{}, {"txt": "hi"}, {"TEXT": "hi"}, {"data": {"text": "hi"}}])
 def test_json_object_without_text_is_missing_field(document: dict[str, Any]) -> None:
     """A JSON object without an exact "text" key is missing_field, naming the field."""
-    result = decode_request({"body": json_body(document)}, "application/json", LIMIT)
+    result = decode_request({"body": json_body(document)}, "application/json", LIMIT, MAX_TEXTS)
     assert '"text"' in assert_rejected(result, ErrorCode.MISSING_FIELD).message
 
 
@@ -218,7 +236,7 @@ def test_form_without_text_is_missing_field_and_mentions_curl(
 ) -> None:
     """A form with no "text" field explains the `curl -d` pitfall and how to fix it."""
     message = assert_rejected(
-        decode_request(fields, content_type, LIMIT), ErrorCode.MISSING_FIELD
+        decode_request(fields, content_type, LIMIT, MAX_TEXTS), ErrorCode.MISSING_FIELD
     ).message
     assert "curl" in message
     assert "text/plain" in message
@@ -229,7 +247,7 @@ def test_form_without_text_is_missing_field_and_mentions_curl(
 @pytest.mark.parametrize("content_type", [None, "", "text/plain", "application/json"])
 def test_no_body_and_no_fields_is_missing_field(content_type: str | None) -> None:
     """A request with nothing in it is missing_field."""
-    result = decode_request({}, content_type, LIMIT)
+    result = decode_request({}, content_type, LIMIT, MAX_TEXTS)
     assert "text" in assert_rejected(result, ErrorCode.MISSING_FIELD).message
 
 
@@ -252,7 +270,7 @@ def test_no_body_and_no_fields_is_missing_field(content_type: str | None) -> Non
 def test_text_of_wrong_type_is_invalid_type(value: Any, type_name: str, pre_parsed: bool) -> None:
     """A non-string "text" is invalid_type, and the message names the JSON type it got."""
     body = {"text": value} if pre_parsed else json_body({"text": value})
-    result = decode_request({"body": body}, "application/json", LIMIT)
+    result = decode_request({"body": body}, "application/json", LIMIT, MAX_TEXTS)
     message = assert_rejected(result, ErrorCode.INVALID_TYPE).message
     assert type_name in message
     assert '"text"' in message
@@ -275,7 +293,7 @@ def test_json_body_that_is_not_an_object_is_invalid_type(
 ) -> None:
     """A JSON body must be an object; arrays, strings, numbers and null say what they are."""
     body = document if pre_parsed else json_body(document)
-    result = decode_request({"body": body}, "application/json", LIMIT)
+    result = decode_request({"body": body}, "application/json", LIMIT, MAX_TEXTS)
     message = assert_rejected(result, ErrorCode.INVALID_TYPE).message
     assert type_name in message
     assert '{"text": "..."}' in message
@@ -286,7 +304,7 @@ def test_json_body_that_is_not_an_object_is_invalid_type(
 )
 def test_form_field_of_wrong_type_is_invalid_type(value: Any, type_name: str) -> None:
     """A "text" field that is neither bytes nor str is invalid_type naming its type."""
-    result = decode_request({"text": value}, FORM_TYPES[0], LIMIT)
+    result = decode_request({"text": value}, FORM_TYPES[0], LIMIT, MAX_TEXTS)
     assert type_name in assert_rejected(result, ErrorCode.INVALID_TYPE).message
 
 
@@ -310,7 +328,7 @@ def test_form_field_of_wrong_type_is_invalid_type(value: Any, type_name: str) ->
 )
 def test_malformed_json_is_invalid_json(body: bytes) -> None:
     """Malformed, truncated and absurdly nested JSON is invalid_json, never an exception."""
-    result = decode_request({"body": body}, "application/json", LIMIT)
+    result = decode_request({"body": body}, "application/json", LIMIT, MAX_TEXTS)
     message = assert_rejected(result, ErrorCode.INVALID_JSON).message
     assert message.startswith("the body is not valid JSON")
     assert len(message) < 200
@@ -323,7 +341,7 @@ def test_malformed_json_is_invalid_json(body: bytes) -> None:
 @pytest.mark.parametrize("content_type", ["text/plain", None, "", "application/octet-stream"])
 def test_invalid_utf8_raw_body(bad: bytes, first_bad_byte: int, content_type: str | None) -> None:
     """Bad UTF-8 in a raw body is invalid_encoding, naming the byte and its offset."""
-    result = decode_request({"body": b"ok " + bad + b" end"}, content_type, LIMIT)
+    result = decode_request({"body": b"ok " + bad + b" end"}, content_type, LIMIT, MAX_TEXTS)
     message = assert_rejected(result, ErrorCode.INVALID_ENCODING).message
     assert f"0x{first_bad_byte:02x}" in message
     assert "offset 3" in message
@@ -333,7 +351,7 @@ def test_invalid_utf8_raw_body(bad: bytes, first_bad_byte: int, content_type: st
 def test_invalid_utf8_inside_json(bad: bytes, first_bad_byte: int) -> None:
     """Bad UTF-8 inside a JSON string is invalid_encoding (not invalid_json), with its offset."""
     body = b'{"text": "' + bad + b'"}'
-    result = decode_request({"body": body}, "application/json", LIMIT)
+    result = decode_request({"body": body}, "application/json", LIMIT, MAX_TEXTS)
     message = assert_rejected(result, ErrorCode.INVALID_ENCODING).message
     assert f"0x{first_bad_byte:02x}" in message
     assert "offset 10" in message
@@ -343,20 +361,22 @@ def test_invalid_utf8_inside_json(bad: bytes, first_bad_byte: int) -> None:
 @pytest.mark.parametrize("wrap", [bytes, bytearray])
 def test_invalid_utf8_form_field(bad: bytes, first_bad_byte: int, wrap: type) -> None:
     """Bad UTF-8 in a "text" form field is invalid_encoding, also for a bytearray."""
-    result = decode_request({"text": wrap(bad)}, FORM_TYPES[1], LIMIT)
+    result = decode_request({"text": wrap(bad)}, FORM_TYPES[1], LIMIT, MAX_TEXTS)
     message = assert_rejected(result, ErrorCode.INVALID_ENCODING).message
     assert f"0x{first_bad_byte:02x} at offset 0" in message
 
 
 def test_utf16_body_is_invalid_encoding() -> None:
     """A UTF-16 body (with BOM) is not silently accepted as text."""
-    result = decode_request({"body": "hello".encode("utf-16")}, "text/plain", LIMIT)
+    result = decode_request({"body": "hello".encode("utf-16")}, "text/plain", LIMIT, MAX_TEXTS)
     assert_rejected(result, ErrorCode.INVALID_ENCODING)
 
 
 def test_json_escaped_surrogate_pair_is_valid() -> None:
     """A correctly paired \\ud83d\\ude00 escape decodes to one emoji."""
-    result = decode_request({"body": b'{"text": "\\ud83d\\ude00"}'}, "application/json", LIMIT)
+    result = decode_request(
+        {"body": b'{"text": "\\ud83d\\ude00"}'}, "application/json", LIMIT, MAX_TEXTS
+    )
     assert result == ValidText("😀")
 
 
@@ -370,7 +390,7 @@ def test_json_escaped_surrogate_pair_is_valid() -> None:
 )
 def test_json_escaped_lone_surrogate_is_rejected(body: bytes) -> None:
     """A lone surrogate smuggled in through a JSON escape is not valid text."""
-    result = decode_request({"body": body}, "application/json", LIMIT)
+    result = decode_request({"body": body}, "application/json", LIMIT, MAX_TEXTS)
     assert_rejected(result, ErrorCode.INVALID_ENCODING)
 
 
@@ -379,11 +399,11 @@ def test_json_escaped_lone_surrogate_is_rejected(body: bytes) -> None:
 
 def test_decode_body_str_with_json_media_is_a_pre_parsed_json_string() -> None:
     """A str with a JSON media type is what TorchServe hands over for a JSON string body."""
-    result = decode_body('{"text": "hi"}', "application/json", LIMIT)
+    result = decode_body('{"text": "hi"}', "application/json", LIMIT, MAX_TEXTS)
     assert "a string" in assert_rejected(result, ErrorCode.INVALID_TYPE).message
 
 
 @pytest.mark.parametrize("media", ["application/json", "application/problem+json"])
 def test_decode_body_takes_a_normalised_media_type(media: str) -> None:
     """decode_body is called with a lower-case media type without parameters."""
-    assert decode_body(b'{"text": "hi"}', media, LIMIT) == ValidText("hi")
+    assert decode_body(b'{"text": "hi"}', media, LIMIT, MAX_TEXTS) == ValidText("hi")

@@ -15,10 +15,9 @@ from typing import Any
 
 import pytest
 
-from handler.decoding import ScoreOptions
 from handler.inference import TextInput, classify, tokenize, with_options
 from handler.model import LoadedModel, load_model
-from handler.scoring import ScoreFunction
+from handler.scoring import ScoreFunction, ScoreOptions
 from handler.settings import HandlerSettings
 from tests.heads import HEADS, ITEMS, Reference, build_head_model, largest_difference
 from tests.worker_harness import Sent, build_worker, predict

@@ -6,10 +6,12 @@ import json
 
 import pytest
 
-from handler.decoding import Rejected, TextList, ValidText, decode_request
 from handler.errors import ErrorCode
 from handler.inference import BatchStats, Prediction
+from handler.native import TextList, decode_request
 from handler.pipeline import IncomingRequest, run_batch
+from handler.protocol import Rejected, ValidText
+from handler.settings import HandlerSettings
 from tests.worker_harness import Sent, predict
 
 JSON = "application/json"
@@ -45,7 +47,7 @@ def test_instances_are_answered_as_predictions() -> None:
         return [Prediction(t, 1.0, {t: 1.0}, False) for t in texts], BatchStats(texts=len(texts))
 
     request = IncomingRequest({"body": b'{"instances": ["one", "", {"text": "two"}]}'}, JSON, "r")
-    (response,) = run_batch([request], classifier, max_chars=100)
+    (response,) = run_batch([request], classifier, HandlerSettings(max_chars=100))
     body = json.loads(response.body)
     assert response.status == 200 and set(body) == {"predictions", "request_id"}
     assert [entry.get("label") for entry in body["predictions"]] == ["one", None, "two"]
@@ -89,7 +91,7 @@ def test_list_texts_share_the_classifier_call_with_single_requests() -> None:
             request({"text": ""}, "c"),
         ],
         classifier,
-        max_chars=100,
+        HandlerSettings(max_chars=100),
     )
     assert calls == [["one", "two", "three"]]
     assert [r.status for r in responses] == [200, 200, 400]
@@ -106,7 +108,7 @@ def test_a_model_failure_marks_each_list_text_but_keeps_the_list_shape() -> None
         raise RuntimeError("boom")
 
     request = IncomingRequest({"body": b'{"texts": ["x", ""]}'}, JSON, "r")
-    (response,) = run_batch([request], broken, max_chars=100)
+    (response,) = run_batch([request], broken, HandlerSettings(max_chars=100))
     results = json.loads(response.body)["results"]
     assert response.status == 200
     assert [entry["error"]["code"] for entry in results] == ["internal_error", "empty_text"]

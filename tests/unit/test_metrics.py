@@ -7,10 +7,10 @@ import logging
 import pytest
 from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
 
-from handler.decoding import Rejected
 from handler.errors import ErrorCode
 from handler.inference import BatchStats, Prediction
 from handler.metrics import MetricsEmitter, batch_metrics, rejections_by_reason
+from handler.protocol import Rejected
 from tests.conftest import ROOT
 
 

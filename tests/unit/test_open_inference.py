@@ -7,16 +7,11 @@ from typing import Any
 
 import pytest
 
-from handler.decoding import ValidText
 from handler.errors import ErrorCode
-from handler.open_inference import (
-    InferRejected,
-    InferRequest,
-    decode_infer,
-    decode_infer_document,
-    route_content_type,
-)
+from handler.open_inference import InferRequest, decode_infer, decode_infer_document
 from handler.pipeline import IncomingRequest, run_batch
+from handler.protocol import Rejected, ValidText, route_content_type
+from handler.settings import HandlerSettings
 from tests.unit.test_pipeline import FakeClassifier, fake_prediction
 from tests.worker_harness import Sent, predict
 
@@ -33,7 +28,7 @@ def infer_body(*texts: str, **extra: Any) -> dict[str, Any]:
     return {"inputs": [text_tensor(list(texts))], **extra}
 
 
-def decode(document: dict[str, Any], max_texts: int = 8) -> InferRequest | InferRejected:
+def decode(document: dict[str, Any], max_texts: int = 8) -> InferRequest | Rejected:
     return decode_infer_document(document, "bert", MAX_CHARS, max_texts)
 
 
@@ -115,7 +110,7 @@ def test_a_malformed_request_is_rejected_as_a_whole(
     document: dict[str, Any], code: ErrorCode, words: str
 ) -> None:
     decoded = decode(document)
-    assert isinstance(decoded, InferRejected)
+    assert isinstance(decoded, Rejected)
     assert decoded.code == code and words in decoded.message
 
 
@@ -132,16 +127,16 @@ def test_a_bad_text_rejects_its_request_naming_its_index(
     texts: list[Any], code: ErrorCode, place: str
 ) -> None:
     decoded = decode({"inputs": [text_tensor(texts)]})
-    assert isinstance(decoded, InferRejected)
+    assert isinstance(decoded, Rejected)
     assert decoded.code == code and decoded.message.startswith(place)
 
 
 def test_text_pair_must_match_the_text_tensor() -> None:
     document = {"inputs": [text_tensor(["a", "b"]), text_tensor(["c"], name="text_pair")]}
     decoded = decode(document)
-    assert isinstance(decoded, InferRejected) and "must match" in decoded.message
+    assert isinstance(decoded, Rejected) and "must match" in decoded.message
     bad_pair = decode({"inputs": [text_tensor(["a"]), text_tensor([" "], name="text_pair")]})
-    assert isinstance(bad_pair, InferRejected) and bad_pair.message.startswith("text_pair[0]")
+    assert isinstance(bad_pair, Rejected) and bad_pair.message.startswith("text_pair[0]")
 
 
 def wire(
@@ -170,7 +165,7 @@ def test_binary_tensor_data_gets_a_clear_400() -> None:
         None,
         {**KSERVE_ROUTE, "Inference-Header-Content-Length": str(len(body))},
     )
-    assert isinstance(rejected, InferRejected)
+    assert isinstance(rejected, Rejected)
     assert rejected.code == ErrorCode.INVALID_TYPE and "binary tensor data" in rejected.message
 
 
@@ -183,7 +178,7 @@ def test_kserve_routes_take_json_only() -> None:
         == "application/json; charset=utf-8"
     )
     rejected = wire(infer_body("a"), "application/octet-stream", KSERVE_ROUTE)
-    assert isinstance(rejected, InferRejected) and "JSON" in rejected.message
+    assert isinstance(rejected, Rejected) and "JSON" in rejected.message
     assert wire(infer_body("a"), "text/plain", PREDICTIONS_ROUTE) is None
 
 
@@ -205,7 +200,7 @@ def test_v2_texts_share_the_batchs_one_classifier_call() -> None:
         request({"texts": ["listed"]}, 3),
         request(infer_body("third"), 4),
     ]
-    responses = run_batch(requests, classifier, MAX_CHARS)
+    responses = run_batch(requests, classifier, HandlerSettings(max_chars=MAX_CHARS))
     assert classifier.calls == [["first", "second", "plain text", "listed", "third"]]
     assert [r.status for r in responses] == [200, 200, 400, 200, 200]
     first = json.loads(responses[0].body)
@@ -237,7 +232,9 @@ def test_v2_texts_share_the_batchs_one_classifier_call() -> None:
 
 def test_a_model_failure_answers_every_v2_request_500_in_the_v2_shape() -> None:
     responses = run_batch(
-        [request(infer_body("a"), 0)], FakeClassifier(error=RuntimeError("boom")), MAX_CHARS
+        [request(infer_body("a"), 0)],
+        FakeClassifier(error=RuntimeError("boom")),
+        HandlerSettings(max_chars=MAX_CHARS),
     )
     assert responses[0].status == 500
     assert json.loads(responses[0].body)["error"].startswith("internal_error: ")

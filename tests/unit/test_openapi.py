@@ -12,6 +12,7 @@ from openapi_spec_validator import validate
 
 from handler.errors import HTTP_STATUS
 from handler.pipeline import IncomingRequest, run_batch
+from handler.settings import HandlerSettings
 from tests.conftest import ROOT
 from tests.unit.test_pipeline import FakeClassifier
 
@@ -106,7 +107,9 @@ def test_the_handlers_answers_conform_to_the_document(
 ) -> None:
     """Each answer of the pipeline validates against the document's schema for its status."""
     (response,) = run_batch(
-        [IncomingRequest({"body": body}, content_type, "r-1")], FakeClassifier(), 30
+        [IncomingRequest({"body": body}, content_type, "r-1")],
+        FakeClassifier(),
+        HandlerSettings(max_chars=30),
     )
     OAS30Validator(answers_schema(response.status)).validate(json.loads(response.body))
 
@@ -115,7 +118,7 @@ def test_a_model_failure_conforms_too() -> None:
     (response,) = run_batch(
         [IncomingRequest({"body": b"fine"}, "text/plain", "r-1")],
         FakeClassifier(error=RuntimeError("x")),
-        30,
+        HandlerSettings(max_chars=30),
     )
     assert response.status == 500
     OAS30Validator(answers_schema(500)).validate(json.loads(response.body))

@@ -8,24 +8,21 @@ from typing import Any
 
 import pytest
 
-from handler.decoding import (
-    DEFAULT_OPTIONS,
-    Rejected,
-    ScoreOptions,
-    TextList,
-    ValidText,
-    decode_request,
-)
 from handler.errors import HTTP_STATUS, ErrorCode
 from handler.inference import BatchStats, Prediction, TextInput
+from handler.native import DEFAULT_OPTIONS, TextList, decode_request
 from handler.pipeline import IncomingRequest, run_batch
+from handler.protocol import Rejected, ValidText
+from handler.scoring import ScoreOptions
+from handler.settings import HandlerSettings
 
 JSON = "application/json"
 LIMIT = 20
+MAX_TEXTS = HandlerSettings().max_texts_per_request
 
 
 def decode(document: Any) -> Any:
-    return decode_request({"body": json.dumps(document).encode()}, JSON, LIMIT)
+    return decode_request({"body": json.dumps(document).encode()}, JSON, LIMIT, MAX_TEXTS)
 
 
 def test_a_pair_decodes_with_its_second_text() -> None:
@@ -184,7 +181,7 @@ def test_pairs_and_options_share_one_classifier_call_and_answer_per_request() ->
         request({"text": "odd", "top_k": "1"}, "r3"),
         request({"text": "ok", "text_pair": ""}, "r4"),
     ]
-    responses = run_batch(requests, classifier, max_chars=LIMIT)
+    responses = run_batch(requests, classifier, HandlerSettings(max_chars=LIMIT))
     assert classifier.calls == [["odd", ("even", "x"), "odd", ("pair", "yy")]]
     bodies = [json.loads(response.body) for response in responses]
     assert [response.status for response in responses] == [200, 200, 200, 400, 400]
@@ -210,7 +207,7 @@ def test_multi_label_answers_carry_labels() -> None:
     responses = run_batch(
         [request({"text": "t"}, "a"), request({"text": "t", "top_k": 1, "raw_scores": True}, "b")],
         classifier,
-        max_chars=LIMIT,
+        HandlerSettings(max_chars=LIMIT),
     )
     plain, shaped = (json.loads(response.body) for response in responses)
     assert plain["labels"] == shaped["labels"] == ["x", "y"]
@@ -222,8 +219,10 @@ def test_form_fields_may_carry_a_pair() -> None:
     """curl --data-urlencode text=... --data-urlencode text_pair=...: the pair is not dropped."""
     form = "application/x-www-form-urlencoded"
     fields = {"text": b"It rains.", "text_pair": b"The street is wet."}
-    assert decode_request(fields, form, LIMIT) == ValidText("It rains.", "The street is wet.")
+    assert decode_request(fields, form, LIMIT, MAX_TEXTS) == ValidText(
+        "It rains.", "The street is wet."
+    )
     for pair, code in [(b"", ErrorCode.EMPTY_TEXT), (b"\xff", ErrorCode.INVALID_ENCODING)]:
-        result = decode_request({"text": b"fine", "text_pair": pair}, form, LIMIT)
+        result = decode_request({"text": b"fine", "text_pair": pair}, form, LIMIT, MAX_TEXTS)
         assert isinstance(result, Rejected) and result.code is code
-    assert decode_request({"text": b"fine"}, form, LIMIT) == ValidText("fine")
+    assert decode_request({"text": b"fine"}, form, LIMIT, MAX_TEXTS) == ValidText("fine")

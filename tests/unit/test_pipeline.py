@@ -12,12 +12,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from handler.decoding import Rejected, ValidText
 from handler.errors import ErrorCode
 from handler.inference import BatchStats, Prediction
-from handler.pipeline import IncomingRequest, Response, classify_valid, run_batch
+from handler.pipeline import IncomingRequest, ListOutcome, Response, classify_valid, run_batch
+from handler.protocol import Rejected, ValidText
+from handler.settings import HandlerSettings
 
 MAX_CHARS = 30
+SETTINGS = HandlerSettings(max_chars=MAX_CHARS)
 SUCCESS_KEYS = {"label", "score", "scores", "truncated", "request_id"}
 
 
@@ -127,7 +129,7 @@ def mixed_requests() -> list[IncomingRequest]:
 def test_mixed_batch_answers_each_request_at_its_index() -> None:
     """Good and bad items in one batch each get their own status and body shape, in order."""
     classifier = FakeClassifier()
-    responses = run_batch(mixed_requests(), classifier, MAX_CHARS)
+    responses = run_batch(mixed_requests(), classifier, SETTINGS)
     assert len(responses) == len(MIXED)
     for response, (request, status, code, text) in zip(responses, MIXED, strict=True):
         if code is None:
@@ -138,7 +140,7 @@ def test_mixed_batch_answers_each_request_at_its_index() -> None:
 
 def test_error_phrases_match_statuses() -> None:
     """400 answers Bad Request and 413 answers Payload Too Large."""
-    responses = run_batch(mixed_requests(), FakeClassifier(), MAX_CHARS)
+    responses = run_batch(mixed_requests(), FakeClassifier(), SETTINGS)
     phrases = {response.status: response.phrase for response in responses}
     assert phrases == {200: "OK", 400: "Bad Request", 413: "Payload Too Large"}
 
@@ -146,7 +148,7 @@ def test_error_phrases_match_statuses() -> None:
 def test_classifier_called_once_with_only_valid_texts_in_order() -> None:
     """The model sees the valid texts only, once per batch, in request order."""
     classifier = FakeClassifier()
-    run_batch(mixed_requests(), classifier, MAX_CHARS)
+    run_batch(mixed_requests(), classifier, SETTINGS)
     assert classifier.calls == [["a fine film", "plain text body", "form field!"]]
 
 
@@ -154,7 +156,7 @@ def test_batch_of_only_bad_items_never_calls_classifier() -> None:
     """When nothing is valid, no forward pass runs and every item keeps its 4xx."""
     bad = [(request, status, code) for request, status, code, _ in MIXED if code is not None]
     classifier = FakeClassifier()
-    responses = run_batch([request for request, *_ in bad], classifier, MAX_CHARS)
+    responses = run_batch([request for request, *_ in bad], classifier, SETTINGS)
     assert classifier.calls == []
     for response, (request, status, code) in zip(responses, bad, strict=True):
         assert_error(response, request.request_id, status, code)
@@ -163,7 +165,7 @@ def test_batch_of_only_bad_items_never_calls_classifier() -> None:
 def test_empty_batch() -> None:
     """An empty batch answers nothing and never calls the model."""
     classifier = FakeClassifier()
-    assert run_batch([], classifier, MAX_CHARS) == []
+    assert run_batch([], classifier, SETTINGS) == []
     assert classifier.calls == []
 
 
@@ -173,7 +175,7 @@ def test_empty_batch() -> None:
 def test_classifier_failure_gives_500_to_valid_items_only(error: Exception) -> None:
     """A model failure answers 500 to the valid items; the bad items keep their own 4xx."""
     classifier = FakeClassifier(error=error)
-    responses = run_batch(mixed_requests(), classifier, MAX_CHARS)
+    responses = run_batch(mixed_requests(), classifier, SETTINGS)
     assert len(classifier.calls) == 1
     for response, (request, status, code, _) in zip(responses, MIXED, strict=True):
         if code is None:
@@ -186,7 +188,7 @@ def test_classifier_failure_gives_500_to_valid_items_only(error: Exception) -> N
 @pytest.mark.parametrize(("drop", "extra"), [(1, 0), (3, 0), (0, 1)])
 def test_wrong_prediction_count_gives_500_to_valid_items_only(drop: int, extra: int) -> None:
     """Too few or too many predictions is a bug: the valid items get 500, the bad keep their 4xx."""
-    responses = run_batch(mixed_requests(), FakeClassifier(drop=drop, extra=extra), MAX_CHARS)
+    responses = run_batch(mixed_requests(), FakeClassifier(drop=drop, extra=extra), SETTINGS)
     assert len(responses) == len(MIXED)
     for response, (request, status, code, _) in zip(responses, MIXED, strict=True):
         if code is None:
@@ -204,10 +206,10 @@ def test_classify_valid_puts_results_back_at_their_indices() -> None:
     assert classifier.calls == [["odd", "even", "x"]]
     assert outcomes == [
         rejected,
-        fake_prediction("odd"),
+        ListOutcome(decoded[1], (fake_prediction("odd"),)),
         rejected,
-        fake_prediction("even"),
-        fake_prediction("x"),
+        ListOutcome(decoded[3], (fake_prediction("even"),)),
+        ListOutcome(decoded[4], (fake_prediction("x"),)),
     ]
     assert stats == BatchStats(texts=3, sub_batches=[3])
 
@@ -228,15 +230,17 @@ def test_classify_valid_classifier_failure() -> None:
     outcomes, stats = classify_valid(
         [ValidText("a"), rejected, ValidText("b")], FakeClassifier(error=RuntimeError("boom"))
     )
-    assert isinstance(outcomes[0], Rejected) and outcomes[0].code is ErrorCode.INTERNAL_ERROR
-    assert outcomes[1] is rejected
-    assert isinstance(outcomes[2], Rejected) and outcomes[2].code is ErrorCode.INTERNAL_ERROR
+    first, second, third = outcomes
+    assert isinstance(first, ListOutcome) and isinstance(third, ListOutcome)
+    assert isinstance(first.items[0], Rejected) and first.items[0].code is ErrorCode.INTERNAL_ERROR
+    assert second is rejected
+    assert isinstance(third.items[0], Rejected) and third.items[0].code is ErrorCode.INTERNAL_ERROR
     assert stats.texts == 2
 
 
 def test_responses_are_json_strings() -> None:
     """Every response body is a str that parses back to a JSON object."""
-    for response in run_batch(mixed_requests(), FakeClassifier(), MAX_CHARS):
+    for response in run_batch(mixed_requests(), FakeClassifier(), SETTINGS):
         assert isinstance(response.body, str)
         assert isinstance(json.loads(response.body), dict)
 
@@ -244,14 +248,14 @@ def test_responses_are_json_strings() -> None:
 def test_request_ids_are_echoed_per_item() -> None:
     """Each response carries its own request's id, even when the texts are identical."""
     requests = [json_request({"text": "same text"}, f"id-{i}") for i in range(5)]
-    responses = run_batch(requests, FakeClassifier(), MAX_CHARS)
+    responses = run_batch(requests, FakeClassifier(), SETTINGS)
     assert [body_of(r)["request_id"] for r in responses] == [f"id-{i}" for i in range(5)]
 
 
 def test_unicode_text_round_trips_through_the_response() -> None:
     """Non-ASCII texts are classified and the response stays valid JSON."""
     classifier = FakeClassifier()
-    responses = run_batch([json_request({"text": "très bien 😀"}, "u")], classifier, MAX_CHARS)
+    responses = run_batch([json_request({"text": "très bien 😀"}, "u")], classifier, SETTINGS)
     assert classifier.calls == [["très bien 😀"]]
     assert_success(responses[0], "u", "très bien 😀")
 
@@ -269,7 +273,7 @@ def test_lone_surrogate_item_does_not_fail_its_batch_mates() -> None:
         json_request({"text": "good"}, "ok"),
         raw_request(b'{"text": "bad \\ud800"}', "bad", "application/json"),
     ]
-    responses = run_batch(requests, tokenizer_like_classifier, MAX_CHARS)
+    responses = run_batch(requests, tokenizer_like_classifier, SETTINGS)
     assert_success(responses[0], "ok", "good")
     assert_error(responses[1], "bad", 400, ErrorCode.INVALID_ENCODING)
 
@@ -332,7 +336,7 @@ def test_property_responses_match_requests_one_to_one(
         for i, (_, (fields, content_type), _) in enumerate(batch)
     ]
     classifier = FakeClassifier()
-    responses = run_batch(requests, classifier, MAX_CHARS)
+    responses = run_batch(requests, classifier, SETTINGS)
 
     assert len(responses) == len(requests)
     valid = [text for _, _, text in batch if text is not None]

@@ -1,0 +1,293 @@
+"""The handler's own protocol, with KServe v1's ``{"instances": [...]}``.
+
+    one text   a raw UTF-8 body, a form field ``text`` (and ``text_pair``), or JSON
+               {"text": "...", "text_pair": "...", "top_k": k, "raw_scores": bool}
+               -> {"label", "score", "scores", "truncated", ["labels"], "request_id"}
+    a list     {"texts": [...]} -> {"results": [...]}; {"instances": [...]} (KServe v1)
+               -> {"predictions": [...]}; an item is a string or {"text", "text_pair"},
+               and each is answered on its own: a prediction or {"error": {...}}
+    refused    {"error": {"code", "message"}, "request_id"} with the code's status
+
+A bare form body without ``name=value`` pairs (what ``curl -d "some text"`` sends) arrives as
+no field at all, so the text is gone before the handler runs; the 400 says how to send it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from handler.decoding import (
+    BODY_KEYS,
+    TEXT_FIELD,
+    checked_text,
+    is_json,
+    json_type,
+    media_type,
+    short,
+    utf8,
+    validate_text,
+)
+from handler.errors import HTTP_STATUS, ErrorCode, error_body
+from handler.inference import Prediction
+from handler.protocol import (
+    IncomingRequest,
+    ItemOutcome,
+    Rejected,
+    Response,
+    ValidText,
+    WireProtocol,
+)
+from handler.scoring import ScoreOptions
+from handler.settings import HandlerSettings
+
+TEXT_PAIR_FIELD = "text_pair"
+TOP_K_OPTION = "top_k"
+RAW_SCORES_OPTION = "raw_scores"
+TEXTS_FIELD = "texts"
+INSTANCES_FIELD = "instances"
+# A list arrives as ours ({"texts": [...]}) or as KServe's v1 protocol ({"instances": [...]});
+# the answer puts its entries under the key that goes with the request's.
+LIST_ANSWER_KEYS = {TEXTS_FIELD: "results", INSTANCES_FIELD: "predictions"}
+FORM_MEDIA_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
+DEFAULT_OPTIONS = ScoreOptions()
+
+
+@dataclass(frozen=True)
+class TextList:
+    """A list request: each text validated on its own, in order; `field` is the list's key."""
+
+    items: tuple[ValidText | Rejected, ...]
+    field: str = TEXTS_FIELD
+
+
+Decoded = ValidText | TextList
+
+
+class NativeProtocol:
+    """Claims every request, so it is asked last."""
+
+    def decode(self, request: IncomingRequest, settings: HandlerSettings) -> Decoded | Rejected:
+        return decode_request(
+            request.fields,
+            request.content_type,
+            settings.max_chars,
+            settings.max_texts_per_request,
+        )
+
+    def render(
+        self, decoded: Decoded, outcomes: tuple[ItemOutcome, ...], request_id: str
+    ) -> Response:
+        """A list answers 200 with an entry per text; one text answers its own status."""
+        if isinstance(decoded, TextList):
+            entries = [_list_entry(item) for item in outcomes]
+            return _ok({LIST_ANSWER_KEYS[decoded.field]: entries, "request_id": request_id})
+        (outcome,) = outcomes
+        if isinstance(outcome, Rejected):
+            return self.refuse(outcome, request_id)
+        return _ok({**prediction_fields(outcome), "request_id": request_id})
+
+    def refuse(self, rejected: Rejected, request_id: str) -> Response:
+        status, phrase = HTTP_STATUS[rejected.code]
+        body = error_body(rejected.code, rejected.message, request_id)
+        return Response(status, phrase, json.dumps(body))
+
+
+PROTOCOL: WireProtocol[Decoded] = NativeProtocol()
+
+
+def decode_request(
+    fields: Mapping[str, Any], content_type: str | None, max_chars: int, max_texts: int
+) -> Decoded | Rejected:
+    """Find the text of one request and validate it."""
+    media = media_type(content_type)
+    for key in BODY_KEYS:
+        if key in fields:
+            return decode_body(fields[key], media, max_chars, max_texts)
+    if TEXT_FIELD in fields:
+        return _form_text(fields, max_chars)
+    return Rejected(ErrorCode.MISSING_FIELD, _missing_text_message(media, sorted(fields)))
+
+
+def _form_text(fields: Mapping[str, Any], max_chars: int) -> ValidText | Rejected:
+    """Form fields: ``text``, and ``text_pair`` for a pair (options are read from JSON only)."""
+    text = checked_text(fields[TEXT_FIELD], max_chars)
+    if isinstance(text, Rejected) or TEXT_PAIR_FIELD not in fields:
+        return text
+    pair = checked_text(fields[TEXT_PAIR_FIELD], max_chars, TEXT_PAIR_FIELD)
+    return pair if isinstance(pair, Rejected) else ValidText(text.text, pair.text)
+
+
+def decode_body(body: Any, media: str, max_chars: int, max_texts: int) -> Decoded | Rejected:
+    """A whole request body: JSON when the Content-Type says so, else UTF-8 text."""
+    if isinstance(body, bytes | bytearray):
+        if not is_json(media):
+            return checked_text(body, max_chars)
+        text = utf8(body)
+        if isinstance(text, Rejected):
+            return text
+        try:
+            body = json.loads(text)
+        except (ValueError, RecursionError) as error:
+            return Rejected(ErrorCode.INVALID_JSON, f"the body is not valid JSON: {short(error)}")
+        return _text_from_json(body, max_chars, max_texts)
+    if isinstance(body, str) and not is_json(media):
+        return checked_text(body, max_chars)
+    return _text_from_json(body, max_chars, max_texts)
+
+
+def _text_from_json(document: Any, max_chars: int, max_texts: int) -> Decoded | Rejected:
+    if not isinstance(document, dict):
+        return Rejected(
+            ErrorCode.INVALID_TYPE,
+            f'the JSON body must be an object like {{"text": "..."}}, got {json_type(document)}',
+        )
+    options = parse_options(document)
+    if isinstance(options, Rejected):
+        return options
+    list_fields = [key for key in LIST_ANSWER_KEYS if key in document]
+    if list_fields:
+        return _text_list(document, list_fields, max_chars, max_texts, options)
+    if TEXT_FIELD not in document:
+        return Rejected(
+            ErrorCode.MISSING_FIELD, 'the JSON object has no "text", "texts" or "instances" field'
+        )
+    text = document[TEXT_FIELD]
+    if not isinstance(text, str):
+        return Rejected(ErrorCode.INVALID_TYPE, f'"text" must be a string, got {json_type(text)}')
+    return _text_and_pair(text, document, f'"{TEXT_PAIR_FIELD}"', max_chars, options)
+
+
+def parse_options(document: dict[str, Any]) -> ScoreOptions | Rejected:
+    """``top_k`` and ``raw_scores`` next to the text(s); a key that is present must be valid."""
+    top_k: Any = document.get(TOP_K_OPTION)
+    if TOP_K_OPTION in document and not (_is_whole_number(top_k) and top_k >= 1):
+        is_number = isinstance(top_k, int | float) and not isinstance(top_k, bool)
+        shown = short(top_k, 40) if is_number else json_type(top_k)
+        return Rejected(
+            ErrorCode.INVALID_OPTION, f'"top_k" must be a whole number of at least 1, got {shown}'
+        )
+    raw_scores = document.get(RAW_SCORES_OPTION, False)
+    if not isinstance(raw_scores, bool):
+        return Rejected(
+            ErrorCode.INVALID_OPTION,
+            f'"raw_scores" must be true or false, got {json_type(raw_scores)}',
+        )
+    if top_k is None and not raw_scores:
+        return DEFAULT_OPTIONS
+    return ScoreOptions(top_k=top_k, raw_scores=raw_scores)
+
+
+def _text_and_pair(
+    text: str,
+    source: Mapping[str, Any] | None,
+    pair_name: str,
+    max_chars: int,
+    options: ScoreOptions,
+) -> ValidText | Rejected:
+    """A text, and its second text when ``source`` has ``text_pair`` (it must then be valid)."""
+    valid = validate_text(text, max_chars)
+    if isinstance(valid, Rejected):
+        return valid
+    pair = None
+    if source is not None and TEXT_PAIR_FIELD in source:
+        pair = source[TEXT_PAIR_FIELD]
+        if not isinstance(pair, str):
+            return Rejected(
+                ErrorCode.INVALID_TYPE, f"{pair_name} must be a string, got {json_type(pair)}"
+            )
+        valid_pair = validate_text(pair, max_chars, TEXT_PAIR_FIELD)
+        if isinstance(valid_pair, Rejected):
+            return valid_pair
+    return ValidText(text, pair, options)
+
+
+def _text_list(
+    document: dict[str, Any],
+    list_fields: list[str],
+    max_chars: int,
+    max_texts: int,
+    options: ScoreOptions,
+) -> TextList | Rejected:
+    """``{"texts": [...]}`` or ``{"instances": [...]}``: the list is checked as a whole, then
+    each item on its own. An item is a string or an object ``{"text": "...", "text_pair": "..."}``;
+    the request's options apply to every item."""
+    if len(list_fields) > 1 or TEXT_FIELD in document:
+        return Rejected(ErrorCode.INVALID_TYPE, 'send one of "text", "texts" or "instances"')
+    if TEXT_PAIR_FIELD in document:
+        return Rejected(
+            ErrorCode.INVALID_TYPE,
+            '"text_pair" goes next to "text", or inside each item of a list: '
+            '{"texts": [{"text": "...", "text_pair": "..."}]}',
+        )
+    (field,) = list_fields
+    items = document[field]
+    if not isinstance(items, list):
+        return Rejected(
+            ErrorCode.INVALID_TYPE, f'"{field}" must be an array of strings, got {json_type(items)}'
+        )
+    if not items:
+        return Rejected(ErrorCode.EMPTY_TEXT, f'"{field}" is an empty array')
+    if len(items) > max_texts:
+        return Rejected(
+            ErrorCode.PAYLOAD_TOO_LARGE,
+            f'"{field}" has {len(items):,} items; the limit is {max_texts:,}',
+        )
+    checked = (
+        _list_item(item, f"{field}[{index}]", max_chars, options)
+        for index, item in enumerate(items)
+    )
+    return TextList(tuple(checked), field)
+
+
+def _list_item(
+    item: Any, place: str, max_chars: int, options: ScoreOptions
+) -> ValidText | Rejected:
+    text = item.get(TEXT_FIELD) if isinstance(item, dict) else item
+    if not isinstance(text, str):
+        return Rejected(
+            ErrorCode.INVALID_TYPE,
+            f'{place} must be a string or {{"text": "..."}}, got {json_type(item)}',
+        )
+    pair_source = item if isinstance(item, dict) else None
+    return _text_and_pair(text, pair_source, f"{place}.{TEXT_PAIR_FIELD}", max_chars, options)
+
+
+def _missing_text_message(media: str, field_names: list[str]) -> str:
+    if media in FORM_MEDIA_TYPES:
+        return (
+            f'the form has no "text" field (fields: {field_names[:10]}). TorchServe decodes '
+            f"{media} bodies into fields and drops a bare text, which is what `curl -d` "
+            "sends; send the text as a field (curl --data-urlencode 'text=...'), as "
+            'Content-Type: text/plain, or as JSON {"text": "..."}'
+        )
+    return 'the request has no body and no "text" field'
+
+
+def _is_whole_number(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def prediction_fields(prediction: Prediction) -> dict[str, Any]:
+    """The answer's fields: label, score, scores, truncated, and labels for multi-label models."""
+    fields: dict[str, Any] = {
+        "label": prediction.label,
+        "score": prediction.score,
+        "scores": prediction.scores,
+        "truncated": prediction.truncated,
+    }
+    if prediction.labels is not None:
+        fields["labels"] = prediction.labels
+    return fields
+
+
+def _list_entry(item: ItemOutcome) -> dict[str, Any]:
+    if isinstance(item, Rejected):
+        return {"error": {"code": item.code.value, "message": item.message}}
+    return prediction_fields(item)
+
+
+def _ok(body: dict[str, Any]) -> Response:
+    return Response(200, "OK", json.dumps(body))

@@ -1,0 +1,123 @@
+"""What every wire protocol shares: the request as delivered, the values, and the interface.
+
+A wire protocol (``handler.native``: ours and KServe v1; ``handler.open_inference``: KServe
+v2) is one module with one object behind ``WireProtocol``: ``decode`` turns a request into
+its texts (each valid or refused on its own) or refuses it whole; ``render`` answers the
+texts' outcomes, in order; ``refuse`` answers a request refused whole. The pipeline only
+flattens the texts, classifies them and puts the outcomes back; it never asks which
+protocol it holds (after LitServe's ``LitSpec`` hooks). ``handler.pipeline.PROTOCOLS`` lists
+them in the order they are asked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+from handler.errors import ErrorCode
+from handler.inference import Prediction
+from handler.scoring import ScoreOptions
+from handler.settings import HandlerSettings
+
+# TorchServe adds url_path to /predictions requests only, and explain to those and KServe's.
+PREDICTIONS_ROUTE_HEADER = "url_path"
+KSERVE_ROUTE_HEADER = "explain"
+JSON_MEDIA = "application/json"
+
+
+@dataclass(frozen=True)
+class ValidText:
+    """A text ready to classify, with its optional second text and its request's options."""
+
+    text: str
+    text_pair: str | None = None
+    options: ScoreOptions = ScoreOptions()
+
+    @property
+    def items(self) -> tuple[ValidText]:
+        """A request of one text is its one item."""
+        return (self,)
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A text, or a whole request, refused: the error code (``handler.errors``) and why."""
+
+    code: ErrorCode
+    message: str
+
+
+ItemOutcome = Prediction | Rejected
+
+
+class Texts(Protocol):
+    """A decoded request: its texts in order, each valid or refused on its own."""
+
+    @property
+    def items(self) -> tuple[ValidText | Rejected, ...]: ...
+
+
+@dataclass(frozen=True)
+class IncomingRequest:
+    """One request as TorchServe delivered it, reduced to what the handler reads."""
+
+    fields: dict[str, Any]
+    content_type: str | None
+    request_id: str
+    headers: Mapping[str, Any] = field(default_factory=dict)
+    model_name: str = ""
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    phrase: str
+    body: str
+
+
+Decoded = TypeVar("Decoded", bound=Texts)
+
+
+class WireProtocol(Protocol[Decoded]):
+    """One wire format; ``Decoded`` is its own value for a decoded request."""
+
+    def decode(
+        self, request: IncomingRequest, settings: HandlerSettings
+    ) -> Decoded | Rejected | None:
+        """The request's texts, or its refusal; None when the request is not in this protocol."""
+        ...
+
+    def render(
+        self, decoded: Decoded, outcomes: tuple[ItemOutcome, ...], request_id: str
+    ) -> Response:
+        """The answer: ``outcomes`` has one prediction or error per item of ``decoded``."""
+        ...
+
+    def refuse(self, rejected: Rejected, request_id: str) -> Response:
+        """The answer to a request refused as a whole."""
+        ...
+
+
+def header_value(headers: Mapping[str, Any], name: str) -> str | None:
+    """Case-insensitive header lookup; TorchServe keeps the client's spelling."""
+    wanted = name.lower()
+    for key, value in headers.items():
+        if key.lower() == wanted and isinstance(value, str):
+            return value
+    return None
+
+
+def is_kserve_route(headers: Mapping[str, Any]) -> bool:
+    """KServe's v1 ``:predict`` and v2 ``/infer`` routes, told apart from ``/predictions``."""
+    return (
+        header_value(headers, KSERVE_ROUTE_HEADER) is not None
+        and header_value(headers, PREDICTIONS_ROUTE_HEADER) is None
+    )
+
+
+def route_content_type(headers: Mapping[str, Any], content_type: str | None) -> str | None:
+    """JSON when a KServe route's request has no Content-Type (tritonclient sends none)."""
+    if content_type is None and is_kserve_route(headers):
+        return JSON_MEDIA
+    return content_type
