@@ -26,7 +26,8 @@ is ignored, which the protocol allows); binary tensor data in the request (the
 TorchServe tells the handler nothing about the route except that ``/predictions`` requests
 carry a ``url_path`` header and KServe's routes (v1 ``:predict`` and v2 ``/infer``) carry an
 ``explain`` header without it. On those routes the body is JSON by protocol, so a missing
-Content-Type means JSON (tritonclient sends none); any other Content-Type there answers 400.
+Content-Type means JSON (tritonclient sends none; ``handler.protocol.route_content_type``);
+any other Content-Type there answers 400.
 """
 
 from __future__ import annotations
