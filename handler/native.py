@@ -63,13 +63,15 @@ class TextList:
     field: str = TEXTS_FIELD
 
 
-Decoded = ValidText | TextList
+NativeRequest = ValidText | TextList
 
 
 class NativeProtocol:
     """Claims every request, so it is asked last."""
 
-    def decode(self, request: IncomingRequest, settings: HandlerSettings) -> Decoded | Rejected:
+    def decode(
+        self, request: IncomingRequest, settings: HandlerSettings
+    ) -> NativeRequest | Rejected:
         return decode_request(
             request.fields,
             request.content_type,
@@ -78,7 +80,7 @@ class NativeProtocol:
         )
 
     def render(
-        self, decoded: Decoded, outcomes: tuple[ItemOutcome, ...], request_id: str
+        self, decoded: NativeRequest, outcomes: tuple[ItemOutcome, ...], request_id: str
     ) -> Response:
         """A list answers 200 with an entry per text; one text answers its own status."""
         if isinstance(decoded, TextList):
@@ -95,12 +97,12 @@ class NativeProtocol:
         return Response(status, phrase, json.dumps(body))
 
 
-PROTOCOL: WireProtocol[Decoded] = NativeProtocol()
+PROTOCOL: WireProtocol[NativeRequest] = NativeProtocol()
 
 
 def decode_request(
     fields: Mapping[str, Any], content_type: str | None, max_chars: int, max_texts: int
-) -> Decoded | Rejected:
+) -> NativeRequest | Rejected:
     """Find the text of one request and validate it."""
     media = media_type(content_type)
     for key in BODY_KEYS:
@@ -120,7 +122,7 @@ def _form_text(fields: Mapping[str, Any], max_chars: int) -> ValidText | Rejecte
     return pair if isinstance(pair, Rejected) else ValidText(text.text, pair.text)
 
 
-def decode_body(body: Any, media: str, max_chars: int, max_texts: int) -> Decoded | Rejected:
+def decode_body(body: Any, media: str, max_chars: int, max_texts: int) -> NativeRequest | Rejected:
     """A whole request body: JSON when the Content-Type says so, else UTF-8 text."""
     if isinstance(body, bytes | bytearray):
         if not is_json(media):
@@ -138,7 +140,7 @@ def decode_body(body: Any, media: str, max_chars: int, max_texts: int) -> Decode
     return _text_from_json(body, max_chars, max_texts)
 
 
-def _text_from_json(document: Any, max_chars: int, max_texts: int) -> Decoded | Rejected:
+def _text_from_json(document: Any, max_chars: int, max_texts: int) -> NativeRequest | Rejected:
     if not isinstance(document, dict):
         return Rejected(
             ErrorCode.INVALID_TYPE,

@@ -76,21 +76,17 @@ class Response:
     body: str
 
 
-Decoded = TypeVar("Decoded", bound=Texts)
+T = TypeVar("T", bound=Texts)
 
 
-class WireProtocol(Protocol[Decoded]):
-    """One wire format; ``Decoded`` is its own value for a decoded request."""
+class WireProtocol(Protocol[T]):
+    """One wire format; ``T`` is its own value for a decoded request (it has the ``items``)."""
 
-    def decode(
-        self, request: IncomingRequest, settings: HandlerSettings
-    ) -> Decoded | Rejected | None:
+    def decode(self, request: IncomingRequest, settings: HandlerSettings) -> T | Rejected | None:
         """The request's texts, or its refusal; None when the request is not in this protocol."""
         ...
 
-    def render(
-        self, decoded: Decoded, outcomes: tuple[ItemOutcome, ...], request_id: str
-    ) -> Response:
+    def render(self, decoded: T, outcomes: tuple[ItemOutcome, ...], request_id: str) -> Response:
         """The answer: ``outcomes`` has one prediction or error per item of ``decoded``."""
         ...
 

@@ -6,12 +6,15 @@ import json
 import string
 import zlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from handler import pipeline
+from handler.decoding import validate_text
 from handler.errors import ErrorCode
 from handler.inference import BatchStats, Prediction
 from handler.pipeline import IncomingRequest, ListOutcome, Response, classify_valid, run_batch
@@ -347,3 +350,40 @@ def test_property_responses_match_requests_one_to_one(
         else:
             status, code = EXPECTED[kind]
             assert_error(response, f"req-{i}", status, code)
+
+
+@dataclass(frozen=True)
+class Lines:
+    items: tuple[ValidText | Rejected, ...]
+
+
+class LinesProtocol:
+    """A toy protocol: a text/x-lines body is one text per line, answered as labels, one a line."""
+
+    def decode(self, request: IncomingRequest, settings: HandlerSettings) -> Lines | None:
+        if request.content_type != "text/x-lines":
+            return None
+        lines = request.fields["body"].decode().splitlines()
+        return Lines(tuple(validate_text(line, settings.max_chars) for line in lines))
+
+    def render(self, decoded: Lines, outcomes: tuple[Any, ...], request_id: str) -> Response:
+        labels = [o.label if isinstance(o, Prediction) else o.code.value for o in outcomes]
+        return Response(200, "OK", "\n".join(labels))
+
+    def refuse(self, rejected: Rejected, request_id: str) -> Response:
+        return Response(400, "Bad Request", rejected.code.value)
+
+
+def test_a_new_protocol_is_one_object_in_the_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A protocol added to PROTOCOLS decodes and answers its own requests; its texts share the
+    batch's one classifier call with the others', and the pipeline needs no change for it."""
+    monkeypatch.setattr(pipeline, "PROTOCOLS", (LinesProtocol(), *pipeline.PROTOCOLS))
+    classifier = FakeClassifier()
+    requests = [
+        IncomingRequest({"body": b"ab\n\nabc"}, "text/x-lines", "lines"),
+        json_request({"text": "abcd"}, "plain"),
+    ]
+    lines, plain = run_batch(requests, classifier, SETTINGS)
+    assert classifier.calls == [["ab", "abc", "abcd"]]
+    assert lines.body == f"{fake_label('ab')}\nempty_text\n{fake_label('abc')}"
+    assert body_of(plain)["label"] == fake_label("abcd")
