@@ -1,4 +1,5 @@
-"""Unit tests for handler.decoding: every way one request becomes a text or a rejection."""
+"""Unit tests for handler.native and handler.decoding: every way one request becomes a text or a
+rejection."""
 
 from __future__ import annotations
 
