@@ -820,3 +820,10 @@ def test_cli_one_text_exit_codes_follow_the_error_class(
     assert json.loads(capsys.readouterr().out)["error"]["code"] == "payload_too_large"
     assert cli.main(["classify", "--url", stub.url, "no model"]) == cli.EXIT_FAILED
     assert "model_not_found" in capsys.readouterr().err
+
+
+def test_read_jsonl_gives_texts_and_pairs_and_marks_bad_bytes() -> None:
+    """A string or an object per line; bytes that are not UTF-8 inside a string reach the
+    server as lone surrogates (its `invalid_encoding` for that line), as in plain lines."""
+    data = b'\xef\xbb\xbf"first"\r\n{"text": "a", "text_pair": "b"}\n{"text": "caf\xe9", "x": 1}\n'
+    assert list(cli.read_jsonl(io.BytesIO(data))) == ["first", ("a", "b"), "caf\udce9"]
