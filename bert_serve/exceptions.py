@@ -15,7 +15,7 @@
     ├── Rejected                   the handler refused the text; .code is an ErrorCode
     │   ├── InvalidText            400: empty_text, missing_field, invalid_type, invalid_json,
     │   │                               invalid_encoding, invalid_option
-    │   ├── TextTooLong            413: payload_too_large (over max_chars)
+    │   ├── TextTooLong            413: payload_too_large (over max_chars, or too many texts)
     │   └── ModelFailed            500: internal_error (the model failed on this batch)
     ├── BadResponse                bad_response: a 200 that is not the JSON the API promises
     └── InvalidKeyFile             invalid_key_file: no inference key in the key file
