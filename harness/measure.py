@@ -10,7 +10,7 @@ import os
 import re
 import signal
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,25 +63,6 @@ def worker_memory(server: Server) -> list[dict[str, float | None]]:
         {"rss_mb": worker.rss_mb, "uss_mb": worker.uss_mb}
         for worker in server.memory().workers.values()
     ]
-
-
-def measure_config(
-    name: str,
-    overrides: dict[str, str],
-    corpus: Sequence[str],
-    loads: Loads,
-    then: Callable[[Server], dict[str, Any]] | None = None,
-) -> dict[str, Any]:
-    """One config on a server of its own: its applied batch settings, start-up time, worker
-    memory and each load; ``then`` runs on the same server afterwards and adds its keys."""
-    with servers({name: overrides}) as started:
-        item = started[name]
-        server: Server = item["server"]
-        result = {key: item[key] for key in ("config", "startup_s", "worker_memory")}
-        result["by_concurrency"] = at_loads(
-            name, server.predict_url, server.headers(), corpus, loads, server.model_log
-        )
-        return result | (then(server) if then else {})
 
 
 def process_cpu_s(pid: int) -> float:
