@@ -1,11 +1,13 @@
 """`pip install` of this project into a clean venv gives the client and the `bert-serve`
 command, with requests and tqdm and nothing of a server, and the command classifies against a
-stub server. The wheel is built from this checkout; pip fetches requests and tqdm from the
-package index (or its cache)."""
+stub server. The wheel is built from a copy of what the distribution holds (pyproject.toml,
+README.md, bert_serve/), so the build leaves nothing in the checkout; pip fetches requests and
+tqdm from the package index (or its cache)."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import threading
@@ -22,6 +24,7 @@ from tests.conftest import ROOT
 
 CLIENT_REQUIREMENTS = {"requests", "tqdm", "urllib3", "idna", "certifi", "charset-normalizer"}
 SCORES = {"negative": 0.1, "positive": 0.9}
+IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc")
 
 
 class StubHandler(BaseHTTPRequestHandler):
@@ -61,10 +64,13 @@ def stub_url() -> Iterator[str]:
 def client_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A clean venv with only this project's wheel installed, the way a user installs it."""
     root = tmp_path_factory.mktemp("client-install")
-    wheels = root / "wheels"
+    source, wheels = root / "source", root / "wheels"
+    shutil.copytree(ROOT / "bert_serve", source / "bert_serve", ignore=IGNORED)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, source / name)
     build = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation"]
     subprocess.run(
-        [*build, "--quiet", "-w", str(wheels), str(ROOT)], check=True, timeout=300, cwd=root
+        [*build, "--quiet", "-w", str(wheels), str(source)], check=True, timeout=300, cwd=root
     )
     (wheel,) = wheels.glob("bert_serve-*.whl")
     packed = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
