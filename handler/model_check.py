@@ -6,7 +6,8 @@ every problem it finds as data (``Problem``: what is wrong and how to fix it), s
 after minutes. The rules:
 
 - weights in ``*.safetensors`` (pickled weights are never loaded);
-- a fast tokenizer (``tokenizer.json``, or files transformers converts into one);
+- a fast tokenizer (``tokenizer.json``, or files transformers converts into one), with no more
+  tokens than the model embeds;
 - ``config.json`` names a ``*ForSequenceClassification`` architecture that this transformers
   has, with ``id2label``;
 - ``max_length`` fits the model's positions (RoBERTa-style models number positions after the
@@ -42,6 +43,17 @@ POSITIONS_AFTER_PAD = {
     "mpnet",
 }
 """Model types whose position ids start after the pad id (``padding_idx + 1``)."""
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "vocab.txt",
+    "vocab.json",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "spm.model",
+    "tokenizer.model",
+)
+"""Files a tokenizer is read from; without any, transformers 5 builds an empty one silently."""
 
 PADDING_TOLERANCE = 1e-3
 """Largest logit change allowed between a row alone and the same row padded (fp32)."""
@@ -96,7 +108,7 @@ def inspect_folder(model_dir: Path, settings: HandlerSettings) -> Inspection:
     if config is not None:
         problems += length_problems(config, settings.max_length)
         if tokenizer is not None:
-            problems += pad_problems(config, tokenizer)
+            problems += vocabulary_problems(config, tokenizer) + pad_problems(config, tokenizer)
     if model_class is not None:
         chosen = choose_attention(model_class, settings.attention)
         if isinstance(chosen, Problem):
@@ -171,6 +183,13 @@ def read_config(model_dir: Path) -> tuple[Any, Any, list[Problem]]:
 def read_tokenizer(model_dir: Path) -> tuple[Any, list[Problem]]:
     from transformers import AutoTokenizer
 
+    if not any((model_dir / name).is_file() for name in TOKENIZER_FILES):
+        return None, [
+            Problem(
+                f"no tokenizer files (none of {', '.join(TOKENIZER_FILES)})",
+                "save the model's tokenizer into the folder: tokenizer.save_pretrained(DIR)",
+            )
+        ]
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     except (ValueError, OSError, TypeError, AttributeError, ImportError) as error:
@@ -209,6 +228,18 @@ def length_problems(config: Any, max_length: int) -> list[Problem]:
         Problem(
             f"max_length {max_length} exceeds the model's {positions} positions",
             f"set max_length to at most {positions} in the handler config",
+        )
+    ]
+
+
+def vocabulary_problems(config: Any, tokenizer: Any) -> list[Problem]:
+    embeddings = getattr(config, "vocab_size", None)
+    if embeddings is None or len(tokenizer) <= embeddings:
+        return []
+    return [
+        Problem(
+            f"the tokenizer has {len(tokenizer)} tokens but the model embeds only {embeddings}",
+            "save the tokenizer the model was trained with",
         )
     ]
 
