@@ -14,13 +14,15 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from handler.model import load_model
-from handler.model_check import ModelRefused, inspect_folder
+from handler.model_check import PADDING_TOLERANCE, ModelRefused, inspect_folder, padding_difference
 from handler.settings import HandlerSettings
 from tests.architectures import ARCHITECTURES
 from tests.conftest import ROOT
@@ -220,3 +222,28 @@ def test_package_refuses_an_attention_the_model_lacks(architecture_dir, tmp_path
     assert result.returncode == 1
     assert "attention is set to sdpa but DebertaV2ForSequenceClassification" in result.stderr
     assert not (tmp_path / "store").exists()
+
+
+class IgnoresTheMask(torch.nn.Module):
+    """A classifier that averages every position, padding included."""
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> Any:
+        return SimpleNamespace(logits=input_ids.float().mean(dim=1, keepdim=True))
+
+
+def test_the_start_probe_sees_a_model_whose_scores_move_with_padding(architecture_dir) -> None:
+    """padding_difference: a short text alone vs padded beside a long one, as the handler pads.
+    Every architecture moves by less than 1e-5 (the probe refuses over 1e-3); a model that
+    reads its padding moves by far more."""
+    from transformers import AutoModelForSequenceClassification
+
+    for name in ARCHITECTURES:
+        folder = architecture_dir(name)
+        inspection = inspect_folder(folder, HandlerSettings())
+        model = AutoModelForSequenceClassification.from_pretrained(
+            folder, attn_implementation=inspection.attention.implementation
+        ).eval()
+        moved = padding_difference(model, inspection.tokenizer, torch.device("cpu"))
+        assert moved < 1e-5, f"{name}: {moved}"
+    tokenizer = inspect_folder(architecture_dir("bert"), HandlerSettings()).tokenizer
+    assert padding_difference(IgnoresTheMask(), tokenizer, torch.device("cpu")) > PADDING_TOLERANCE
