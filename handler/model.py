@@ -1,4 +1,5 @@
-"""Loading the classifier once per worker: weights from safetensors only, a fast tokenizer."""
+"""Loading the classifier once per worker, after ``handler.model_check`` found the folder
+servable: weights from safetensors only, a fast tokenizer, the attention the model supports."""
 
 from __future__ import annotations
 
@@ -9,8 +10,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForSequenceClassification, AutoTokenizer
+from transformers import AutoModelForSequenceClassification
 
+from handler.model_check import (
+    PADDING_TOLERANCE,
+    Attention,
+    ModelRefused,
+    Problem,
+    inspect_folder,
+    padding_difference,
+)
 from handler.precision import Plan, check_precision, hardware_of, plan_for
 from handler.scoring import ScoreFunction, resolve_score_function
 from handler.settings import HandlerSettings
@@ -63,10 +72,24 @@ def load_model(model_dir: Path, settings: HandlerSettings, gpu_id: int | None) -
     precision = plan_for(settings.precision, device.type)
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-    if not tokenizer.is_fast:
-        raise ValueError(f"{model_dir} has no fast tokenizer (tokenizer.json); one is required")
-    model = load_classifier(model_dir, settings, device, precision.weights)
+    inspection = inspect_folder(model_dir, settings)
+    if inspection.problems or inspection.attention is None:
+        raise ModelRefused(model_dir, inspection.problems)
+    tokenizer, attention = inspection.tokenizer, inspection.attention
+    logger.info("attention %s: %s", attention.implementation, attention.reason)
+    model = load_classifier(model_dir, settings, device, precision.weights, attention)
+    if precision == Plan(torch.float32, None) and not settings.quantize_int8:
+        moved = padding_difference(model, tokenizer, device)
+        if moved > PADDING_TOLERANCE:
+            raise ModelRefused(
+                model_dir,
+                [
+                    Problem(
+                        f"padding a text beside a longer one changes its logits by {moved:.3g}",
+                        "check the tokenizer's pad token and the attention setting",
+                    )
+                ],
+            )
     labels = label_names(model.config.id2label, model.config.num_labels, settings.labels)
     function, source = resolve_score_function(
         getattr(model.config, "problem_type", None), len(labels), settings.score_function
@@ -98,23 +121,22 @@ def load_model(model_dir: Path, settings: HandlerSettings, gpu_id: int | None) -
 
 
 def load_classifier(
-    model_dir: Path, settings: HandlerSettings, device: torch.device, weights: torch.dtype
+    model_dir: Path,
+    settings: HandlerSettings,
+    device: torch.device,
+    weights: torch.dtype,
+    attention: Attention,
 ) -> Any:
-    """The model from safetensors only, on its device in eval mode, its length limit checked."""
+    """The model from safetensors only, on its device in eval mode."""
     model = AutoModelForSequenceClassification.from_pretrained(
         model_dir,
         local_files_only=True,
         use_safetensors=True,
-        attn_implementation=settings.attention,
+        attn_implementation=attention.implementation,
     )
     model.to(device=device, dtype=weights).eval()
     if settings.quantize_int8 and device.type == "cpu":
         model = quantize_linear_int8(model)
-    positions = getattr(model.config, "max_position_embeddings", settings.max_length)
-    if settings.max_length > positions:
-        raise ValueError(
-            f"max_length {settings.max_length} exceeds the model's {positions} positions"
-        )
     return model
 
 

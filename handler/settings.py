@@ -14,7 +14,7 @@ from typing import Any
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 SCORE_FUNCTION_CHOICES = ("auto", "softmax", "sigmoid", "none")
-ATTENTION_CHOICES = ("sdpa", "eager")
+ATTENTION_CHOICES = ("auto", "sdpa", "eager")
 PRECISION_CHOICES = ("fp32", "bf16", "fp16")
 CHOICES = {
     "device": DEVICE_CHOICES,
@@ -45,8 +45,10 @@ class HandlerSettings:
     model's workers that are idle (``handler.thread_share``); false keeps each to its own."""
     labels: tuple[str, ...] = ()
     """Label names by class index; empty means ``id2label`` of the model config."""
-    attention: str = "sdpa"
-    """Attention implementation: ``sdpa`` (PyTorch's fused kernel) or ``eager``."""
+    attention: str = "auto"
+    """Attention implementation: ``auto`` takes ``sdpa`` (PyTorch's fused kernel) where the
+    architecture has it and its own (``eager``) where not (``handler.model_check``); ``sdpa``
+    or ``eager`` force one."""
     precision: str = "fp32"
     """Forward pass: ``fp32`` (exact), ``bf16`` (a CPU with native bf16, or CUDA) or ``fp16``
     (CUDA); one the hardware cannot run fails at worker start (``handler.precision``)."""

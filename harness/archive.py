@@ -40,23 +40,21 @@ STAMP_SUFFIX = ".source"
 VARIANT_CONFIG_SUFFIX = ".model-config.yaml"
 
 
-def check_model_dir(model_dir: Path) -> None:
-    """Fail early, with the reason, on a folder TorchServe could not serve."""
-    config_file = model_dir / "config.json"
-    if not config_file.is_file():
-        raise SystemExit(f"{model_dir}: no config.json; expected a Hugging Face model folder")
-    if not list(model_dir.glob("*.safetensors")):
-        raise SystemExit(f"{model_dir}: no .safetensors weights (pickled weights are not accepted)")
-    if not (model_dir / "tokenizer.json").is_file() and not (model_dir / "vocab.txt").is_file():
-        raise SystemExit(f"{model_dir}: no tokenizer (tokenizer.json or vocab.txt)")
-    config = json.loads(config_file.read_text())
-    architectures = config.get("architectures") or []
-    if not any(name.endswith("ForSequenceClassification") for name in architectures):
-        raise SystemExit(
-            f"{model_dir}: architectures {architectures} has no *ForSequenceClassification"
-        )
-    if not config.get("id2label"):
-        raise SystemExit(f"{model_dir}: config.json has no id2label")
+def check_model_dir(model_dir: Path, model_config: Path = MODEL_CONFIG) -> None:
+    """Refuse, with every reason and its fix, a folder the worker would refuse at start: the
+    same check (``handler.model_check``) for the handler settings packed beside it."""
+    from handler.model_check import inspect_folder
+    from handler.settings import HandlerSettings
+
+    document = yaml.safe_load(model_config.read_text()) or {}
+    try:
+        settings = HandlerSettings.from_mapping(document.get("handler"))
+    except ValueError as error:
+        raise SystemExit(f"{model_config}: {error}") from None
+    problems = inspect_folder(model_dir, settings).problems
+    if problems:
+        lines = "".join(f"\n  - {problem.reason}\n    fix: {problem.fix}" for problem in problems)
+        raise SystemExit(f"{model_dir} cannot be served:{lines}")
 
 
 def check_model_config(path: Path) -> None:
@@ -132,7 +130,7 @@ def package(model_dir: Path, export_path: Path, model_config: Path = MODEL_CONFI
     torch-model-archiver stages every archive in ``$TMPDIR/<model name>``, which it empties
     first, so two packagings at once on one machine would mix or delete each other's files;
     each run gets a TMPDIR of its own."""
-    check_model_dir(model_dir)
+    check_model_dir(model_dir, model_config)
     check_model_config(model_config)
     export_path.mkdir(parents=True, exist_ok=True)
     archive = export_path / f"{MODEL_NAME}.mar"

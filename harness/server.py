@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -284,9 +285,10 @@ def start(
     state_dir = state_dir.resolve()
     server = Server(state_dir=state_dir, properties=effective_properties(overrides, base_config))
     check_startable(server)
+    log_start = server.model_log.stat().st_size if server.model_log.is_file() else 0
     launch(server)
     try:
-        wait_ready(server, ready_timeout)
+        wait_ready(server, ready_timeout, log_start)
     except BaseException:
         stop(server)
         raise
@@ -358,13 +360,35 @@ def curl_example(server: Server) -> str:
     )
 
 
-def wait_ready(server: Server, timeout: float) -> None:
-    """Poll /ping and the workers until READY, failing fast if the frontend died."""
+WORKER_DIED = "Backend worker process died."
+ERROR_LINE = re.compile(r" - (\w[\w.]*(?:Error|Exception|Refused): .*)$")
+
+
+def worker_load_error(log_text: str) -> str | None:
+    """Once a worker died in ``log_text`` (the model log of a start), the first error line of
+    its traceback (the handler's own reason, not the "500 - Unknown exception" TorchServe
+    re-raises), or a plain "a worker died"; None while no worker died."""
+    lines = log_text.splitlines()
+    if not any(line.endswith(WORKER_DIED) for line in lines):
+        return None
+    errors = [match.group(1) for match in map(ERROR_LINE.search, lines) if match]
+    return errors[0] if errors else "a worker died while loading the model"
+
+
+def wait_ready(server: Server, timeout: float, log_start: int | None = None) -> None:
+    """Poll /ping and the workers until READY, failing fast if the frontend died or a worker
+    died loading the model (it would fail the same way on every restart). ``log_start``: the
+    model log's size before the start, so older runs' lines are not read; now by default."""
     deadline = time.monotonic() + timeout
+    log = server.model_log
+    if log_start is None:
+        log_start = log.stat().st_size if log.is_file() else 0
     time.sleep(1)
     while time.monotonic() < deadline:
         if server.pid() is None:
             raise ServerError(f"TorchServe exited during start; see {server.state_dir / 'logs'}")
+        if log.is_file() and (error := worker_load_error(read_from(log, log_start))):
+            raise ServerError(f"the model's worker failed to load: {error}; see {log}")
         try:
             ping = requests.get(f"{server.inference_url}/ping", headers=server.headers(), timeout=5)
             if ping.status_code == 200 and server.workers_ready():
@@ -375,6 +399,12 @@ def wait_ready(server: Server, timeout: float) -> None:
     raise ServerError(
         f"TorchServe was not ready within {timeout:.0f} s; see {server.state_dir / 'logs'}"
     )
+
+
+def read_from(path: Path, offset: int) -> str:
+    with path.open("rb") as file:
+        file.seek(offset)
+        return file.read().decode(errors="replace")
 
 
 def stop(server: Server, timeout: float = 60) -> None:

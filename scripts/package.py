@@ -6,6 +6,9 @@ What the archive holds and how its source is recorded: ``harness/archive.py``.
     python scripts/package.py --model-dir build/bert-sentiment --stamp-only
     python scripts/package.py --model-dir build/bert-sentiment --precision bf16
 
+The folder is checked first with the worker's own check (``handler/model_check.py``): one
+that cannot be served is refused in seconds, every reason printed with its fix, exit 1.
+
 ``--precision`` packs the handler config with ``handler.precision`` replaced (kept beside the
 archive as ``bert.mar.model-config.yaml``), so ``make serve PRECISION=bf16`` serves the fast
 mode and ``make serve`` without it repackages the config as written.
@@ -60,7 +63,7 @@ def main() -> int:
             variant_config_for(archive), model_config, handler_changes={"precision": args.precision}
         )
     if args.stamp_only:
-        check_model_dir(model_dir)
+        check_model_dir(model_dir, model_config)
         stamp = stamp_for(archive)
         if update_stamp(stamp, source_record(model_dir, model_config)):
             print(f"{stamp.name}: the model folder or handler config changed; repackaging")

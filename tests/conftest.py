@@ -76,3 +76,19 @@ def head_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Pa
         return built[kind, encoder]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def architecture_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """``architecture_dir(name)``: a tiny classifier of that architecture with its trained
+    tokenizer (see tests/architectures.py), built once per session."""
+    from tests.architectures import build_architecture
+
+    built: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in built:
+            built[name] = build_architecture(tmp_path_factory.mktemp(f"arch-{name}"), name)
+        return built[name]
+
+    return get
