@@ -1,7 +1,10 @@
 """Per-batch serving metrics, emitted through TorchServe's metrics cache.
 
 Every name here must be declared under ``model_metrics`` in ``config/metrics.yaml`` with the
-same dimensions in the same order, or TorchServe drops it. Everything is a counter (a sum),
+same dimensions in the same order, or TorchServe drops it. A server started with another
+metrics file (TorchServe's default, a platform's) declares none of them: the emitter asks
+the cache once, at worker start, which ones it declares, warns once naming the file and the
+missing ones, and from then on emits only those (no lookup, no failure per batch). Everything is a counter (a sum),
 so an operator derives rates and means in Prometheus, e.g. mean formed batch size =
 ``rate(BatchItems) / rate(Batches)`` and padding efficiency =
 ``rate(RealTokens) / rate(PaddedTokens)``. (TorchServe 0.12's histograms use the Prometheus
@@ -34,6 +37,23 @@ from handler.protocol import ItemOutcome, Rejected
 logger = logging.getLogger(__name__)
 
 LEVEL = "Model"
+DIMENSIONS = ["ModelName", "Level"]
+BATCH_COUNTERS = (
+    "Batches",
+    "BatchItems",
+    "SubBatches",
+    "ItemsAccepted",
+    "ItemsTruncated",
+    "RealTokens",
+    "PaddedTokens",
+    "TokenizeMs",
+    "ForwardMs",
+)
+REJECTED = "ItemsRejected"
+COUNTER_DIMENSIONS = {name: DIMENSIONS for name in BATCH_COUNTERS} | {
+    REJECTED: ["Reason", *DIMENSIONS]
+}
+"""Each counter the handler emits, with the dimensions metrics.yaml must declare for it."""
 
 
 def texts_of(outcomes: Sequence[Outcome]) -> list[ItemOutcome]:
@@ -66,26 +86,57 @@ def rejections_by_reason(outcomes: Sequence[Outcome]) -> dict[str, int]:
     )
 
 
+def declared_counters(cache: Any) -> tuple[dict[str, Any], list[str]]:
+    """Our counters the cache declares with our dimensions, and the names of the others."""
+    from ts.metrics.metric_type_enum import MetricTypes
+
+    declared: dict[str, Any] = {}
+    missing: list[str] = []
+    for name, dimensions in COUNTER_DIMENSIONS.items():
+        try:
+            metric = cache.get_metric(name, MetricTypes.COUNTER)
+        except Exception:
+            missing.append(name)
+            continue
+        if list(getattr(metric, "dimension_names", None) or []) != dimensions:
+            missing.append(f"{name} (dimensions must be {dimensions})")
+            continue
+        declared[name] = metric
+    return declared, missing
+
+
 class MetricsEmitter:
-    """Adds one batch's numbers to TorchServe's cache; a metrics failure never fails a batch."""
+    """Adds one batch's numbers to TorchServe's cache: only the counters it declares, checked
+    once here; a metrics failure never fails a batch."""
 
     def __init__(self, cache: Any, model_name: str) -> None:
-        self.cache = cache
         self.model_name = model_name
+        self.counters: dict[str, Any] = {}
+        missing = list(COUNTER_DIMENSIONS)
+        if cache is not None:
+            self.counters, missing = declared_counters(cache)
+        if missing:
+            source = getattr(cache, "config_file_path", None) or "no metrics cache"
+            logger.warning(
+                "metrics file %s does not declare %d of the handler's %d counters, which are "
+                "not emitted: %s. Serve with metrics_config=config/metrics.yaml, or declare "
+                "them under model_metrics as it does (docs/handler.md, Metrics)",
+                source,
+                len(missing),
+                len(COUNTER_DIMENSIONS),
+                ", ".join(missing),
+            )
 
     def emit(self, outcomes: Sequence[Outcome], stats: BatchStats) -> None:
-        if self.cache is None:
+        if not self.counters:
             return
         try:
-            from ts.metrics.metric_type_enum import MetricTypes
-
+            dimensions = [self.model_name, LEVEL]
             for name, value in batch_metrics(outcomes, stats).items():
-                metric = self.cache.get_metric(name, MetricTypes.COUNTER)
-                metric.add_or_update(value, [self.model_name, LEVEL])
-            rejected = self.cache.get_metric("ItemsRejected", MetricTypes.COUNTER)
-            for reason, count in rejections_by_reason(outcomes).items():
-                rejected.add_or_update(count, [reason, self.model_name, LEVEL])
+                if name in self.counters:
+                    self.counters[name].add_or_update(value, dimensions)
+            if REJECTED in self.counters:
+                for reason, count in rejections_by_reason(outcomes).items():
+                    self.counters[REJECTED].add_or_update(count, [reason, *dimensions])
         except Exception:
-            logger.warning(
-                "could not emit batch metrics (are they declared in metrics.yaml?)", exc_info=True
-            )
+            logger.warning("could not emit batch metrics; this is a bug", exc_info=True)

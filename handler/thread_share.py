@@ -15,6 +15,16 @@ runs that pass with their threads added to its own. So:
   and is never lent again while it is busy;
 - a worker that dies releases its locks with its process; its slot is taken by the next one.
 
+A slot's record alone never proves a lender: a worker that ends while idle (killed, or
+stopped by a scale-down, which runs no cleanup of the handler) leaves "idle since T" behind. So a borrower
+lends from a slot only while its ``worker-N.lock`` is held, which only a live worker does
+(from its ``ThreadShare``, made once its model is loaded, until it exits). Finding that
+lock free, the borrower holds it for an instant and clears the dead worker's record, so
+it is read as unused from then on. A replacement that takes the slot after that check is
+loaded already; its record says busy until its first batch, which waits for the
+borrower's pass on the threads lock: the threads running at once stay within the total
+of the live workers' own.
+
 The files live in a folder the model's workers share (the extracted .mar's folder), so
 servers and models never share threads with each other.
 """
@@ -61,6 +71,7 @@ class ThreadShare:
         self._state = mmap.mmap(self._state_fd, MAX_SLOTS * SLOT.size)
         self.slot, self._slot_fd = self._claim_slot()
         self._lock_fds: dict[int, int] = {}
+        self._alive_fds: dict[int, int] = {}
         self._own_fd = self._lock_fd(self.slot)
         self._write(self.threads, idle_since=0)
 
@@ -81,6 +92,22 @@ class ThreadShare:
             path = self.folder / f"threads-{slot}.lock"
             self._lock_fds[slot] = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         return self._lock_fds[slot]
+
+    def _alive(self, slot: int) -> bool:
+        """Whether a live worker holds ``slot``; a dead one's record is cleared."""
+        if slot not in self._alive_fds:
+            path = self.folder / f"worker-{slot}.lock"
+            self._alive_fds[slot] = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = self._alive_fds[slot]
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        try:
+            SLOT.pack_into(self._state, slot * SLOT.size, 0, 0)
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
 
     def _write(self, threads: int, idle_since: int) -> None:
         SLOT.pack_into(self._state, self.slot * SLOT.size, threads, idle_since)
@@ -103,38 +130,51 @@ class ThreadShare:
 
     @contextlib.contextmanager
     def borrowed(self) -> Iterator[int]:
-        """Around one forward pass inside ``busy``: yields the threads to run it with."""
+        """Around one forward pass inside ``busy``: yields the threads to run it with,
+        its own and those of each sibling that is alive and idle long enough."""
         now = time.monotonic_ns()
         taken: list[int] = []
         threads = self.threads
         try:
             for slot in range(MAX_SLOTS):
-                if slot == self.slot:
-                    continue
-                lender_threads, idle_since = self._read(slot)
-                if lender_threads < 1 or idle_since == 0:
-                    continue
-                if now - idle_since < self.lend_after_ns:
+                if slot == self.slot or not self._idle_threads(slot, now):
                     continue
                 fd = self._lock_fd(slot)
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
                     continue
+                lent = self._idle_threads(slot, now) if self._alive(slot) else 0
+                if not lent:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+                    continue
                 taken.append(fd)
-                threads += lender_threads
+                threads += lent
             yield threads
         finally:
             for fd in taken:
                 fcntl.flock(fd, fcntl.LOCK_UN)
 
+    def _idle_threads(self, slot: int, now: int) -> int:
+        """The slot's threads when its record says idle for ``lend_after_s``, else 0."""
+        threads, idle_since = self._read(slot)
+        if threads < 1 or idle_since == 0 or now - idle_since < self.lend_after_ns:
+            return 0
+        return threads
+
     def close(self) -> None:
         """Give the slot up (a dead process does the same implicitly)."""
         self._write(0, idle_since=0)
         self._state.close()
-        for fd in [*self._lock_fds.values(), self._slot_fd, self._state_fd]:
+        for fd in [
+            *self._lock_fds.values(),
+            *self._alive_fds.values(),
+            self._slot_fd,
+            self._state_fd,
+        ]:
             os.close(fd)
         self._lock_fds.clear()
+        self._alive_fds.clear()
 
 
 def open_thread_share(folder: Path, threads: int) -> ThreadShare | None:

@@ -55,11 +55,15 @@ def build_worker(
     model_dir: Path,
     handler_settings: dict[str, Any] | None = None,
     batch_size: int = 16,
+    metrics_config: Path = METRICS_CONFIG,
 ) -> Worker:
     """The one way tests build a worker: ``model_dir`` laid out like an extracted .mar in
     ``workdir``, with config/model-config.yaml's handler settings updated by
-    ``handler_settings``, loaded by TorchServe's worker code."""
-    return _load_service(_mar_folder(workdir, model_dir, handler_settings), batch_size)
+    ``handler_settings``, loaded by TorchServe's worker code with the metrics cache it makes
+    from ``metrics_config``."""
+    return _load_service(
+        _mar_folder(workdir, model_dir, handler_settings), batch_size, metrics_config
+    )
 
 
 def _mar_folder(
@@ -74,7 +78,9 @@ def _mar_folder(
     return root
 
 
-def _load_service(mar_dir: Path, batch_size: int = 16) -> Worker:
+def _load_service(
+    mar_dir: Path, batch_size: int = 16, metrics_config: Path = METRICS_CONFIG
+) -> Worker:
     manifest = {
         "model": {
             "modelName": "bert",
@@ -82,7 +88,7 @@ def _load_service(mar_dir: Path, batch_size: int = 16) -> Worker:
             "handler": "bert_handler.py",
         }
     }
-    metrics = MetricsCacheYamlImpl(config_file_path=str(METRICS_CONFIG))
+    metrics = MetricsCacheYamlImpl(config_file_path=str(metrics_config))
     metrics.initialize_cache()
     metrics.model_name = "bert"
     handler = BertHandler()

@@ -2,16 +2,30 @@
 
 from __future__ import annotations
 
+import json
 import logging
+from pathlib import Path
 
 import pytest
+import ts
+import yaml
 from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
 
 from handler.errors import ErrorCode
 from handler.inference import BatchStats, Prediction
-from handler.metrics import MetricsEmitter, batch_metrics, rejections_by_reason
+from handler.metrics import (
+    BATCH_COUNTERS,
+    COUNTER_DIMENSIONS,
+    MetricsEmitter,
+    batch_metrics,
+    rejections_by_reason,
+)
 from handler.protocol import Rejected
 from tests.conftest import ROOT
+from tests.worker_harness import Sent, build_worker, predict
+
+TORCHSERVE_METRICS = Path(ts.__file__).parent / "configs" / "metrics.yaml"
+"""What a worker gets when config.properties has no metrics_config."""
 
 
 def prediction(truncated: bool = False) -> Prediction:
@@ -70,11 +84,71 @@ def test_every_metric_is_declared_and_emitted(cache, caplog) -> None:
     assert "could not emit" not in caplog.text
 
 
-def test_a_broken_metrics_cache_never_fails_the_batch(caplog) -> None:
+def test_the_counters_are_the_batch_metrics_and_the_rejections() -> None:
+    assert [*BATCH_COUNTERS, "ItemsRejected"] == [*COUNTER_DIMENSIONS]
+    assert tuple(batch_metrics(OUTCOMES, STATS)) == BATCH_COUNTERS
+
+
+def handler_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_a_broken_or_missing_cache_warns_once_and_never_fails_a_batch(caplog) -> None:
     class Broken:
+        config_file_path = "broken.yaml"
+
         def get_metric(self, *args, **kwargs):
             raise RuntimeError("cache is broken")
 
-    MetricsEmitter(Broken(), "bert").emit(OUTCOMES, STATS)
-    MetricsEmitter(None, "bert").emit(OUTCOMES, STATS)
-    assert "could not emit" in caplog.text
+    for cache in (Broken(), None):
+        caplog.clear()
+        emitter = MetricsEmitter(cache, "bert")
+        for _ in range(3):
+            emitter.emit(OUTCOMES, STATS)
+        assert len(handler_warnings(caplog)) == 1, handler_warnings(caplog)
+        assert "Batches, BatchItems" in handler_warnings(caplog)[0]
+        assert "[METRICS]" not in caplog.text
+
+
+def test_a_metric_declared_with_other_dimensions_is_named_and_left_out(tmp_path, caplog) -> None:
+    """A declaration that differs from ours would fail each update: checked once instead."""
+    declared = yaml.safe_load((ROOT / "config" / "metrics.yaml").read_text())
+    for metric in declared["model_metrics"]["counter"]:
+        if metric["name"] == "ItemsRejected":
+            metric["dimensions"] = ["ModelName", "Level"]
+    path = tmp_path / "metrics.yaml"
+    path.write_text(yaml.safe_dump(declared))
+    metrics = MetricsCacheYamlImpl(config_file_path=str(path))
+    metrics.initialize_cache()
+    with caplog.at_level(logging.INFO):
+        emitter = MetricsEmitter(metrics, "bert")
+        emitter.emit(OUTCOMES, STATS)
+    (warning,) = handler_warnings(caplog)
+    assert str(path) in warning and "1 of the handler's 10" in warning
+    assert "ItemsRejected (dimensions must be ['Reason', 'ModelName', 'Level'])" in warning
+    assert "[METRICS]Batches." in caplog.text and "[METRICS]ItemsRejected" not in caplog.text
+
+
+def test_served_with_torchserve_default_metrics_a_worker_answers_and_warns_once(
+    tiny_model_dir, tiny_worker, tmp_path, caplog
+) -> None:
+    """A config.properties without metrics_config gives the worker TorchServe's own
+    metrics.yaml, which declares none of ours: through TorchServe's worker code the answers
+    are the usual ones, one warning at start names the file and the counters, and no batch
+    logs a MetricsCacheKeyError (each one did, with a stack trace)."""
+    sent = [Sent(b"a fine text"), Sent(b"   "), Sent(b"another fine text")]
+    with caplog.at_level(logging.INFO):
+        worker = build_worker(tmp_path, tiny_model_dir, metrics_config=TORCHSERVE_METRICS)
+        answers = [predict(worker.service, sent) for _ in range(3)]
+    usual = predict(tiny_worker().service, sent)
+    for batch in answers:
+        assert [(a.status, json.loads(a.body)) for a in batch] == [
+            (a.status, json.loads(a.body)) for a in usual
+        ]
+    assert [a.status for a in usual] == [200, 400, 200]
+    metric_warnings = [w for w in handler_warnings(caplog) if "metric" in w.lower()]
+    assert len(metric_warnings) == 1, metric_warnings
+    assert str(TORCHSERVE_METRICS) in metric_warnings[0]
+    assert "10 of the handler's 10 counters" in metric_warnings[0]
+    assert "MetricsCacheKeyError" not in caplog.text
+    assert "[METRICS]Batches" not in caplog.text

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -146,6 +148,74 @@ def test_a_dead_workers_slot_and_threads_are_free_again(tmp_path: Path) -> None:
     finally:
         worker.kill()
         worker.join(10)
+
+
+def serve_one_batch_then_idle(folder: str, ready: object) -> None:
+    """A worker that ran a batch and now idles, lending its thread, until it is killed."""
+    share = ThreadShare(Path(folder), threads=1, lend_after_s=0.0)
+    idle(share)
+    ready.set()  # type: ignore[attr-defined]
+    time.sleep(60)
+
+
+@contextlib.contextmanager
+def idle_worker_process(folder: Path) -> Iterator[multiprocessing.process.BaseProcess]:
+    """A real worker process, idle after one batch; SIGKILLed at the end if still alive."""
+    context = multiprocessing.get_context("spawn")
+    ready = context.Event()
+    worker = context.Process(target=serve_one_batch_then_idle, args=(str(folder), ready))
+    worker.start()
+    try:
+        assert ready.wait(30), "the worker process did not start"
+        yield worker
+    finally:
+        worker.kill()
+        worker.join(10)
+
+
+def kill(worker: multiprocessing.process.BaseProcess) -> None:
+    """SIGKILL, as TorchServe stops a worker: no close(), its slot record left as it was."""
+    worker.kill()
+    worker.join(10)
+    assert worker.exitcode == -signal.SIGKILL
+
+
+def test_a_worker_killed_while_idle_lends_nothing(tmp_path: Path) -> None:
+    """Its record still says idle; only its slot's lock tells it is gone. Until a
+    replacement claims the slot (after loading its model on its own threads), a busy
+    sibling must run on its own threads alone, or more threads than cores run."""
+    busy_sibling = ThreadShare(tmp_path, threads=1, lend_after_s=0.0)
+    with idle_worker_process(tmp_path) as lender:
+        with busy_sibling.busy(), busy_sibling.borrowed() as threads:
+            assert threads == 2, "the live idle worker should lend its thread"
+        kill(lender)
+        for _ in range(3):
+            with busy_sibling.busy(), busy_sibling.borrowed() as threads:
+                assert threads == 1, "a dead worker's thread was borrowed"
+        replacement = ThreadShare(tmp_path, threads=1, lend_after_s=0.0)
+        with busy_sibling.busy(), busy_sibling.borrowed() as threads:
+            assert threads == 1, "a replacement lends nothing before its first batch ends"
+        idle(replacement)
+        with busy_sibling.busy(), busy_sibling.borrowed() as threads:
+            assert threads == 2, "the replacement lends once it idles"
+        replacement.close()
+    busy_sibling.close()
+
+
+def test_after_a_scale_down_the_removed_workers_threads_are_never_lent(tmp_path: Path) -> None:
+    """Scaling three workers down to two kills one while idle and starts no replacement:
+    the survivor borrows its live sibling's thread, never the removed worker's."""
+    survivor = ThreadShare(tmp_path, threads=1, lend_after_s=0.0)
+    with idle_worker_process(tmp_path) as kept, idle_worker_process(tmp_path) as removed:
+        with survivor.busy(), survivor.borrowed() as threads:
+            assert threads == 3
+        kill(removed)
+        for _ in range(3):
+            with survivor.busy(), survivor.borrowed() as threads:
+                assert threads == 2, "the removed worker's thread was borrowed"
+            time.sleep(0.05)
+        assert kept.is_alive()
+    survivor.close()
 
 
 def test_threads_must_be_positive(tmp_path: Path) -> None:
