@@ -105,12 +105,13 @@ deploy-layout: $(MAR) | $(STAMP)
 ## image: the container image (deploy/Dockerfile) with podman or docker; prints its size and parts
 ##        (IMAGE=name:tag, BASE_IMAGE=..., TORCH_INDEX=<CUDA wheel index> for the GPU variant)
 IMAGE ?= bert-serve:0.1.0
+IMAGE_TEST_OUT ?= build/image/image-test.json
 image: $(MAR) | $(STAMP)
 	IMAGE=$(IMAGE) PYTHON=$(PY) bash scripts/image.sh
 
 ## image-test: run that image: READY, the README's requests, /metrics, memory, SIGTERM -> build/image/
 image-test: | $(STAMP)
-	$(PY) scripts/image_test.py --image $(IMAGE)
+	$(PY) scripts/image_test.py --image $(IMAGE) --out $(IMAGE_TEST_OUT)
 
 ## unit: the fast layer, no server (every test not marked integration)
 unit: $(STAMP)
