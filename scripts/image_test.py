@@ -92,9 +92,7 @@ class Container:
         return done.stdout + done.stderr
 
     def remove(self) -> None:
-        subprocess.run(
-            [*self.engine, "rm", "--force", self.name], capture_output=True, timeout=120
-        )
+        subprocess.run([*self.engine, "rm", "--force", self.name], capture_output=True, timeout=120)
 
 
 WORKER_STATES = (
@@ -142,7 +140,7 @@ def check_requests(base: str, metrics_url: str) -> None:
     predict = f"{base}/predictions/bert"
     text = requests.post(
         predict,
-        data="An absolute delight from start to finish.".encode(),
+        data=b"An absolute delight from start to finish.",
         headers={"Content-Type": "text/plain"},
         timeout=30,
     )
