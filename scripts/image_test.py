@@ -25,10 +25,11 @@ from pathlib import Path
 from typing import Any
 
 import requests
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 READY_TIMEOUT_S = 300.0
-GRACE_S = 30
+DEPLOYMENT = ROOT / "deploy" / "k8s" / "deployment.yaml"
 BURST_REQUESTS = 200
 BURST_CLIENTS = 8
 LIMITS = ["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"]
@@ -42,6 +43,12 @@ def engine_command() -> list[str]:
     if found.returncode != 0:
         raise SystemExit(f"no container engine: {found.stderr.strip()}")
     return found.stdout.split()
+
+
+def grace_period_s() -> int:
+    """The pod's terminationGracePeriodSeconds: the time the image gets to stop on SIGTERM."""
+    deployment = yaml.safe_load(DEPLOYMENT.read_text())
+    return int(deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"])
 
 
 def free_port() -> int:
@@ -231,13 +238,13 @@ def container_memory(container: Container) -> list[dict[str, Any]]:
     return [memory_mb(pid) for pid in process_tree(root)]
 
 
-def stop_within_grace(container: Container) -> float:
+def stop_within_grace(container: Container, grace_s: int) -> float:
     """SIGTERM to the container's main process; seconds until it exited (0 required)."""
     started = time.monotonic()
     container.run("kill", "--signal", "TERM", container.name)
     while container.state("Running") == "true":
-        if time.monotonic() - started > GRACE_S:
-            raise AssertionError(f"still running {GRACE_S} s after SIGTERM:\n{container.logs()}")
+        if time.monotonic() - started > grace_s:
+            raise AssertionError(f"still running {grace_s} s after SIGTERM:\n{container.logs()}")
         time.sleep(0.2)
     elapsed = time.monotonic() - started
     code = container.state("ExitCode")
@@ -257,6 +264,7 @@ def main() -> int:
     parser.add_argument("--image", default=os.environ.get("IMAGE", "bert-serve:0.1.0"))
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "image" / "image-test.json")
     args = parser.parse_args()
+    grace_s = grace_period_s()
     container = Container(engine_command(), args.image)
     container.run("image", "inspect", args.image)
     base = f"http://127.0.0.1:{container.http}"
@@ -273,7 +281,7 @@ def main() -> int:
         processes = container_memory(container)
         for process in processes:
             print(f"image-test: memory {process}", flush=True)
-        stop_s = step("SIGTERM", lambda: stop_within_grace(container))
+        stop_s = step("SIGTERM", lambda: stop_within_grace(container, grace_s))
         print(f"image-test: stopped with exit code 0 after {stop_s:.1f} s", flush=True)
     finally:
         container.remove()
@@ -283,7 +291,7 @@ def main() -> int:
         "ping_s": round(ping_s, 1),
         "ready_s": round(ready_s, 1),
         "stop_s": round(stop_s, 1),
-        "grace_s": GRACE_S,
+        "grace_s": grace_s,
         "burst_requests": BURST_REQUESTS,
         "processes": processes,
     }
