@@ -12,7 +12,8 @@ cd "$(dirname "$0")/.."
 image="${IMAGE:-bert-serve:0.1.0}"
 base="${BASE_IMAGE:-debian:bookworm-slim}"
 python="${PYTHON:-.venv/bin/python}"
-read -ra engine < <(bash scripts/container_engine.sh)
+engine_line="$(bash scripts/container_engine.sh)"
+read -ra engine <<<"$engine_line"
 
 if ! "${engine[@]}" image inspect "$base" >/dev/null 2>&1 \
     && ! timeout 120 "${engine[@]}" pull "$base" >/dev/null 2>&1; then
@@ -43,5 +44,5 @@ format=()
 echo "== $image: $("${engine[@]}" image inspect --format '{{.Size}}' "$image" | numfmt --to=si)B, on $base"
 "${engine[@]}" history --format '{{.Size}}\t{{.CreatedBy}}' "$image" | cut -c1-150
 echo "== largest parts (MB)"
-"${engine[@]}" run --rm --entrypoint sh "$image" -c \
+"${engine[@]}" run --rm --ulimit nofile=1024:1024 --ulimit nproc=1024:1024 --entrypoint sh "$image" -c \
     'du -sm /opt/bert-serve/lib/python3.11/site-packages/* /usr/lib/jvm /usr/lib/python3.11 /usr/lib/x86_64-linux-gnu /mnt/models 2>/dev/null | sort -rn | head -12'
