@@ -211,8 +211,8 @@ def process_tree(root_pid: int) -> list[int]:
     return found
 
 
-def memory_mb(pid: int) -> dict[str, Any]:
-    """RSS and PSS (shared pages split among their users) of one process, in MB."""
+def memory_mib(pid: int) -> dict[str, Any]:
+    """RSS and PSS (shared pages split among their users) of one process, in MiB."""
     proc = Path(f"/proc/{pid}")
     cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
     fields = {}
@@ -228,14 +228,14 @@ def memory_mb(pid: int) -> dict[str, Any]:
     return {
         "pid": pid,
         "role": role,
-        "rss_mb": round(fields["Rss"] / 1024, 1),
-        "pss_mb": round(fields["Pss"] / 1024, 1),
+        "rss_mib": round(fields["Rss"] / 1024, 1),
+        "pss_mib": round(fields["Pss"] / 1024, 1),
     }
 
 
 def container_memory(container: Container) -> list[dict[str, Any]]:
     root = int(container.state("Pid"))
-    return [memory_mb(pid) for pid in process_tree(root)]
+    return [memory_mib(pid) for pid in process_tree(root)]
 
 
 def stop_within_grace(container: Container, grace_s: int) -> float:
@@ -266,7 +266,7 @@ def main() -> int:
     args = parser.parse_args()
     grace_s = grace_period_s()
     container = Container(engine_command(), args.image)
-    container.run("image", "inspect", args.image)
+    image_bytes = int(container.run("image", "inspect", "--format", "{{.Size}}", args.image))
     base = f"http://127.0.0.1:{container.http}"
     try:
         started = time.monotonic()
@@ -288,6 +288,7 @@ def main() -> int:
     result = {
         "image": args.image,
         "engine": " ".join(container.engine),
+        "image_bytes": image_bytes,
         "ping_s": round(ping_s, 1),
         "ready_s": round(ready_s, 1),
         "stop_s": round(stop_s, 1),

@@ -244,3 +244,29 @@ def test_inference_service_matches_the_layout_and_deployment(
     assert [*model["command"], *model["args"]] == json.loads(
         dockerfile_instruction("ENTRYPOINT")[0]
     ), "the predictor runs the image's own entrypoint, in place of the runtime's command"
+
+
+def mebibytes(quantity: str) -> float:
+    """A Kubernetes memory quantity in MiB (the suffixes the manifests use)."""
+    units = {"Mi": 1.0, "Gi": 1024.0, "M": 1e6 / 2**20, "G": 1e9 / 2**20}
+    for suffix, factor in units.items():
+        if quantity.endswith(suffix) and quantity[: -len(suffix)].replace(".", "").isdigit():
+            return float(quantity[: -len(suffix)]) * factor
+    raise ValueError(f"unexpected memory quantity {quantity!r}")
+
+
+def test_memory_requests_cover_what_the_running_container_used(container: dict[str, Any]) -> None:
+    """deploy/image-test.json is `make image-test`'s record of the image run for real: the
+    memory each process used (PSS: shared pages split among the processes that map them)
+    after a burst. The pod must request at least that, and the limit leaves headroom."""
+    measured = json.loads((DEPLOY / "image-test.json").read_text())
+    roles = [process["role"] for process in measured["processes"]]
+    assert roles.count("frontend") == 1 and roles.count("worker") >= 1, roles
+    used_mib = sum(process["pss_mib"] for process in measured["processes"])
+    resources = container["resources"]
+    assert mebibytes(resources["requests"]["memory"]) >= used_mib
+    assert mebibytes(resources["limits"]["memory"]) >= 1.25 * used_mib
+    assert (
+        measured["stop_s"]
+        < by_kind("Deployment")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    )
