@@ -29,10 +29,10 @@ wheels=build/image/wheels
 cp deploy/entrypoint.sh "$context/entrypoint.sh"
 # Their dependencies at the versions of this venv too (the tested ones); torch as required.
 "$python" -m pip freeze --exclude-editable | grep -v "^torch==" >build/image/constraints.txt
-"$python" -m pip download --quiet --dest "$wheels" ${TORCH_INDEX:+--extra-index-url "$TORCH_INDEX"} \
+"$python" -m pip download -qq --dest "$wheels" ${TORCH_INDEX:+--extra-index-url "$TORCH_INDEX"} \
     -r "$context/requirements.txt" -c build/image/constraints.txt
 # Only the wheels this requirements.txt resolves to go into the context.
-"$python" -m pip download --quiet --no-index --find-links "$wheels" --dest "$context/wheels" \
+"$python" -m pip download -qq --no-index --find-links "$wheels" --dest "$context/wheels" \
     -r "$context/requirements.txt" -c build/image/constraints.txt
 ls "$context/wheels" | grep '^torch-'
 
@@ -44,5 +44,5 @@ format=()
 echo "== $image: $("${engine[@]}" image inspect --format '{{.Size}}' "$image" | numfmt --to=si)B, on $base"
 "${engine[@]}" history --format '{{.Size}}\t{{.CreatedBy}}' "$image" | cut -c1-150
 echo "== largest parts (MB)"
-"${engine[@]}" run --rm --ulimit nofile=1024:1024 --ulimit nproc=1024:1024 --entrypoint sh "$image" -c \
+"${engine[@]}" run --rm --no-healthcheck --ulimit nofile=1024:1024 --ulimit nproc=1024:1024 --entrypoint sh "$image" -c \
     'du -sm /opt/bert-serve/lib/python3.11/site-packages/* /usr/lib/jvm /usr/lib/python3.11 /usr/lib/x86_64-linux-gnu /mnt/models 2>/dev/null | sort -rn | head -12'
