@@ -17,7 +17,7 @@ import pytest
 from bert_serve.harness.config import BASE_CONFIG, read_properties
 from tests.conftest import ROOT
 
-# From nothing (debootstrap base + first build + run) about 12 min on a loaded machine of this
+# From nothing (debootstrap base + first build + run) 7 to 12 min on a loaded machine of this
 # project; a rebuild with nothing changed plus the run, 2.5 min (deploy/README.md).
 TIMEOUT_S = 40 * 60
 
