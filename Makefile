@@ -14,7 +14,7 @@ STATE_DIR ?= .run
 
 BENCH     := $(VENV)/.bench-installed
 
-.PHONY: install model package serve stop status metrics smoke test unit check bench tune compare-precision chaos soak fuzz deploy-layout clean distclean FORCE
+.PHONY: install model package serve stop status metrics smoke test unit check bench tune compare-precision chaos soak fuzz deploy-layout image image-test clean distclean FORCE
 
 install: $(STAMP)
 
@@ -101,6 +101,17 @@ soak: $(MAR) | $(STAMP)
 ## deploy-layout: the container / KServe layout (config/ + model-store/) -> build/kserve
 deploy-layout: $(MAR) | $(STAMP)
 	$(PY) scripts/deploy_layout.py --out build/kserve
+
+## image: the container image (deploy/Dockerfile) with podman or docker; prints its size and parts
+##        (IMAGE=name:tag, BASE_IMAGE=..., TORCH_INDEX=<CUDA wheel index> for the GPU variant)
+IMAGE ?= bert-serve:0.1.0
+IMAGE_TEST_OUT ?= build/image/image-test.json
+image: $(MAR) | $(STAMP)
+	IMAGE=$(IMAGE) PYTHON=$(PY) bash scripts/image.sh
+
+## image-test: run that image: READY, the README's requests, /metrics, memory, SIGTERM -> build/image/
+image-test: | $(STAMP)
+	$(PY) scripts/image_test.py --image $(IMAGE) --out $(IMAGE_TEST_OUT)
 
 ## unit: the fast layer, no server (every test not marked integration)
 unit: $(STAMP)

@@ -146,26 +146,34 @@ def dockerfile_instruction(name: str) -> list[str]:
     ]
 
 
-def test_dockerfile_base_image_is_pinned_to_our_torchserve() -> None:
-    """FROM the official image at the TorchServe version we test with, never :latest."""
+def test_dockerfile_builds_on_debian_bookworm_with_its_python_and_java() -> None:
+    """FROM a base named anywhere (debian:bookworm-slim by default, never :latest), with
+    Python 3.11 and Java 17 from Debian; TorchServe and torch come from the wheelhouse,
+    pinned by the layout's requirements.txt (test_layout_files)."""
     (from_line,) = dockerfile_instruction("FROM")
-    base = from_line
     match = re.fullmatch(r"\$\{(\w+)\}", from_line)
-    if match:
-        args = dict(arg.split("=", 1) for arg in dockerfile_instruction("ARG") if "=" in arg)
-        base = args[match.group(1)]
-    image, _, tag = base.partition(":")
-    assert image == "pytorch/torchserve"
-    assert tag == f"{importlib.metadata.version('torchserve')}-cpu"
+    assert match, "the base is a build argument"
+    args = dict(arg.split("=", 1) for arg in dockerfile_instruction("ARG") if "=" in arg)
+    assert args[match.group(1)] == "debian:bookworm-slim"
+    runs = " ".join(dockerfile_instruction("RUN"))
+    for package in ("python3.11", "openjdk-17-jre-headless"):
+        assert package in runs.split(), package
+    assert "--no-index --find-links /wheels" in runs, "pip installs the wheelhouse only"
+    assert "HEALTHCHECK" in (DEPLOY / "Dockerfile").read_text()
+    assert "/ping" in dockerfile_instruction("HEALTHCHECK")[0]
 
 
 def test_dockerfile_copies_what_the_layout_contains(
     layout: Path, layout_config: dict[str, str]
 ) -> None:
-    """Each COPY source exists in the build context the layout script writes, and the
-    entrypoint points at the config and model store that layout's config names."""
+    """Each COPY source is in the build context (the layout, plus deploy/entrypoint.sh that
+    scripts/image.sh adds), and the entrypoint points at the config and model store that
+    layout's config names."""
     for copy_line in dockerfile_instruction("COPY"):
         source, destination = copy_line.split()[-2:]
+        if source == "entrypoint.sh":
+            assert (DEPLOY / source).is_file()
+            continue
         assert (layout / source).exists(), f"COPY {source}: not in the layout"
         if source != "requirements.txt":
             assert destination == f"{deploy_layout.MOUNT}/{source}"
@@ -176,6 +184,14 @@ def test_dockerfile_copies_what_the_layout_contains(
     assert entrypoint[entrypoint.index("--ts-config") + 1] == (
         f"{deploy_layout.MOUNT}/config/config.properties"
     )
+
+
+def test_entrypoint_stops_torchserve_on_sigterm() -> None:
+    """PID 1 turns SIGTERM into `torchserve --stop` and runs TorchServe in the foreground."""
+    script = (DEPLOY / "entrypoint.sh").read_text()
+    assert "trap 'torchserve --stop --foreground' TERM" in script
+    assert "torchserve --foreground --ncs" in script
+    assert (DEPLOY / "entrypoint.sh").stat().st_mode & 0o111, "executable"
 
 
 def test_layout_keeps_batching_and_limits_single_sourced(layout_config: dict[str, str]) -> None:
@@ -225,6 +241,32 @@ def test_inference_service_matches_the_layout_and_deployment(
     assert [entry["containerPort"] for entry in model["ports"]] == [
         port(layout_config["inference_address"])
     ]
-    assert f"--model-store={layout_config['model_store']}" in model["args"]
-    assert f"--ts-config={deploy_layout.MOUNT}/config/config.properties" in model["args"]
-    assert "--foreground" in model["args"]
+    assert [*model["command"], *model["args"]] == json.loads(
+        dockerfile_instruction("ENTRYPOINT")[0]
+    ), "the predictor runs the image's own entrypoint, in place of the runtime's command"
+
+
+def mebibytes(quantity: str) -> float:
+    """A Kubernetes memory quantity in MiB (the suffixes the manifests use)."""
+    units = {"Mi": 1.0, "Gi": 1024.0, "M": 1e6 / 2**20, "G": 1e9 / 2**20}
+    for suffix, factor in units.items():
+        if quantity.endswith(suffix) and quantity[: -len(suffix)].replace(".", "").isdigit():
+            return float(quantity[: -len(suffix)]) * factor
+    raise ValueError(f"unexpected memory quantity {quantity!r}")
+
+
+def test_memory_requests_cover_what_the_running_container_used(container: dict[str, Any]) -> None:
+    """deploy/image-test.json is `make image-test`'s record of the image run for real: the
+    memory each process used (PSS: shared pages split among the processes that map them)
+    after a burst. The pod must request at least that, and the limit leaves headroom."""
+    measured = json.loads((DEPLOY / "image-test.json").read_text())
+    roles = [process["role"] for process in measured["processes"]]
+    assert roles.count("frontend") == 1 and roles.count("worker") >= 1, roles
+    used_mib = sum(process["pss_mib"] for process in measured["processes"])
+    resources = container["resources"]
+    assert mebibytes(resources["requests"]["memory"]) >= used_mib
+    assert mebibytes(resources["limits"]["memory"]) >= 1.25 * used_mib
+    assert (
+        measured["stop_s"]
+        < by_kind("Deployment")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    )

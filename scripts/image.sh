@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Build the bert-serve image (deploy/Dockerfile) with podman or docker, then print its size
+# and what makes it up. The context is build/image/context: the layout of
+# scripts/deploy_layout.py, the entrypoint, and a wheelhouse from `pip download`.
+#   IMAGE       the tag (default bert-serve:0.1.0)
+#   BASE_IMAGE  default debian:bookworm-slim; when it is neither present nor pullable (no
+#               registry), a debootstrap'd bookworm minbase (scripts/image_base.sh) is used
+#   TORCH_INDEX an extra index for torch (a CUDA one for the GPU variant); empty: pip's own
+#               config finds the CPU build (here /opt/wheels; elsewhere .../whl/cpu)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+image="${IMAGE:-bert-serve:0.1.0}"
+base="${BASE_IMAGE:-debian:bookworm-slim}"
+python="${PYTHON:-.venv/bin/python}"
+engine_line="$(bash scripts/container_engine.sh)"
+read -ra engine <<<"$engine_line"
+
+if ! "${engine[@]}" image inspect "$base" >/dev/null 2>&1 \
+    && ! timeout 120 "${engine[@]}" pull "$base" >/dev/null 2>&1; then
+    echo "$base cannot be pulled here: using a debootstrap'd bookworm minbase"
+    base=localhost/bookworm-minbase:12
+    "${engine[@]}" image inspect "$base" >/dev/null 2>&1 \
+        || bash scripts/image_base.sh "${engine[@]}" "$base"
+fi
+
+context=build/image/context
+wheels=build/image/wheels
+"$python" scripts/deploy_layout.py --out "$context" >/dev/null
+cp deploy/entrypoint.sh "$context/entrypoint.sh"
+# Their dependencies at the versions of this venv too (the tested ones); torch as required.
+"$python" -m pip freeze --exclude-editable | grep -v "^torch==" >build/image/constraints.txt
+"$python" -m pip download -qq --dest "$wheels" ${TORCH_INDEX:+--extra-index-url "$TORCH_INDEX"} \
+    -r "$context/requirements.txt" -c build/image/constraints.txt
+# Only the wheels this requirements.txt resolves to go into the context.
+"$python" -m pip download -qq --no-index --find-links "$wheels" --dest "$context/wheels" \
+    -r "$context/requirements.txt" -c build/image/constraints.txt
+ls "$context/wheels" | grep '^torch-'
+
+format=()
+[ "${engine[0]}" = podman ] && format=(--format docker)  # OCI images drop HEALTHCHECK
+"${engine[@]}" build "${format[@]}" --network host --build-arg "BASE_IMAGE=$base" \
+    -f deploy/Dockerfile -t "$image" "$context"
+
+echo "== $image: $("${engine[@]}" image inspect --format '{{.Size}}' "$image" | numfmt --to=si)B, on $base"
+"${engine[@]}" history --format '{{.Size}}\t{{.CreatedBy}}' "$image" | cut -c1-150
+echo "== largest parts (MB)"
+"${engine[@]}" run --rm --no-healthcheck --ulimit nofile=1024:1024 --ulimit nproc=1024:1024 --entrypoint sh "$image" -c \
+    'du -sm /opt/bert-serve/lib/python3.11/site-packages/* /usr/lib/jvm /usr/lib/python3.11 /usr/lib/x86_64-linux-gnu /mnt/models 2>/dev/null | sort -rn | head -12'

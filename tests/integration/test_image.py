@@ -1,0 +1,48 @@
+"""The container image, built and answering: `make image image-test` (scripts/image.sh, then
+scripts/image_test.py: READY, the README's requests, a list, a pair, v2, /metrics, the
+health check, memory, SIGTERM within the grace period; the container is always removed).
+
+Skips, saying why, where no container engine works (scripts/container_engine.sh): no podman,
+or a docker client without an engine. Where one works, a failed build is a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from bert_serve.harness.config import BASE_CONFIG, read_properties
+from tests.conftest import ROOT
+
+# From nothing (debootstrap base + first build + run) 7 to 12 min on a loaded machine of this
+# project; a rebuild with nothing changed plus the run, 2.5 min (deploy/README.md).
+TIMEOUT_S = 40 * 60
+
+
+def test_image_builds_answers_and_stops_cleanly() -> None:
+    engine = subprocess.run(
+        ["bash", "scripts/container_engine.sh"], cwd=ROOT, capture_output=True, text=True
+    )
+    if engine.returncode != 0:
+        pytest.skip(f"no container engine: {engine.stderr.strip()}")
+    image = f"bert-serve:test-{os.getpid()}"
+    out = ROOT / "build" / "image" / f"image-test-{os.getpid()}.json"
+    try:
+        done = subprocess.run(
+            ["make", "--no-print-directory", "image", "image-test", f"IMAGE={image}",
+             f"IMAGE_TEST_OUT={out}"],
+            cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+        result = json.loads(out.read_text())
+        assert result["ready_s"] > 0 and result["stop_s"] < result["grace_s"]
+        (model,) = json.loads(read_properties(BASE_CONFIG)["models"])["bert"].values()
+        roles = [process["role"] for process in result["processes"]]
+        assert roles.count("frontend") == 1, roles
+        assert roles.count("worker") == model["minWorkers"], roles
+    finally:
+        subprocess.run([*engine.stdout.split(), "rmi", image], capture_output=True, timeout=120)
+        out.unlink(missing_ok=True)
