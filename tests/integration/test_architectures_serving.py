@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from bert_serve.harness import server as torchserve_ctl
-from bert_serve.harness.archive import package, package_variant
+from harness import server as torchserve_ctl
+from harness.archive import package, package_variant
 from tests.heads import ITEMS, Reference, largest_difference
 from tests.integration.conftest import model_log
 
@@ -35,12 +35,9 @@ def served(
     model_dir = architecture_dir("deberta-v2")
     root = tmp_path_factory.mktemp("serve-deberta")
     package(model_dir, root / "store")
-    overrides = torchserve_ctl.local_port_overrides() | {"model_store": str(root / "store")}
-    server = torchserve_ctl.start(root / "state", overrides=overrides)
-    try:
+    overrides = {"model_store": str(root / "store")}
+    with torchserve_ctl.running(overrides, state_dir=root / "state") as server:
         yield Reference(model_dir), server
-    finally:
-        torchserve_ctl.stop(server)
 
 
 def classify(server: torchserve_ctl.Server, item: str | tuple[str, str]) -> requests.Response:

@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from bert_serve.harness.config import BASE_CONFIG, read_properties
+from harness.config import BASE_CONFIG, read_properties
 from tests.conftest import ROOT
 
 # From nothing (debootstrap base + first build + run) 7 to 12 min on a loaded machine of this

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from bert_serve.harness.archive import package
-from bert_serve.harness.config import BASE_CONFIG, local_port_overrides
-from bert_serve.harness.server import Server, start, stop
+from harness.archive import package
+from harness.config import BASE_CONFIG
+from harness.server import Server, running
 from tests.heads import Reference, largest_difference
 
 TEXTS = [
@@ -43,12 +43,9 @@ def served(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
             if not line.startswith("metrics_config=")
         )
     )
-    overrides = local_port_overrides() | {"model_store": str(root / "store")}
-    server = start(root / "state", overrides=overrides, base_config=config)
-    try:
+    overrides = {"model_store": str(root / "store")}
+    with running(overrides, state_dir=root / "state", base_config=config) as server:
         yield server
-    finally:
-        stop(server)
 
 
 def post(server: Server, text: str) -> requests.Response:

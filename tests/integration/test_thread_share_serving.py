@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 import requests
 
-from bert_serve.harness.archive import package
-from bert_serve.harness.batchlog import LogWindow
-from bert_serve.harness.config import local_port_overrides, models_entry
-from bert_serve.harness.server import Server, start, stop, wait_ready
+from harness.archive import package
+from harness.batchlog import LogWindow
+from harness.config import models_entry
+from harness.server import Server, running, wait_ready
 
 BATCH_LINE = re.compile(r" (W-\d+)-\S+ .*batch_size=\d+ .* threads=(\d+)")
 TEXT = "The service was slow but the food made up for it."
@@ -35,15 +35,9 @@ LIMIT_S = 120.0
 def two_workers(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     root = tmp_path_factory.mktemp("thread-share-serving")
     package(tiny_model_dir, root / "store")
-    overrides = local_port_overrides() | {
-        "model_store": str(root / "store"),
-        "models": models_entry(workers=2),
-    }
-    server = start(root / "state", overrides=overrides)
-    try:
+    overrides = {"model_store": str(root / "store"), "models": models_entry(workers=2)}
+    with running(overrides, state_dir=root / "state") as server:
         yield server
-    finally:
-        stop(server)
 
 
 def send(server: Server, timeout: float = 30) -> int | None:

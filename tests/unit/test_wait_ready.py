@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bert_serve.harness.server import worker_load_error
+from harness.server import worker_load_error
 
 PREFIX = "2026-11-23T20:31:02,118 [INFO ] W-9000-bert_1.0-stdout MODEL_LOG - "
 
