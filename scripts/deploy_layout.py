@@ -1,5 +1,5 @@
 """Write the container / KServe layout of the model from config/config.properties
-(``bert_serve.harness.layout`` says what it rewrites and why).
+(``harness.layout`` says what it rewrites and why).
 
     python scripts/deploy_layout.py [--out build/kserve]
 """
@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from bert_serve.harness.layout import DEFAULT_OUT, write_layout
+from harness.layout import DEFAULT_OUT, write_layout
 
 
 def main() -> int:

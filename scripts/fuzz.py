@@ -1,6 +1,6 @@
 """Fuzz the API from docs/openapi.yaml with schemathesis against a real torchserve (``make fuzz``).
 
-``bert_serve.harness.fuzz`` holds the run; this starts its own server on free local ports
+``harness.fuzz`` holds the run; this starts its own server on free local ports
 (always stopped), runs it, prints the summary and writes it as ``fuzz.json`` into --out.
 
     python scripts/fuzz.py --max-examples 30 --max-time 45              # about what make test runs
@@ -17,8 +17,8 @@ import json
 import sys
 from pathlib import Path
 
-from bert_serve.harness.fuzz import passed, run_fuzz
-from bert_serve.harness.server import running
+from harness.fuzz import passed, run_fuzz
+from harness.server import running
 
 
 def main() -> int:

@@ -15,8 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-from bert_serve.harness.metrics import scrape, summary
-from bert_serve.harness.server import DEFAULT_STATE_DIR, server_for
+from harness.metrics import scrape, summary
+from harness.server import DEFAULT_STATE_DIR, server_for
 
 
 def main() -> int:

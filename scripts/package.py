@@ -1,6 +1,6 @@
 """Package a Hugging Face sequence-classification folder and the handler as a .mar.
 
-What the archive holds and how its source is recorded: ``bert_serve/harness/archive.py``.
+What the archive holds and how its source is recorded: ``harness/archive.py``.
 
     python scripts/package.py --model-dir build/bert-sentiment
     python scripts/package.py --model-dir build/bert-sentiment --stamp-only
@@ -17,7 +17,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from bert_serve.harness.archive import (
+from handler.settings import PRECISION_CHOICES
+from harness.archive import (
     MODEL_CONFIG,
     check_model_dir,
     package,
@@ -27,8 +28,7 @@ from bert_serve.harness.archive import (
     variant_config_for,
     write_variant_config,
 )
-from bert_serve.harness.config import MODEL_NAME, ROOT
-from handler.settings import PRECISION_CHOICES
+from harness.config import MODEL_NAME, ROOT
 
 
 def main() -> int:

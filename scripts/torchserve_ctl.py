@@ -1,5 +1,5 @@
 """Start, wait for, and stop one TorchServe instance that lives in its own state folder
-(``bert_serve.harness.server``: it only ever stops the instance it started).
+(``harness.server``: it only ever stops the instance it started).
 
     python scripts/torchserve_ctl.py start [--state-dir .run]
     python scripts/torchserve_ctl.py stop  [--state-dir .run]
@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from bert_serve.harness.server import (
+from harness.server import (
     DEFAULT_STATE_DIR,
     Server,
     ServerError,

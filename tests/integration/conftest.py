@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bert_serve.harness.config import local_port_overrides
-from bert_serve.harness.server import Server, start, stop
+from harness.server import Server, running
 from tests.conftest import MAR_PATH
 
 INTEGRATION_DIR = Path(__file__).resolve().parent
@@ -27,11 +26,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     if not MAR_PATH.is_file():
         pytest.fail(f"{MAR_PATH} is missing: run `make package` (make test does it)")
-    instance = start(tmp_path_factory.mktemp("torchserve"), overrides=local_port_overrides())
-    try:
+    with running(state_dir=tmp_path_factory.mktemp("torchserve")) as instance:
         yield instance
-    finally:
-        stop(instance)
 
 
 @pytest.fixture(scope="session")

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from bert_serve import BertServeError, Client
-from bert_serve.harness.corpus import make_corpus
-from bert_serve.harness.server import curl_example
+from harness.corpus import make_corpus
+from harness.server import curl_example
 
 BERT_SERVE = Path(sys.executable).parent / "bert-serve"
 # Positions (0-based) and contents of the bad lines mixed into the 500-line file.

@@ -18,14 +18,14 @@ from typing import Any
 import pytest
 import requests
 
-from bert_serve.harness import server as torchserve_ctl
-from bert_serve.harness.archive import package
+from harness.archive import package
+from harness.server import Server, running
 from tests.heads import ITEMS, Reference, largest_difference
 from tests.integration.conftest import model_log
 
 TOLERANCE = 1e-4
 THRESHOLD = 0.5
-Served = tuple[str, Reference, torchserve_ctl.Server]
+Served = tuple[str, Reference, Server]
 
 
 @pytest.fixture(scope="module", params=["multi_label", "pair"])
@@ -38,15 +38,11 @@ def served(
     model_dir = head_model_dir(kind, "minilm")
     root = tmp_path_factory.mktemp(f"serve-{kind}")
     package(model_dir, root / "store")
-    overrides = torchserve_ctl.local_port_overrides() | {"model_store": str(root / "store")}
-    server = torchserve_ctl.start(root / "state", overrides=overrides)
-    try:
+    with running({"model_store": str(root / "store")}, state_dir=root / "state") as server:
         yield kind, Reference(model_dir), server
-    finally:
-        torchserve_ctl.stop(server)
 
 
-def post(server: torchserve_ctl.Server, data: Any, content_type: str = "application/json"):
+def post(server: Server, data: Any, content_type: str = "application/json"):
     body = data if isinstance(data, bytes) else json.dumps(data).encode()
     headers = server.headers() | {"Content-Type": content_type}
     return requests.post(

@@ -7,16 +7,15 @@ as the container would, with only its listeners moved to free 127.0.0.1 ports an
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import requests
 
-from bert_serve.harness import layout as deploy_layout
-from bert_serve.harness.config import BASE_CONFIG, local_port_overrides, read_properties
-from bert_serve.harness.server import Server, start, stop
+from harness import layout as deploy_layout
+from harness.config import configured_model, read_properties
+from harness.server import Server, running
 from tests.conftest import MAR_PATH
 
 
@@ -28,15 +27,12 @@ def layout_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     layout = deploy_layout.write_layout(root / "layout")
     config = layout / "config" / "config.properties"
     metrics_name = Path(read_properties(config)["metrics_config"]).name
-    overrides = local_port_overrides() | {
+    overrides = {
         "model_store": str(layout / "model-store"),
         "metrics_config": str(layout / "config" / metrics_name),
     }
-    server = start(root / "state", overrides=overrides, base_config=config)
-    try:
+    with running(overrides, state_dir=root / "state", base_config=config) as server:
         yield server
-    finally:
-        stop(server)
 
 
 def test_ping_answers_without_a_token(layout_server: Server) -> None:
@@ -93,8 +89,7 @@ def test_layout_serves_the_configured_batching(layout_server: Server) -> None:
     response = requests.get(f"{layout_server.management_url}/models/bert", timeout=10)
     assert response.status_code == 200
     (model,) = response.json()
-    base = read_properties(BASE_CONFIG)
-    expected = next(iter(json.loads(base["models"])["bert"].values()))
+    expected = configured_model()
     assert model["batchSize"] == expected["batchSize"]
     assert model["maxBatchDelay"] == expected["maxBatchDelay"]
     assert len(model["workers"]) == expected["minWorkers"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from bert_serve.harness.metrics import scrape, summary
+from harness.metrics import scrape, summary
 from tests.integration.test_serving import post
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 
-from bert_serve.harness.config import local_port_overrides
-from bert_serve.harness.server import server_for, start, start_or_reuse, stop
+from harness.config import local_port_overrides
+from harness.server import server_for, start, start_or_reuse, stop
 from tests.conftest import MAR_PATH, ROOT
 
 

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from bert_serve.harness.config import BASE_CONFIG, read_properties
+from harness.config import configured_model
 from tests.conftest import ROOT
 from tests.integration.conftest import model_log
 
@@ -104,7 +104,7 @@ def test_batch_settings_come_from_config_properties(server) -> None:
         f"{server.management_url}/models/bert", headers=server.headers("management"), timeout=30
     )
     model = response.json()[0]
-    configured = json.loads(read_properties(BASE_CONFIG)["models"])["bert"]["1.0"]
+    configured = configured_model()
     keys = ("batchSize", "maxBatchDelay", "minWorkers", "maxWorkers")
     assert {key: model[key] for key in keys} == {key: configured[key] for key in keys}
     assert configured["batchSize"] > 1, "the default config batches"

@@ -9,8 +9,6 @@ worker), so the collecting window is wide enough to kill the worker inside it ev
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -20,8 +18,8 @@ import pytest
 import requests
 
 from bert_serve import Client
-from bert_serve.harness.config import local_port_overrides, models_entry
-from bert_serve.harness.server import Server, start, stop, wait_ready
+from harness.config import models_entry
+from harness.server import Server, running, wait_ready
 
 BATCH_DELAY_MS = 3000
 INSIDE_THE_WINDOW_S = 1.0
@@ -31,14 +29,9 @@ POSITIVE = "An absolute delight from start to finish."
 
 @pytest.fixture(scope="module")
 def slow_batching_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    overrides = local_port_overrides() | {
-        "models": models_entry(max_batch_delay=BATCH_DELAY_MS, workers=1)
-    }
-    server = start(tmp_path_factory.mktemp("worker-death"), overrides=overrides)
-    try:
+    overrides = {"models": models_entry(max_batch_delay=BATCH_DELAY_MS, workers=1)}
+    with running(overrides, state_dir=tmp_path_factory.mktemp("worker-death")) as server:
         yield server
-    finally:
-        stop(server)
 
 
 def killed_while_collecting(server: Server, send: Callable[[], Any]) -> Any:
@@ -49,7 +42,7 @@ def killed_while_collecting(server: Server, send: Callable[[], Any]) -> Any:
     with ThreadPoolExecutor(max_workers=1) as pool:
         sent = pool.submit(send)
         time.sleep(INSIDE_THE_WINDOW_S)
-        os.kill(pid, signal.SIGKILL)
+        server.kill_worker(pid)
         return sent.result()
 
 

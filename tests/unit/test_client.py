@@ -24,7 +24,7 @@ from bert_serve.client import (
     chunk_texts,
     token_from_key_file,
 )
-from bert_serve.harness.config import free_port
+from harness.config import free_port
 from tests.conftest import ROOT
 
 Reply = tuple[int, Any]  # (status, JSON body or None for an empty body)

@@ -18,8 +18,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from bert_serve.harness import layout as deploy_layout
-from bert_serve.harness.config import BASE_CONFIG, log_config_path, read_properties
+from harness import layout as deploy_layout
+from harness.config import BASE_CONFIG, log_config_path, read_properties
 from tests.conftest import MAR_PATH, ROOT
 
 KUBERNETES_VERSION = "1.30.0"

@@ -8,6 +8,7 @@ import zipfile
 import pytest
 import yaml
 
+from harness.config import MODEL_NAME, read_models
 from tests.conftest import MAR_PATH, ROOT
 
 
@@ -34,13 +35,7 @@ def test_mar_weights_are_safetensors_only(archive: zipfile.ZipFile) -> None:
 def test_mar_model_config_and_version_match_config_properties(archive: zipfile.ZipFile) -> None:
     """The models= entry is keyed by the .mar's version and the .mar carries no batch keys."""
     manifest = json.loads(archive.read("MAR-INF/MANIFEST.json"))
-    properties = dict(
-        line.split("=", 1)
-        for line in (ROOT / "config" / "config.properties").read_text().splitlines()
-        if "=" in line and not line.startswith("#")
-    )
-    models = json.loads(properties["models"])
-    assert manifest["model"]["modelVersion"] in models["bert"]
+    assert manifest["model"]["modelVersion"] in read_models()[MODEL_NAME]
     packed = yaml.safe_load(archive.read(manifest["model"]["configFile"]))
     assert not {"batchSize", "maxBatchDelay", "minWorkers", "maxWorkers"} & set(packed)
     assert (

@@ -7,7 +7,7 @@ import re
 
 import requests
 
-from bert_serve.harness.config import MODEL_NAME
+from harness.config import MODEL_NAME
 
 SAMPLE = re.compile(r"^(\w+)\{([^}]*)\}\s+([0-9.eE+-]+)$")
 Series = dict[tuple[str, str], float]

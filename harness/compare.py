@@ -16,10 +16,10 @@ from typing import Any
 
 import yaml
 
-from bert_serve.harness.archive import MODEL_CONFIG
 from handler.inference import Prediction, classify
 from handler.model import LoadedModel, load_model
 from handler.settings import HandlerSettings
+from harness.archive import MODEL_CONFIG
 
 EXAMPLE_CHARS = 160
 

@@ -7,8 +7,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bert_serve.harness.config import models_entry
-from bert_serve.harness.peer import PEER_CONFIGS
+from harness.config import models_entry
+from harness.peer import PEER_CONFIGS
 
 
 def _ratio(numerator: float, denominator: float) -> float:

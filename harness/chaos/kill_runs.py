@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
-import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -31,14 +29,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-import requests
 
 from bert_serve.client import DEFAULT_TIMEOUT_S, BertServeError, Client
-from bert_serve.harness.config import models_entry
-from bert_serve.harness.corpus import make_corpus
-from bert_serve.harness.faults import RECOVERY_LIMIT_S, Durations, is_worker_of
-from bert_serve.harness.load import ClosedLoop, Job, Outcome, json_job, percentile, send, statuses
-from bert_serve.harness.server import Server, running
+from harness.chaos.common import RECOVERY_LIMIT_S, Durations
+from harness.config import models_entry
+from harness.corpus import make_corpus
+from harness.load import ClosedLoop, Job, Outcome, json_job, percentile, send, statuses
+from harness.server import Server, running
 
 # What docs/chaos/README.md tells a raw HTTP client to use (curl -m 70): responseTimeout + 10 s.
 NO_ANSWER_DEADLINE_S = DEFAULT_TIMEOUT_S
@@ -119,37 +116,15 @@ class KillLog:
     error: str | None = None
 
 
-def ready_pids(server: Server) -> tuple[int, set[int]]:
-    """(number of workers, pids of the READY ones); (0, set()) if the API does not answer."""
-    try:
-        workers = server.workers()
-        ready = {int(w["pid"]) for w in workers if w.get("status") == "READY"}
-    except (requests.RequestException, ValueError, KeyError, TypeError):
-        return 0, set()
-    return len(workers), ready
-
-
-async def wait_replaced(server: Server, count: int, killed: int) -> float:
-    """Seconds until ``count`` workers are READY and the killed pid is not among them."""
-    started = time.monotonic()
-    while time.monotonic() - started < RECOVERY_LIMIT_S:
-        total, ready = await asyncio.to_thread(ready_pids, server)
-        if total == count and len(ready) == count and killed not in ready:
-            return time.monotonic() - started
-        await asyncio.sleep(0.1)
-    raise TimeoutError(f"worker {killed} not replaced within {RECOVERY_LIMIT_S:.0f} s")
-
-
-async def kill_random_worker(server: Server, rng: random.Random) -> int:
-    """SIGKILL one READY worker, that pid only, after checking the frontend started it."""
-    _, ready = await asyncio.to_thread(ready_pids, server)
+async def kill_random_worker(server: Server, rng: random.Random) -> tuple[int, set[int]]:
+    """SIGKILL one READY worker; (its pid, every worker's pid before the kill)."""
+    workers = await asyncio.to_thread(server.workers)
+    ready = sorted(worker.pid for worker in workers if worker.ready)
     if not ready:
         raise RuntimeError("no READY worker to kill")
-    pid = rng.choice(sorted(ready))
-    if not await asyncio.to_thread(is_worker_of, server, pid):
-        raise RuntimeError(f"pid {pid} is not a child of the frontend; not killed")
-    os.kill(pid, signal.SIGKILL)
-    return pid
+    pid = rng.choice(ready)
+    await asyncio.to_thread(server.kill_worker, pid)
+    return pid, {worker.pid for worker in workers}
 
 
 @dataclass
@@ -177,13 +152,15 @@ class KillSeries:
                 await asyncio.gather(*self.log.raw_probes, *self.log.client_probes)
 
     async def _kill_all(self, session: aiohttp.ClientSession) -> None:
-        count, _ = await asyncio.to_thread(ready_pids, self.server)
         for _ in range(self.kills):
             await asyncio.sleep(self.rng.uniform(0, MAX_PAUSE_S))
-            pid = await kill_random_worker(self.server, self.rng)
+            pid, before = await kill_random_worker(self.server, self.rng)
             self.log.pids.append(pid)
             self._probe(session)
-            self.log.replaced_s.append(await wait_replaced(self.server, count, pid))
+            _, waited = await asyncio.to_thread(
+                self.server.wait_replaced, pid, before, RECOVERY_LIMIT_S
+            )
+            self.log.replaced_s.append(waited)
         await asyncio.sleep(SETTLE_S)
 
     def _probe(self, session: aiohttp.ClientSession) -> None:
@@ -319,11 +296,11 @@ def kill_runs_with(d: Durations, overrides: dict[str, str] | None) -> dict[str, 
     return result
 
 
-def kill_runs(d: Durations) -> dict[str, Any]:
+def run(d: Durations) -> dict[str, Any]:
     """The kill runs with the server's own batch settings (config/config.properties)."""
     return kill_runs_with(d, None)
 
 
-def kill_runs_long_delay(d: Durations) -> dict[str, Any]:
+def run_long_delay(d: Durations) -> dict[str, Any]:
     """The same with maxBatchDelay 20 ms (the default before 2 ms): a ten times wider window."""
     return kill_runs_with(d, {"models": models_entry(max_batch_delay=LONG_DELAY_MS)})

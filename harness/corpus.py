@@ -12,7 +12,7 @@ import random
 import re
 from pathlib import Path
 
-from bert_serve.harness.config import ROOT
+from harness.config import ROOT
 
 DATA_FILE = ROOT / "scripts" / "data" / "reviews.tsv"
 LABELS = ("negative", "positive")

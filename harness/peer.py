@@ -15,7 +15,7 @@ from pathlib import Path
 
 import requests
 
-from bert_serve.harness.config import ROOT, free_port
+from harness.config import ROOT, free_port
 
 PEER_SCRIPT = ROOT / "scripts" / "litserve_peer.py"
 PEER_CONFIGS: dict[str, dict[str, float]] = {

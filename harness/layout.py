@@ -24,7 +24,7 @@ import importlib.metadata
 import shutil
 from pathlib import Path
 
-from bert_serve.harness.config import (
+from harness.config import (
     BASE_CONFIG,
     ROOT,
     log_config_path,

@@ -17,11 +17,11 @@ from typing import Any
 
 import torch
 
-from bert_serve.harness.corpus import DATA_FILE, read_reviews, split
 from handler.inference import classify
 from handler.model import LoadedModel, load_model
 from handler.precision import Plan, cpu_has_native_bf16
 from handler.settings import HandlerSettings
+from harness.corpus import DATA_FILE, read_reviews, split
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,10 @@ Each instance keeps everything in its state folder: the effective config.propert
 and TorchServe's pid file (TorchServe puts it in the temp folder, so each instance gets its
 own TMPDIR). Stopping uses ``torchserve --stop`` with that same TMPDIR, so it only ever
 stops the instance it started.
+
+The server's workers are its concern too, in one place for every tool and test: their pids
+(from the management API), killing one (only a process this frontend started), waiting for
+the frontend to replace it, and their memory, always in MB (10**6 bytes).
 """
 
 from __future__ import annotations
@@ -12,19 +16,21 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Collection, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import requests
 
-from bert_serve.harness.config import (
+from harness.config import (
     BASE_CONFIG,
     MODEL_NAME,
     ROOT,
@@ -36,10 +42,62 @@ from bert_serve.harness.config import (
 
 DEFAULT_STATE_DIR = ROOT / ".run"
 CTL_SCRIPT = ROOT / "scripts" / "torchserve_ctl.py"
+MB = 10**6
+REPLACE_LIMIT_S = 60.0
 
 
 class ServerError(RuntimeError):
     pass
+
+
+@dataclass(frozen=True)
+class Worker:
+    """One model worker as the management API lists it."""
+
+    id: str
+    pid: int
+    status: str
+
+    @property
+    def ready(self) -> bool:
+        return self.status == "READY"
+
+
+@dataclass(frozen=True)
+class WorkerMemory:
+    pid: int
+    rss_mb: float | None
+    uss_mb: float | None
+    """What this worker alone holds (unique set size)."""
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Resident memory in MB (10**6 bytes); None for a process that is gone."""
+
+    frontend_rss_mb: float | None
+    workers: dict[str, WorkerMemory]
+    """By worker id (stable across a worker's restarts, unlike its pid)."""
+
+    @property
+    def workers_rss_mb(self) -> float:
+        return round(sum(worker.rss_mb or 0.0 for worker in self.workers.values()), 1)
+
+
+def rss_mb(pid: int | None) -> float | None:
+    """A process's resident memory in MB; None if there is no such process."""
+    try:
+        return round(psutil.Process(pid).memory_info().rss / MB, 1) if pid else None
+    except psutil.Error:
+        return None
+
+
+def worker_memory(worker: Worker) -> WorkerMemory:
+    try:
+        info = psutil.Process(worker.pid).memory_full_info()
+    except psutil.Error:
+        return WorkerMemory(worker.pid, None, None)
+    return WorkerMemory(worker.pid, round(info.rss / MB, 1), round(info.uss / MB, 1))
 
 
 @dataclass(frozen=True)
@@ -103,21 +161,60 @@ class Server:
         response.raise_for_status()
         return dict(response.json()[0])
 
-    def workers(self) -> list[dict[str, Any]]:
-        """The model's workers as the management API lists them (id, pid, status, ...)."""
-        return list(self.model().get("workers", []))
+    def workers(self) -> list[Worker]:
+        """The model's workers; [] while the management API does not answer (starting,
+        stopping), so a caller polling for a state simply polls again."""
+        try:
+            listed = self.model().get("workers", [])
+            return [Worker(str(w["id"]), int(w["pid"]), str(w["status"])) for w in listed]
+        except (requests.RequestException, ValueError, KeyError, IndexError, TypeError):
+            return []
 
     def worker_pid(self) -> int | None:
         """The pid of the first READY worker; None while none is READY."""
-        ready = [worker for worker in self.workers() if worker.get("status") == "READY"]
-        return int(ready[0]["pid"]) if ready else None
+        ready = [worker.pid for worker in self.workers() if worker.ready]
+        return ready[0] if ready else None
 
     def workers_ready(self) -> bool:
-        try:
-            workers = self.workers()
-        except requests.HTTPError:
+        workers = self.workers()
+        return bool(workers) and all(worker.ready for worker in workers)
+
+    def is_worker(self, pid: int) -> bool:
+        """True if ``pid`` is a process this server's frontend started (so safe to signal)."""
+        frontend = self.pid()
+        if frontend is None:
             return False
-        return bool(workers) and all(worker.get("status") == "READY" for worker in workers)
+        try:
+            return pid in {child.pid for child in psutil.Process(frontend).children(recursive=True)}
+        except psutil.Error:
+            return False
+
+    def kill_worker(self, pid: int, sig: signal.Signals = signal.SIGKILL) -> None:
+        """Send ``sig`` (SIGKILL unless told) to the worker ``pid``, that pid only, after
+        checking that this frontend started it."""
+        if not self.is_worker(pid):
+            raise ServerError(f"pid {pid} is not a worker of this server; not signalled")
+        os.kill(pid, sig)
+
+    def wait_replaced(
+        self, killed: int, before: Collection[int], timeout: float = REPLACE_LIMIT_S
+    ) -> tuple[int, float]:
+        """(the new worker's pid, seconds waited) once as many workers as ``before`` (the
+        pids before the kill) are READY again and ``killed`` is not among them."""
+        started = time.monotonic()
+        while time.monotonic() - started < timeout:
+            workers = self.workers()
+            pids = {worker.pid for worker in workers}
+            replaced = len(workers) == len(before) and killed not in pids
+            if replaced and all(worker.ready for worker in workers):
+                return min(pids - set(before)), time.monotonic() - started
+            time.sleep(0.1)
+        raise TimeoutError(f"worker {killed} not replaced within {timeout:.0f} s")
+
+    def memory(self) -> Memory:
+        """The frontend's RSS and each worker's RSS and USS, in MB."""
+        workers = {worker.id: worker_memory(worker) for worker in self.workers()}
+        return Memory(rss_mb(self.pid()), workers)
 
     def environment(self) -> dict[str, str]:
         return dict(os.environ) | {
@@ -198,11 +295,18 @@ def start(
 
 @contextmanager
 def running(
-    overrides: dict[str, str] | None = None, prefix: str = "bert-serve-"
+    overrides: dict[str, str] | None = None,
+    prefix: str = "bert-serve-",
+    state_dir: Path | None = None,
+    base_config: Path = BASE_CONFIG,
 ) -> Iterator[Server]:
-    """A TorchServe on free 127.0.0.1 ports in a temporary state folder, always stopped."""
-    with tempfile.TemporaryDirectory(prefix=prefix) as state:
-        server = start(Path(state), overrides=local_port_overrides() | (overrides or {}))
+    """A TorchServe on free 127.0.0.1 ports (unless ``overrides`` name others), in
+    ``state_dir`` or a temporary state folder, always stopped."""
+    with ExitStack() as stack:
+        if state_dir is None:
+            state_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=prefix)))
+        overrides = local_port_overrides() | (overrides or {})
+        server = start(state_dir, overrides=overrides, base_config=base_config)
         try:
             yield server
         finally:

@@ -3,8 +3,8 @@
 ``concurrency`` clients send for ``seconds`` through the one closed loop: every 10th request is
 malformed (each kind the validator knows, in turn), the others alternate a single text and a
 list of 2 to 8 texts. Every ``interval_s`` a sample records the frontend's RSS, each worker's
-RSS (workers by id, pids from the management API), requests/s since the last sample and the
-log folder's size.
+RSS (``Server.memory``, in MB; workers by id), requests/s since the last sample and the log
+folder's size.
 
 After a warm-up (a tenth of the run, 5 to 60 s) the first sample is each process's baseline.
 The run passes if every later sample of the frontend and of each worker stays within
@@ -23,13 +23,12 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-import requests
 
-from bert_serve.harness.corpus import make_corpus
-from bert_serve.harness.faults import MALFORMED, rss_mb
-from bert_serve.harness.load import ClosedLoop, Job, Outcome, json_job, statuses
-from bert_serve.harness.reports import pyplot
-from bert_serve.harness.server import Server, running
+from harness.chaos.common import MALFORMED
+from harness.corpus import make_corpus
+from harness.load import ClosedLoop, Job, Outcome, json_job, statuses
+from harness.reports import pyplot
+from harness.server import Server, running
 
 RSS_TOLERANCE = 0.10
 REQUEST_TIMEOUT_S = 70.0
@@ -102,22 +101,15 @@ class Sample:
     log_bytes: int
 
 
-def worker_pids(server: Server) -> dict[str, int]:
-    try:
-        return {str(w["id"]): int(w["pid"]) for w in server.workers()}
-    except (requests.RequestException, ValueError, KeyError, TypeError):
-        return {}
-
-
 def take_sample(server: Server, seconds: float, answered: int, rps: float) -> Sample:
-    pids = worker_pids(server)
+    memory = server.memory()
     return Sample(
         seconds=round(seconds, 1),
         answered=answered,
         rps=round(rps, 1),
-        frontend_mb=rss_mb(server.pid()),
-        worker_mb={worker: rss_mb(pid) for worker, pid in pids.items()},
-        worker_pids=pids,
+        frontend_mb=memory.frontend_rss_mb,
+        worker_mb={worker: entry.rss_mb for worker, entry in memory.workers.items()},
+        worker_pids={worker: entry.pid for worker, entry in memory.workers.items()},
         log_bytes=folder_bytes(server.state_dir / "logs"),
     )
 

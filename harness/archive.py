@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from bert_serve.harness.config import MODEL_NAME, MODEL_VERSION, ROOT
+from harness.config import MODEL_NAME, MODEL_VERSION, ROOT
 
 DEFAULT_MODEL_DIR = ROOT / "build" / "bert-sentiment"
 HANDLER_DIR = ROOT / "handler"

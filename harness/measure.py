@@ -10,7 +10,7 @@ import os
 import re
 import signal
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,9 +19,9 @@ from typing import Any
 import psutil
 
 from bert_serve.client import Client
-from bert_serve.harness.batchlog import LogWindow, batch_summary
-from bert_serve.harness.load import run_texts
-from bert_serve.harness.server import Server, running
+from harness.batchlog import LogWindow, batch_summary
+from harness.load import run_texts
+from harness.server import Server, running
 
 BATCH_KEYS = ("batchSize", "maxBatchDelay", "minWorkers", "maxWorkers")
 
@@ -57,32 +57,12 @@ def at_loads(
     return results
 
 
-def worker_memory(server: Server) -> list[dict[str, float]]:
+def worker_memory(server: Server) -> list[dict[str, float | None]]:
     """Each worker's resident memory and the part only it holds (USS), in MB."""
-    out = []
-    for worker in server.workers():
-        info = psutil.Process(int(worker["pid"])).memory_full_info()
-        out.append({"rss_mb": round(info.rss / 1e6, 1), "uss_mb": round(info.uss / 1e6, 1)})
-    return out
-
-
-def measure_config(
-    name: str,
-    overrides: dict[str, str],
-    corpus: Sequence[str],
-    loads: Loads,
-    then: Callable[[Server], dict[str, Any]] | None = None,
-) -> dict[str, Any]:
-    """One config on a server of its own: its applied batch settings, start-up time, worker
-    memory and each load; ``then`` runs on the same server afterwards and adds its keys."""
-    with servers({name: overrides}) as started:
-        item = started[name]
-        server: Server = item["server"]
-        result = {key: item[key] for key in ("config", "startup_s", "worker_memory")}
-        result["by_concurrency"] = at_loads(
-            name, server.predict_url, server.headers(), corpus, loads, server.model_log
-        )
-        return result | (then(server) if then else {})
+    return [
+        {"rss_mb": worker.rss_mb, "uss_mb": worker.uss_mb}
+        for worker in server.memory().workers.values()
+    ]
 
 
 def process_cpu_s(pid: int) -> float:
@@ -127,7 +107,7 @@ def cpu_split(server: Server, corpus: Sequence[str], level: int, loads: Loads) -
     url, headers = server.predict_url, server.headers()
     run_texts(url, headers, corpus, level, loads.warmup, "cpu split warm-up")
     pids = {"frontend": server.pid() or 0, "load_generator": os.getpid()}
-    pids |= {f"worker_{n}": int(worker["pid"]) for n, worker in enumerate(server.workers())}
+    pids |= {f"worker_{n}": worker.pid for n, worker in enumerate(server.workers())}
     before = {name: process_cpu_s(pid) for name, pid in pids.items()}
     began = time.monotonic()
     result = run_texts(url, headers, corpus, level, loads.seconds, "cpu split")

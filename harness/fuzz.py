@@ -17,8 +17,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from bert_serve.harness.config import ROOT
-from bert_serve.harness.server import Server
+from harness.config import ROOT
+from harness.server import Server
 
 OPENAPI = ROOT / "docs" / "openapi.yaml"
 CONFIG = ROOT / "config" / "schemathesis.toml"

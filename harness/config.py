@@ -6,8 +6,9 @@ import json
 import socket
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 BASE_CONFIG = ROOT / "config" / "config.properties"
 MODEL_NAME = "bert"
 MODEL_VERSION = "1.0"
@@ -77,11 +78,22 @@ def local_port_overrides() -> dict[str, str]:
     return overrides | {key: str(free_port()) for key in GRPC_PORT_KEYS}
 
 
+def read_models(config: Path = BASE_CONFIG) -> dict[str, dict[str, dict[str, Any]]]:
+    """The ``models=`` entry of a config.properties, parsed: {model: {version: settings}}."""
+    return dict(json.loads(read_properties(config)["models"]))
+
+
+def configured_model(config: Path = BASE_CONFIG) -> dict[str, Any]:
+    """The settings ``models=`` gives our model and version (batchSize, maxBatchDelay,
+    minWorkers, maxWorkers, ...)."""
+    return read_models(config)[MODEL_NAME][MODEL_VERSION]
+
+
 def models_entry(
     batch_size: int | None = None, max_batch_delay: int | None = None, workers: int | None = None
 ) -> str:
     """config.properties' ``models=`` entry with some values replaced."""
-    models = json.loads(read_properties(BASE_CONFIG)["models"])
+    models = read_models()
     entry = models[MODEL_NAME][MODEL_VERSION]
     if batch_size is not None:
         entry["batchSize"] = batch_size

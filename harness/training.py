@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from bert_serve.harness.corpus import DATA_FILE, LABELS, Example, read_reviews, split
+from harness.corpus import DATA_FILE, LABELS, Example, read_reviews, split
 
 SANITY_CHECKS = {
     "An absolute delight from start to finish.": "positive",

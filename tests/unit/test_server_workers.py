@@ -1,0 +1,127 @@
+"""A server's workers, with no TorchServe: a stub management API lists them, and this test
+process stands in for the frontend (its children are the "workers")."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.server import Server, ServerError
+
+
+class Listing:
+    """What the stub management API answers next: a list of (id, pid, status) per call, the
+    last one repeated; an empty list of lists makes it answer 500."""
+
+    def __init__(self) -> None:
+        self.answers: list[list[tuple[str, int, str]]] = []
+        self.lock = threading.Lock()
+
+    def next(self) -> list[tuple[str, int, str]] | None:
+        with self.lock:
+            if not self.answers:
+                return None
+            return self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+
+
+@pytest.fixture
+def listing() -> Listing:
+    return Listing()
+
+
+@pytest.fixture
+def server(tmp_path: Path, listing: Listing) -> Iterator[Server]:
+    class Management(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            workers = listing.next()
+            if workers is None:
+                self.send_response(500)
+                self.end_headers()
+                return
+            model = {"workers": [{"id": i, "pid": p, "status": s} for i, p, s in workers]}
+            data = json.dumps([model]).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    http = ThreadingHTTPServer(("127.0.0.1", 0), Management)
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    (tmp_path / "tmp").mkdir()
+    (tmp_path / "tmp" / ".model_server.pid").write_text(str(os.getpid()))
+    url = f"http://127.0.0.1:{http.server_address[1]}"
+    try:
+        yield Server(tmp_path, {"management_address": url, "inference_address": url})
+    finally:
+        http.shutdown()
+        http.server_close()
+
+
+@pytest.fixture
+def child() -> Iterator[subprocess.Popen[bytes]]:
+    process = subprocess.Popen(["sleep", "60"])
+    try:
+        yield process
+    finally:
+        process.kill()
+        process.wait(10)
+
+
+def test_workers_are_listed_and_an_unanswering_api_lists_none(
+    server: Server, listing: Listing
+) -> None:
+    assert server.workers() == [] and not server.workers_ready()
+    listing.answers = [[("9000", 11, "READY"), ("9001", 12, "UNLOADING")]]
+    assert [(w.id, w.pid, w.ready) for w in server.workers()] == [
+        ("9000", 11, True),
+        ("9001", 12, False),
+    ]
+    assert server.worker_pid() == 11 and not server.workers_ready()
+
+
+def test_only_a_process_the_frontend_started_is_killed(
+    server: Server, child: subprocess.Popen[bytes]
+) -> None:
+    with pytest.raises(ServerError, match="not a worker"):
+        server.kill_worker(1)
+    server.kill_worker(child.pid)
+    assert child.wait(10) == -signal.SIGKILL
+
+
+def test_wait_replaced_waits_for_every_worker_ready_without_the_killed_one(
+    server: Server, listing: Listing
+) -> None:
+    listing.answers = [
+        [("9000", 11, "READY")],  # the killed worker still listed
+        [("9000", 21, "STARTING"), ("9001", 12, "READY")],
+        [("9000", 21, "READY"), ("9001", 12, "READY")],
+    ]
+    new_pid, waited = server.wait_replaced(11, {11, 12}, timeout=10)
+    assert new_pid == 21 and 0 < waited < 10
+    listing.answers = [[("9000", 11, "READY"), ("9001", 12, "READY")]]
+    with pytest.raises(TimeoutError, match="worker 11 not replaced"):
+        server.wait_replaced(11, {11, 12}, timeout=0.3)
+
+
+def test_memory_is_in_mb_per_worker_id(
+    server: Server, listing: Listing, child: subprocess.Popen[bytes]
+) -> None:
+    listing.answers = [[("9000", child.pid, "READY"), ("9001", 2**22 + 1, "READY")]]
+    memory = server.memory()
+    ours = memory.workers["9000"]
+    assert memory.frontend_rss_mb is not None and memory.frontend_rss_mb > 10  # this pytest
+    assert ours.pid == child.pid and 0 < (ours.uss_mb or 0) <= (ours.rss_mb or 0) < 100
+    assert memory.workers["9001"].rss_mb is None  # no such process
+    assert memory.workers_rss_mb == ours.rss_mb
