@@ -1,19 +1,63 @@
-"""Python client and command line for a bert-serve TorchServe endpoint."""
+"""Python client and command line for a bert-serve TorchServe endpoint.
+
+Imports nothing beyond the standard library, `requests` and `tqdm`: the client installs
+without the server.
+"""
 
 from bert_serve.client import (
-    BertServeError,
     Client,
     ItemError,
     ItemResult,
     Prediction,
+    Text,
     token_from_key_file,
+)
+from bert_serve.exceptions import (
+    BadResponse,
+    BertServeError,
+    BodyTooLarge,
+    ConnectError,
+    ErrorCode,
+    InvalidKeyFile,
+    InvalidText,
+    ModelFailed,
+    ModelNotFound,
+    Rejected,
+    RequestFailed,
+    ServerError,
+    TextTooLong,
+    Timeout,
+    TransportError,
+    Unauthorized,
+    Unavailable,
+    UnexpectedStatus,
+    WorkerDied,
 )
 
 __all__ = [
+    "BadResponse",
     "BertServeError",
+    "BodyTooLarge",
     "Client",
+    "ConnectError",
+    "ErrorCode",
+    "InvalidKeyFile",
+    "InvalidText",
     "ItemError",
     "ItemResult",
+    "ModelFailed",
+    "ModelNotFound",
     "Prediction",
+    "Rejected",
+    "RequestFailed",
+    "ServerError",
+    "Text",
+    "TextTooLong",
+    "Timeout",
+    "TransportError",
+    "Unauthorized",
+    "Unavailable",
+    "UnexpectedStatus",
+    "WorkerDied",
     "token_from_key_file",
 ]

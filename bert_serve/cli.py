@@ -1,7 +1,10 @@
 """`bert-serve classify`: classify one text, or every line of a file into a JSONL of results.
 
+A file holds one text per line, or with `--jsonl` one JSON value per line: a string, or an
+object `{"text": ..., "text_pair": ...}` (`text_pair` optional) for sentence-pair models.
 Exit status: 0 when every text was classified, 1 when any text got an error (its line in the
-output says which), 2 when the run could not go on (bad arguments, no server, bad token).
+output says which), 2 when the run could not go on (bad arguments, a malformed JSONL line, no
+server, bad token).
 """
 
 from __future__ import annotations
@@ -24,11 +27,12 @@ from bert_serve.client import (
     DEFAULT_MODEL,
     DEFAULT_TIMEOUT_S,
     DEFAULT_URL,
-    BertServeError,
     Client,
     ItemResult,
+    Text,
     token_from_key_file,
 )
+from bert_serve.exceptions import BertServeError, BodyTooLarge, Rejected
 
 EXIT_OK, EXIT_ITEM_FAILED, EXIT_FAILED = 0, 1, 2
 KEY_FILE_CANDIDATES = (Path("key_file.json"), Path(".run") / "key_file.json")
@@ -41,7 +45,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     source = classify.add_mutually_exclusive_group(required=True)
     source.add_argument("text", nargs="?", help="one text to classify")
     source.add_argument("--file", help="UTF-8 text file, one text per line ('-' for stdin)")
+    classify.add_argument(
+        "--text-pair", help="the second text of a pair (for one text; in a file: --jsonl)"
+    )
+    classify.add_argument(
+        "--jsonl",
+        action="store_true",
+        help='--file holds one JSON string or {"text": ..., "text_pair": ...} per line',
+    )
     classify.add_argument("--out", default="-", help="JSONL output for --file (default: stdout)")
+    classify.add_argument("--top-k", type=int, help="keep only the k best labels in scores")
+    classify.add_argument(
+        "--raw-scores", action="store_true", help="the logits, no softmax or sigmoid"
+    )
     classify.add_argument("--url", default=os.environ.get("BERT_SERVE_URL", DEFAULT_URL))
     classify.add_argument("--model", default=DEFAULT_MODEL)
     auth = classify.add_mutually_exclusive_group()
@@ -69,7 +85,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="retries on a dead worker, 503, connection errors and timeouts",
     )
     classify.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.text_pair is not None and args.file is not None:
+        parser.error("--text-pair goes with one text; in a file, pairs are --jsonl lines")
+    if args.jsonl and args.file is None:
+        parser.error("--jsonl describes --file")
+    if args.top_k is not None and args.top_k < 1:
+        parser.error(f"--top-k must be at least 1, got {args.top_k}")
+    return args
 
 
 def resolve_token(args: argparse.Namespace) -> str | None:
@@ -95,14 +118,38 @@ def read_lines(stream: IO[bytes]) -> Iterator[str]:
         yield line.decode("utf-8", errors="surrogateescape")
 
 
-def classify_one(client: Client, text: str) -> int:
+def read_jsonl(stream: IO[bytes]) -> Iterator[Text]:
+    """Each line's text or (text, text_pair); a line that is neither stops the run (ValueError)
+    rather than being guessed at. Bad bytes inside a string fail that line, as in `read_lines`."""
+    for number, line in enumerate(read_lines(stream), start=1):
+        try:
+            value = json.loads(line)
+        except ValueError as error:
+            raise ValueError(f"line {number} is not JSON: {error}") from error
+        if isinstance(value, str):
+            yield value
+        elif isinstance(value, dict) and isinstance(value.get("text"), str):
+            pair = value.get("text_pair")
+            if pair is not None and not isinstance(pair, str):
+                raise ValueError(f'line {number}: "text_pair" must be a string')
+            yield value["text"] if pair is None else (value["text"], pair)
+        else:
+            raise ValueError(
+                f'line {number}: expected a JSON string or {{"text": "..."}}, got {line[:80]!r}'
+            )
+
+
+def classify_one(client: Client, args: argparse.Namespace) -> int:
+    """One text or pair: its prediction, or its error (exit 1) when the server refuses that
+    text; any other failure ends the run (exit 2)."""
     try:
-        print(json.dumps(ItemResult(prediction=client.classify(text)).to_json()))
-    except BertServeError as error:
-        if error.status is None or error.status >= 500 or error.code == "unauthorized":
-            raise
+        prediction = client.classify(
+            args.text, args.text_pair, top_k=args.top_k, raw_scores=args.raw_scores
+        )
+    except (Rejected, BodyTooLarge) as error:
         print(json.dumps({"error": {"code": error.code, "message": error.message}}))
         return EXIT_ITEM_FAILED
+    print(json.dumps(prediction.to_json()))
     return EXIT_OK
 
 
@@ -121,16 +168,21 @@ def classify_file(client: Client, args: argparse.Namespace) -> int:
             tqdm(unit="text", disable=args.no_progress or None, file=sys.stderr)
         )
         results = client.classify_iter(
-            read_lines(source), chunk_size=args.chunk_size, concurrency=args.concurrency
+            (read_jsonl if args.jsonl else read_lines)(source),
+            chunk_size=args.chunk_size,
+            concurrency=args.concurrency,
+            top_k=args.top_k,
+            raw_scores=args.raw_scores,
         )
         try:
             for line, result in enumerate(results, start=1):
                 out.write(json.dumps({"line": line, **result.to_json()}) + "\n")
                 outcomes[_outcome_name(result)] += 1
                 progress.update()
-        except BertServeError as error:
-            message = f"{error.message}; stopped after {sum(outcomes.values())} texts (their results are written)"
-            raise BertServeError(error.code, message, error.status, error.request_id) from error
+        except (BertServeError, ValueError) as error:
+            written = sum(outcomes.values())
+            error.add_note(f"stopped after {written} texts (their results are written)")
+            raise
     print(summary(outcomes), file=sys.stderr)
     return EXIT_ITEM_FAILED if any(name.startswith("error:") for name in outcomes) else EXIT_OK
 
@@ -170,10 +222,13 @@ def main(argv: list[str] | None = None) -> int:
             retries=args.retries,
         )
         if args.file is None:
-            return classify_one(client, args.text)
+            return classify_one(client, args)
         return classify_file(client, args)
     except (BertServeError, ValueError, OSError) as error:
-        print(f"bert-serve: {error}", file=sys.stderr)
+        print(
+            "bert-serve: " + "; ".join([str(error), *getattr(error, "__notes__", [])]),
+            file=sys.stderr,
+        )
         return EXIT_FAILED
 
 

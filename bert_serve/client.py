@@ -1,29 +1,25 @@
 """A small client for the bert-serve HTTP API, built on `requests`.
 
-`Client.classify(text)` sends one text and raises `BertServeError` if it fails.
-`Client.classify_many(texts)` sends list requests (`{"texts": [...]}`) of at most
-`chunk_size` texts and `max_request_bytes` bytes, `concurrency` at a time, and returns one
-`ItemResult` per text, in order: a bad text fails alone, as it does on the server.
+`Client.classify(text)` sends one text (or a pair: `text_pair=`) and raises a
+`BertServeError` subclass if it fails. `Client.classify_many(texts)` sends list requests
+(`{"texts": [...]}`) of at most `chunk_size` texts and `max_request_bytes` bytes,
+`concurrency` at a time, and returns one `ItemResult` per text, in order: a bad text fails
+alone, as it does on the server. A text is a `str`, or a `(text, text_pair)` tuple for the
+sentence-pair models (NLI, cross-encoders). Both take the API's options: `top_k` (keep the k
+best labels in `scores`) and `raw_scores` (the logits, no softmax or sigmoid).
 
-Errors, by where they come from:
-
-    BertServeError(code, message, status, request_id)
-      code from the handler's body   empty_text, invalid_encoding, payload_too_large, ...
-      code from TorchServe's status  unauthorized (token), model_not_found,
-                                     unavailable (503, queue full), worker_died (507, or
-                                     "Worker died." with any status), payload_too_large
-                                     (413, over max_request_size), http_<status>
-      no status                      connection_failed (after the retries), timeout (no answer
-                                     within `timeout` on any attempt), bad_response (not the
-                                     JSON the API promises), request_failed (e.g. a malformed URL)
-
+The errors, one class per way a call fails, are drawn in `bert_serve.exceptions`.
 Every answer that means "the worker is gone" (`is_worker_gone`), 503, connection errors and
 attempts that get no answer within `timeout` are retried with exponential backoff and jitter:
 classification is idempotent, so sending a text twice is harmless. The per-attempt deadline is
 what keeps a call from hanging: TorchServe 0.12 drops, without any answer, the requests a worker
-had collected for its next batch when that worker dies (see README, "When a worker dies").
-In `classify_many`, an error that would repeat for every chunk (`REQUEST_WIDE_CODES`) raises;
-any other failure of a chunk becomes that chunk's items' error, and the other chunks go on.
+had collected for its next batch when that worker dies (docs/chaos/README.md, "When a worker
+dies"). In `classify_many`, an error that would repeat for every chunk (`repeats_for_every_chunk`)
+raises; any other failure of a chunk becomes that chunk's items' error, and the other chunks go on.
+
+Only the v1-style API is spoken (`/predictions/<model>`): the Open Inference (v2) route answers
+the same predictions with no per-item errors (one bad text fails its whole request), and
+tritonclient already speaks it.
 """
 
 from __future__ import annotations
@@ -34,13 +30,30 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import requests
+
+from bert_serve.exceptions import (
+    BadResponse,
+    BodyTooLarge,
+    ConnectError,
+    InvalidKeyFile,
+    ModelNotFound,
+    RequestFailed,
+    Timeout,
+    Unauthorized,
+    Unavailable,
+    UnexpectedStatus,
+    WorkerDied,
+    rejected,
+)
+from bert_serve.exceptions import BertServeError as BertServeError  # its old home, re-exported
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 DEFAULT_MODEL = "bert"
@@ -63,63 +76,57 @@ RETRY_STATUSES = frozenset({503, 507})
 # TorchServe's messages for requests whose worker went away (WorkerThread.java,
 # BatchAggregator.java); its status varies: 500, 507 (exit code 137), or the worker's own.
 WORKER_GONE_MESSAGES = frozenset({"Worker died.", "Worker scaled down."})
-REQUEST_WIDE_CODES = frozenset(
-    {
-        "unauthorized",
-        "model_not_found",
-        "connection_failed",
-        "request_failed",
-        "http_400",
-        "http_404",
-        "http_405",
-    }
-)
-TORCHSERVE_STATUS_CODES = {
-    404: "model_not_found",
-    413: "payload_too_large",
-    503: "unavailable",
-    507: "worker_died",
-}
 
-
-class BertServeError(Exception):
-    """A request failed; `code` is the server's error code (or one named in the module docstring)."""
-
-    def __init__(
-        self, code: str, message: str, status: int | None = None, request_id: str | None = None
-    ):
-        super().__init__(f"{code}: {message}" + (f" (HTTP {status})" if status else ""))
-        self.code = code
-        self.message = message
-        self.status = status
-        self.request_id = request_id
+Text = str | tuple[str, str]
+"""One input: a text, or a (text, text_pair) pair for a sentence-pair model."""
 
 
 @dataclass(frozen=True)
 class Prediction:
-    """The wire shape of handler.inference.Prediction, mirrored rather than imported: the
-    client must not pull in torch."""
+    """The wire shape of the handler's answer, mirrored rather than imported: the client must
+    not pull in torch. `labels` is set by a multi-label model only: every label at or over its
+    threshold, best first. With `raw_scores`, `score` and `scores` are logits; with `top_k`,
+    `scores` holds the k best labels, best first."""
 
     label: str
     score: float
     scores: dict[str, float]
     truncated: bool
+    labels: tuple[str, ...] | None = None
 
     @classmethod
     def from_json(cls, body: Any) -> Prediction:
         try:
+            labels = body.get("labels")
+            if labels is not None and not isinstance(labels, list):
+                raise TypeError(f"labels must be a list, got {type(labels).__name__}")
             return cls(
                 label=str(body["label"]),
                 score=float(body["score"]),
                 scores={str(k): float(v) for k, v in body["scores"].items()},
                 truncated=bool(body.get("truncated", False)),
+                labels=None if labels is None else tuple(str(label) for label in labels),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as error:
-            raise BertServeError("bad_response", f"not a prediction: {body!r:.200}") from error
+            raise BadResponse(f"not a prediction: {body!r:.200}") from error
+
+    def to_json(self) -> dict[str, Any]:
+        fields: dict[str, Any] = {
+            "label": self.label,
+            "score": self.score,
+            "scores": self.scores,
+            "truncated": self.truncated,
+        }
+        if self.labels is not None:
+            fields["labels"] = list(self.labels)
+        return fields
 
 
 @dataclass(frozen=True)
 class ItemError:
+    """Why one text of `classify_many` failed: `code` is the server's (see
+    `bert_serve.exceptions.ErrorCode`) or, when its whole chunk failed, that error's code."""
+
     code: str
     message: str
 
@@ -141,13 +148,7 @@ class ItemResult:
 
     def to_json(self) -> dict[str, Any]:
         if self.prediction is not None:
-            p = self.prediction
-            return {
-                "label": p.label,
-                "score": p.score,
-                "scores": p.scores,
-                "truncated": p.truncated,
-            }
+            return self.prediction.to_json()
         assert self.error is not None
         return {"error": {"code": self.error.code, "message": self.error.message}}
 
@@ -157,28 +158,53 @@ def token_from_key_file(path: str | Path) -> str:
     try:
         return str(json.loads(Path(path).read_text())["inference"]["key"])
     except (OSError, ValueError, KeyError, TypeError) as error:
-        raise BertServeError(
-            "invalid_key_file", f"cannot read an inference key from {path}: {error}"
-        ) from error
+        raise InvalidKeyFile(f"cannot read an inference key from {path}: {error}") from error
+
+
+def score_options(top_k: int | None = None, raw_scores: bool = False) -> dict[str, Any]:
+    """The request's option fields; checked here, since a bad one would fail every chunk."""
+    options: dict[str, Any] = {}
+    if top_k is not None:
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+            raise ValueError(f"top_k must be a whole number of at least 1, got {top_k!r}")
+        options["top_k"] = top_k
+    if not isinstance(raw_scores, bool):
+        raise ValueError(f"raw_scores must be True or False, got {raw_scores!r}")
+    if raw_scores:
+        options["raw_scores"] = True
+    return options
+
+
+def wire_item(text: Text) -> str | dict[str, str]:
+    """A text as a list request carries it: the string, or `{"text", "text_pair"}`."""
+    if isinstance(text, str):
+        return text
+    if isinstance(text, tuple) and len(text) == 2 and all(isinstance(t, str) for t in text):
+        return {"text": text[0], "text_pair": text[1]}
+    raise TypeError(
+        f"a text must be a str or a (text, text_pair) tuple of str, got {type(text).__name__}"
+    )
 
 
 def chunk_texts(
-    texts: Iterable[str], chunk_size: int, max_request_bytes: int
-) -> Iterator[list[str]]:
+    texts: Iterable[Text],
+    chunk_size: int,
+    max_request_bytes: int,
+    options: Mapping[str, Any] | None = None,
+) -> Iterator[list[Text]]:
     """Consecutive groups of at most `chunk_size` texts whose JSON body stays under the byte cap.
 
     A text too big for the cap on its own still goes, alone: the server then answers
     `payload_too_large` for it and only for it.
     """
-    chunk: list[str] = []
-    size = len(b'{"texts": []}')
+    empty_size = len(json.dumps({"texts": [], **(options or {})}))
+    chunk: list[Text] = []
+    size = empty_size
     for text in texts:
-        if not isinstance(text, str):
-            raise TypeError(f"texts must be str, got {type(text).__name__}")
-        text_bytes = len(json.dumps(text)) + 2
+        text_bytes = len(json.dumps(wire_item(text))) + 2
         if chunk and (len(chunk) == chunk_size or size + text_bytes > max_request_bytes):
             yield chunk
-            chunk, size = [], len(b'{"texts": []}')
+            chunk, size = [], empty_size
         chunk.append(text)
         size += text_bytes
     if chunk:
@@ -186,36 +212,46 @@ def chunk_texts(
 
 
 def error_from_response(response: requests.Response) -> BertServeError:
-    """The handler's `{"error": {...}}`, or TorchServe's `{"code", "type", "message"}`, as one type."""
-    request_id = response.headers.get("x-request-id")
+    """The handler's `{"error": {...}}`, or TorchServe's `{"code", "type", "message"}`, as its
+    exception class (the tree in `bert_serve.exceptions`)."""
+    status, request_id = response.status_code, response.headers.get("x-request-id")
     try:
         body = response.json()
     except ValueError:
         body = None
+    if is_worker_gone(response):
+        gone = _torchserve_message(body) in WORKER_GONE_MESSAGES or status == 507
+        cls = WorkerDied if gone else Unavailable
+        message = _torchserve_message(body) or response.reason or "no message"
+        return cls(message, status=status, request_id=request_id)
     if isinstance(body, dict) and isinstance(body.get("error"), dict):
         error = body["error"]
-        return BertServeError(
+        return rejected(
             str(error.get("code")),
             str(error.get("message")),
-            response.status_code,
+            status,
             body.get("request_id", request_id),
         )
     kind = body.get("type", "") if isinstance(body, dict) else ""
-    message = body.get("message", "") if isinstance(body, dict) else response.text
-    if kind == "InvalidKeyException" or response.status_code in (401, 403):
-        code = "unauthorized"
-        message = f"{message or kind}; token auth is on: pass the inference key (token=, --token or --key-file)"
-    elif message in WORKER_GONE_MESSAGES:
-        code = "worker_died"
-    else:
-        code = TORCHSERVE_STATUS_CODES.get(response.status_code, f"http_{response.status_code}")
-    return BertServeError(
-        code, message or kind or response.reason or "no message", response.status_code, request_id
-    )
+    message = _torchserve_message(body) if isinstance(body, dict) else response.text
+    shown = message or kind or response.reason or "no message"
+    if kind == "InvalidKeyException" or status in (401, 403):
+        hint = "token auth is on: pass the inference key (token=, --token or --key-file)"
+        return Unauthorized(f"{shown}; {hint}", status=status, request_id=request_id)
+    if status == 404:
+        return ModelNotFound(shown, status=status, request_id=request_id)
+    if status == 413:
+        return BodyTooLarge(shown, status=status, request_id=request_id)
+    return UnexpectedStatus(shown, code=f"http_{status}", status=status, request_id=request_id)
+
+
+def _torchserve_message(body: Any) -> str:
+    return str(body.get("message") or "") if isinstance(body, dict) else ""
 
 
 def is_worker_gone(response: requests.Response) -> bool:
-    """True for TorchServe's answer to a request whose worker died, whatever its status.
+    """True for TorchServe's answer to a request whose worker died, whatever its status, and
+    for 503 (queue full) and 507.
 
     Only TorchServe's own error body counts (`{"code", "type", "message"}`); the handler's
     errors (`{"error": ...}`) and a bare 413 from the body-size limit are final answers.
@@ -231,6 +267,14 @@ def is_worker_gone(response: requests.Response) -> bool:
         and "error" not in body
         and body.get("message") in WORKER_GONE_MESSAGES
     )
+
+
+def repeats_for_every_chunk(error: BertServeError) -> bool:
+    """An error no other chunk would escape: a bad token, an unknown model, no server, a
+    request `requests` cannot send, or TorchServe refusing the request's form."""
+    if isinstance(error, Unauthorized | ModelNotFound | ConnectError | RequestFailed):
+        return True
+    return isinstance(error, UnexpectedStatus) and error.status in (400, 405)
 
 
 def backoff_delays(retries: int, base: float, cap: float) -> Iterator[float]:
@@ -276,57 +320,78 @@ class Client:
 
     def _post(self, payload: dict[str, Any]) -> dict[str, Any]:
         """POST with retries on a gone worker, 503, connection errors and attempts with no
-        answer within `timeout`; the 200 body, or BertServeError."""
+        answer within `timeout`; the 200 body, or the error's exception."""
         headers = {**self._headers, "X-Request-ID": f"bert-serve-{uuid.uuid4().hex}"}
         delays = backoff_delays(self.retries, self.backoff, self.max_backoff)
         while True:
-            try:
-                response = self._session().post(
-                    self.predict_url, json=payload, headers=headers, timeout=self.timeout
-                )
-            except requests.ConnectionError as error:
-                failure = BertServeError("connection_failed", f"{self.predict_url}: {error}")
-            except requests.Timeout as error:
-                failure = BertServeError("timeout", f"no answer within {self.timeout} s: {error}")
-            except requests.RequestException as error:
-                raise BertServeError("request_failed", f"{self.predict_url}: {error}") from error
-            else:
-                if response.status_code == 200:
-                    return _json_object(response)
-                failure = error_from_response(response)
-                if not is_worker_gone(response):
-                    raise failure
+            failure = self._attempt(payload, headers)
+            if isinstance(failure, dict):
+                return failure
+            if not isinstance(failure, ConnectError | Timeout | Unavailable | WorkerDied):
+                raise failure
             delay = next(delays, None)
             if delay is None:
                 raise failure
             self._sleep(delay)
 
-    def classify(self, text: str) -> Prediction:
-        """One text; raises BertServeError with the server's code if it is refused."""
-        return Prediction.from_json(self._post({"text": text}))
-
-    def classify_chunk(self, texts: list[str]) -> list[ItemResult]:
-        """One list request; a failure of the whole request becomes every item's error."""
+    def _attempt(
+        self, payload: dict[str, Any], headers: dict[str, str]
+    ) -> dict[str, Any] | BertServeError:
+        """One POST: the 200 body, or the error it ended with."""
         try:
-            body = self._post({"texts": texts})
+            response = self._session().post(
+                self.predict_url, json=payload, headers=headers, timeout=self.timeout
+            )
+        except requests.ConnectionError as error:
+            return ConnectError(f"{self.predict_url}: {error}")
+        except requests.Timeout as error:
+            return Timeout(f"no answer within {self.timeout} s: {error}")
+        except requests.RequestException as error:
+            raise RequestFailed(f"{self.predict_url}: {error}") from error
+        if response.status_code == 200:
+            return _json_object(response)
+        return error_from_response(response)
+
+    def classify(
+        self,
+        text: str,
+        text_pair: str | None = None,
+        *,
+        top_k: int | None = None,
+        raw_scores: bool = False,
+    ) -> Prediction:
+        """One text, or one pair; raises the error's class (`bert_serve.exceptions`) if it
+        fails, a `Rejected` with the server's code if the server refuses it."""
+        payload: dict[str, Any] = {"text": text, **score_options(top_k, raw_scores)}
+        if text_pair is not None:
+            payload["text_pair"] = text_pair
+        return Prediction.from_json(self._post(payload))
+
+    def classify_chunk(
+        self, texts: list[Text], *, top_k: int | None = None, raw_scores: bool = False
+    ) -> list[ItemResult]:
+        """One list request; a failure of the whole request becomes every item's error."""
+        items = [wire_item(text) for text in texts]
+        try:
+            body = self._post({"texts": items, **score_options(top_k, raw_scores)})
         except BertServeError as error:
-            if error.code in REQUEST_WIDE_CODES:
+            if repeats_for_every_chunk(error):
                 raise
             return [ItemResult(error=ItemError(error.code, error.message))] * len(texts)
         results = body.get("results")
         if not isinstance(results, list) or len(results) != len(texts):
-            raise BertServeError(
-                "bad_response", f"expected {len(texts)} results, got {body!r:.200}"
-            )
+            raise BadResponse(f"expected {len(texts)} results, got {body!r:.200}")
         return [_item_result(entry) for entry in results]
 
     def classify_iter(
         self,
-        texts: Iterable[str],
+        texts: Iterable[Text],
         *,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         concurrency: int = DEFAULT_CONCURRENCY,
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        top_k: int | None = None,
+        raw_scores: bool = False,
     ) -> Iterator[ItemResult]:
         """Results in input order as they arrive, with at most `concurrency` requests in flight.
 
@@ -336,12 +401,14 @@ class Client:
             raise ValueError(
                 f"chunk_size and concurrency must be >= 1, got {chunk_size} and {concurrency}"
             )
-        chunks = chunk_texts(texts, chunk_size, max_request_bytes)
+        options = score_options(top_k, raw_scores)
+        chunks = chunk_texts(texts, chunk_size, max_request_bytes, options)
+        send = partial(self.classify_chunk, top_k=top_k, raw_scores=raw_scores)
         with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="bert-serve") as pool:
             pending: deque[Future[list[ItemResult]]] = deque()
             try:
                 for chunk in chunks:
-                    pending.append(pool.submit(self.classify_chunk, chunk))
+                    pending.append(pool.submit(send, chunk))
                     if len(pending) >= concurrency:
                         yield from pending.popleft().result()
                 while pending:
@@ -350,7 +417,7 @@ class Client:
                 for future in pending:
                     future.cancel()
 
-    def classify_many(self, texts: Iterable[str], **options: Any) -> list[ItemResult]:
+    def classify_many(self, texts: Iterable[Text], **options: Any) -> list[ItemResult]:
         """All results, in order; see `classify_iter` for the options."""
         return list(self.classify_iter(texts, **options))
 
@@ -361,10 +428,8 @@ def _json_object(response: requests.Response) -> dict[str, Any]:
     except ValueError:
         body = None
     if not isinstance(body, dict):
-        raise BertServeError(
-            "bad_response",
-            f"expected a JSON object, got {response.text!r:.200}",
-            response.status_code,
+        raise BadResponse(
+            f"expected a JSON object, got {response.text!r:.200}", status=response.status_code
         )
     return body
 

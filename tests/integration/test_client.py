@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import requests
 
+import bert_serve.exceptions as client_errors
 from bert_serve import BertServeError, Client
 from harness.corpus import make_corpus
 from harness.server import curl_example
@@ -137,3 +140,106 @@ def test_the_commands_make_serve_prints_work_as_printed(server) -> None:
         labels.append(body["label"])
         text = text[end:].strip()
     assert labels == ["positive", "negative", "positive"]
+
+
+PAIRS = [
+    ("The film was a delight.", "I would watch it again."),
+    ("A tedious, joyless mess.", "It had some fine moments."),
+]
+
+
+def post_raw(server, body: dict) -> dict:
+    """The server's own answer, with plain requests: the reference the client must give back."""
+    response = requests.post(
+        f"{server.inference_url}/predictions/bert", json=body, headers=server.headers(), timeout=60
+    )
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_pairs_answer_what_the_server_answers(server, client: Client) -> None:
+    """A pair through classify and through classify_many (mixed with plain texts) scores what
+    the raw API answers for `{"text", "text_pair"}`, and differs from the first text alone."""
+    results = client.classify_many([PAIRS[0], "A plain text.", PAIRS[1]], chunk_size=2)
+    for (text, pair), result in zip(PAIRS, (results[0], results[2]), strict=True):
+        raw = post_raw(server, {"text": text, "text_pair": pair})
+        one = client.classify(text, pair)
+        assert result.prediction is not None and result.prediction.label == one.label
+        assert one.label == raw["label"]
+        assert one.scores == pytest.approx(raw["scores"], abs=1e-4)
+        assert result.prediction.scores == pytest.approx(raw["scores"], abs=1e-4)
+        assert one.scores != pytest.approx(client.classify(text).scores, abs=1e-4)
+
+
+def test_top_k_keeps_the_best_labels_best_first(client: Client) -> None:
+    text = "An absolute delight from start to finish."
+    full = client.classify(text)
+    best = client.classify(text, top_k=1)
+    assert list(best.scores) == [full.label] and best.label == full.label
+    assert best.scores[full.label] == pytest.approx(full.score, abs=1e-4)
+    both = client.classify_many([text], top_k=5)[0].prediction
+    assert both is not None
+    assert list(both.scores) == sorted(full.scores, key=full.scores.__getitem__, reverse=True)
+
+
+def test_raw_scores_are_the_logits_of_the_softmax(client: Client) -> None:
+    """The sentiment model is single-label: its scores are the softmax of the raw scores."""
+    for text in ("A tedious, joyless mess.", ("It rains.", "The street is wet.")):
+        args = (text,) if isinstance(text, str) else text
+        scores = client.classify(*args).scores
+        raw = client.classify(*args, raw_scores=True)
+        total = sum(math.exp(value) for value in raw.scores.values())
+        softmax = {label: math.exp(value) / total for label, value in raw.scores.items()}
+        assert softmax == pytest.approx(scores, abs=1e-4)
+        assert raw.label == max(raw.scores, key=raw.scores.__getitem__)
+        [listed] = client.classify_many([text], raw_scores=True)
+        assert listed.prediction is not None
+        assert listed.prediction.scores == pytest.approx(raw.scores, abs=1e-4)
+
+
+def test_each_failure_raises_its_class(server, client: Client) -> None:
+    """The real server's refusals, each as its class in bert_serve.exceptions."""
+    cases = [
+        (lambda: client.classify(" "), client_errors.InvalidText, "empty_text"),
+        (lambda: client.classify("fine", "  "), client_errors.InvalidText, "empty_text"),
+        (lambda: client.classify("x" * 10_001), client_errors.TextTooLong, "payload_too_large"),
+        (lambda: client.classify("x" * 1_100_000), client_errors.BodyTooLarge, "payload_too_large"),
+        (
+            lambda: Client(server.inference_url, token="wrong").classify("fine"),
+            client_errors.Unauthorized,
+            "unauthorized",
+        ),
+        (
+            lambda: Client(
+                server.inference_url, model="nope", token=server.key("inference")
+            ).classify("fine"),
+            client_errors.ModelNotFound,
+            "model_not_found",
+        ),
+    ]
+    for call, error_class, code in cases:
+        with pytest.raises(BertServeError) as caught:
+            call()
+        assert type(caught.value) is error_class and caught.value.code == code, caught.value
+
+
+def test_cli_jsonl_pairs_with_top_k(server, tmp_path: Path) -> None:
+    """`--jsonl` with texts and pairs and `--top-k 1`: one line out per line in, each
+    answering what the client answers for the same input."""
+    texts_file, out = tmp_path / "pairs.jsonl", tmp_path / "out.jsonl"
+    lines = [json.dumps({"text": a, "text_pair": b}) for a, b in PAIRS]
+    lines += [json.dumps("A plain text."), json.dumps({"text": "fine", "text_pair": ""})]
+    texts_file.write_text("\n".join(lines) + "\n")
+    command = [str(BERT_SERVE), "classify", "--file", str(texts_file), "--jsonl"]
+    command += ["--out", str(out), "--top-k", "1", "--url", server.inference_url]
+    command += ["--key-file", str(server.state_dir / "key_file.json"), "--no-progress"]
+    finished = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert finished.returncode == 1, finished.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [row["line"] for row in rows] == [1, 2, 3, 4]
+    assert rows[3]["error"]["code"] == "empty_text"
+    client = Client(server.inference_url, token=server.key("inference"))
+    for row, (text, pair) in zip(rows, PAIRS, strict=False):
+        expected = client.classify(text, pair)
+        assert list(row["scores"]) == [expected.label] == [row["label"]]
+    assert "4 texts: 3 classified" in finished.stderr

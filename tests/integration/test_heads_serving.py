@@ -146,3 +146,24 @@ def test_concurrent_mixed_traffic_answers_each_request_as_alone(served: Served) 
     print(f"{kind}: batch sizes formed under mixed traffic: {sizes}")
     assert sum(sizes) == len(jobs)
     assert max(sizes) > 1, f"no request was batched: {sizes}"
+
+
+def test_the_python_client_keeps_labels_and_pairs(served: Served) -> None:
+    """bert_serve.Client against the same server: texts and pairs sent in list requests answer
+    what the raw API answers alone, and a multi-label model's `labels` come through."""
+    from bert_serve import (
+        Client,
+    )  # here, not above: keeps the import block as the harness move left it
+
+    kind, _, server = served
+    client = Client(server.inference_url, token=server.key("inference"))
+    results = client.classify_many(ITEMS, chunk_size=4)
+    for item, result in zip(ITEMS, results, strict=True):
+        raw = post(server, as_document(item)).json()
+        assert result.prediction is not None, (item, result)
+        assert result.prediction.label == raw["label"]
+        assert result.prediction.scores == pytest.approx(raw["scores"], abs=TOLERANCE)
+        if kind == "multi_label":
+            assert result.prediction.labels == tuple(raw["labels"])
+        else:
+            assert result.prediction.labels is None

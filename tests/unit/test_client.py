@@ -1,9 +1,13 @@
-"""The Python client and CLI against a scripted local HTTP stub: chunking, order, retries, errors."""
+"""The Python client and CLI against a scripted local HTTP stub: chunking, order, retries,
+the API's options and pairs, and the exception tree."""
 
 from __future__ import annotations
 
+import ast
 import io
 import json
+import re
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -14,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from bert_serve import cli
+from bert_serve import cli, exceptions
 from bert_serve import client as client_module
 from bert_serve.client import (
     BertServeError,
@@ -43,11 +47,12 @@ def prediction_for(text: str) -> dict[str, Any]:
 
 def echo(body: dict[str, Any]) -> Reply:
     if "texts" in body:
+        texts = [t if isinstance(t, str) else t["text"] for t in body["texts"]]
         results = [
             {"error": {"code": "empty_text", "message": "text is empty"}}
             if not t.strip()
             else prediction_for(t)
-            for t in body["texts"]
+            for t in texts
         ]
         return 200, {"results": results, "request_id": "r"}
     if not body["text"].strip():
@@ -146,6 +151,8 @@ def test_classify_raises_the_handlers_error_code_without_retrying(
         400,
         "r",
     )
+    assert isinstance(caught.value, exceptions.InvalidText)
+    assert caught.value.code is exceptions.ErrorCode.EMPTY_TEXT
     assert len(stub.requests) == 1 and sleeps == []
 
 
@@ -178,6 +185,7 @@ def test_retries_give_up_with_the_last_error(stub_factory: Callable[..., Stub]) 
         503,
         "queue full",
     )
+    assert isinstance(caught.value, exceptions.Unavailable | exceptions.ServerError)
     assert len(stub.requests) == 4 and len(sleeps) == 3
 
 
@@ -186,38 +194,52 @@ def test_connection_errors_are_retried_then_raised() -> None:
     with pytest.raises(BertServeError) as caught:
         client.classify("x")
     assert caught.value.code == "connection_failed" and caught.value.status is None
+    assert isinstance(caught.value, exceptions.ConnectError | exceptions.TransportError)
 
 
 def test_a_malformed_url_is_a_typed_error() -> None:
-    with pytest.raises(BertServeError, match="request_failed"):
+    with pytest.raises(exceptions.RequestFailed, match="request_failed"):
         Client("127.0.0.1:8080").classify("x")
 
 
 @pytest.mark.parametrize(
-    ("status", "body", "code"),
+    ("status", "body", "code", "error_class"),
     [
         (
             400,
             {"code": 400, "type": "InvalidKeyException", "message": "Token Authorization failed"},
             "unauthorized",
+            exceptions.Unauthorized,
         ),
+        (401, None, "unauthorized", exceptions.Unauthorized),
         (
             404,
             {"code": 404, "type": "ModelNotFoundException", "message": "Model not found"},
             "model_not_found",
+            exceptions.ModelNotFound,
         ),
-        (413, None, "payload_too_large"),
-        (500, {"code": 500, "type": "InternalServerException", "message": "boom"}, "http_500"),
+        (413, None, "payload_too_large", exceptions.BodyTooLarge),
+        (
+            500,
+            {"code": 500, "type": "InternalServerException", "message": "boom"},
+            "http_500",
+            exceptions.UnexpectedStatus,
+        ),
     ],
 )
-def test_torchserve_errors_get_a_code(
-    stub_factory: Callable[..., Stub], status: int, body: Any, code: str
+def test_torchserve_errors_get_a_code_and_a_class(
+    stub_factory: Callable[..., Stub],
+    status: int,
+    body: Any,
+    code: str,
+    error_class: type[BertServeError],
 ) -> None:
     stub = stub_factory(lambda _: (status, body))
     client, _ = client_for(stub)
-    with pytest.raises(BertServeError) as caught:
+    with pytest.raises(exceptions.ServerError) as caught:
         client.classify("x")
     assert (caught.value.code, caught.value.status) == (code, status)
+    assert type(caught.value) is error_class
 
 
 def test_classify_many_keeps_order_under_concurrency(stub_factory: Callable[..., Stub]) -> None:
@@ -301,6 +323,7 @@ def test_a_call_with_no_answers_at_all_ends_within_its_bound(
         release.set()
     elapsed = time.monotonic() - started
     assert caught.value.code == "timeout" and caught.value.status is None
+    assert isinstance(caught.value, exceptions.Timeout | exceptions.TransportError)
     assert len(stub.requests) == 3
     assert 3 * 0.2 <= elapsed < 3 * 0.2 + 2 * 0.1 + 2.0
 
@@ -337,31 +360,38 @@ def test_worker_died_after_the_retries_has_its_own_code(stub_factory: Callable[.
     with pytest.raises(BertServeError) as caught:
         client.classify("x")
     assert (caught.value.code, caught.value.status) == ("worker_died", 500)
+    assert isinstance(caught.value, exceptions.WorkerDied)
     assert len(stub.requests) == 2
 
 
 @pytest.mark.parametrize(
-    ("status", "body"),
+    ("status", "body", "error_class"),
     [
-        (413, None),
+        (413, None, exceptions.BodyTooLarge),
         (
             413,
             {"error": {"code": "payload_too_large", "message": "Worker died."}, "request_id": "r"},
+            exceptions.TextTooLong,
         ),
         (
             500,
             {"error": {"code": "internal_error", "message": "the model failed"}, "request_id": "r"},
+            exceptions.ModelFailed,
         ),
-        (500, {"code": 500, "type": "InternalServerException", "message": "boom"}),
+        (
+            500,
+            {"code": 500, "type": "InternalServerException", "message": "boom"},
+            exceptions.UnexpectedStatus,
+        ),
     ],
 )
 def test_final_answers_are_not_retried(
-    stub_factory: Callable[..., Stub], status: int, body: Any
+    stub_factory: Callable[..., Stub], status: int, body: Any, error_class: type[BertServeError]
 ) -> None:
     """A real 413 (the body-size limit, or the handler's own) and other errors are final."""
     stub = stub_factory(lambda _: (status, body))
     client, sleeps = client_for(stub)
-    with pytest.raises(BertServeError):
+    with pytest.raises(error_class):
         client.classify("x")
     assert len(stub.requests) == 1 and sleeps == []
 
@@ -374,21 +404,27 @@ def test_the_default_deadline_follows_the_servers_response_timeout() -> None:
 
 
 @pytest.mark.parametrize(
-    "body", [[1, 2], {"label": "x"}, {"label": "x", "score": "high", "scores": {}}]
+    "body",
+    [
+        [1, 2],
+        {"label": "x"},
+        {"label": "x", "score": "high", "scores": {}},
+        {"label": "x", "score": 1.0, "scores": {"x": 1.0}, "labels": "x"},
+    ],
 )
 def test_a_200_that_is_not_a_prediction_is_a_bad_response(
     stub_factory: Callable[..., Stub], body: Any
 ) -> None:
     stub = stub_factory(lambda _: (200, body))
     client, _ = client_for(stub)
-    with pytest.raises(BertServeError, match="bad_response"):
+    with pytest.raises(exceptions.BadResponse, match="bad_response"):
         client.classify("x")
 
 
 def test_a_short_results_list_is_a_bad_response(stub_factory: Callable[..., Stub]) -> None:
     stub = stub_factory(lambda body: (200, {"results": [], "request_id": "r"}))
     client, _ = client_for(stub)
-    with pytest.raises(BertServeError, match="bad_response"):
+    with pytest.raises(exceptions.BadResponse, match="bad_response"):
         client.classify_many(["a", "b"])
 
 
@@ -401,7 +437,7 @@ def test_token_from_key_file(tmp_path: Path) -> None:
     )
     assert token_from_key_file(key_file) == "abc"
     key_file.write_text("{}")
-    with pytest.raises(BertServeError, match="invalid_key_file"):
+    with pytest.raises(exceptions.InvalidKeyFile, match="invalid_key_file"):
         token_from_key_file(key_file)
 
 
@@ -506,3 +542,288 @@ def test_item_result_json_shapes() -> None:
     }
     with pytest.raises(ValueError, match="not both or neither"):
         ItemResult()
+
+
+def answer_with_body(body: dict[str, Any]) -> Reply:
+    """A prediction whose `scores` carry the request's options back, so a test sees them."""
+    options = {key: body[key] for key in ("top_k", "raw_scores") if key in body}
+    prediction = {"label": "a", "score": 0.5, "scores": {"a": 0.5}, "truncated": False}
+    if "texts" in body:
+        return 200, {"results": [{**prediction, "sent": options}] * len(body["texts"])}
+    return 200, {**prediction, "sent": options}
+
+
+def test_classify_sends_a_pair_and_the_options(stub_factory: Callable[..., Stub]) -> None:
+    stub = stub_factory(answer_with_body)
+    client, _ = client_for(stub)
+    client.classify("It rains.", "The street is wet.", top_k=2, raw_scores=True)
+    client.classify("plain")
+    assert [body for _, body in stub.requests] == [
+        {"text": "It rains.", "text_pair": "The street is wet.", "top_k": 2, "raw_scores": True},
+        {"text": "plain"},
+    ]
+
+
+def test_classify_many_sends_pairs_as_objects_and_the_options_on_every_chunk(
+    stub_factory: Callable[..., Stub],
+) -> None:
+    stub = stub_factory(answer_with_body)
+    client, _ = client_for(stub)
+    texts: list[client_module.Text] = ["one", ("two", "pair of two"), "three"]
+    results = client.classify_many(texts, chunk_size=2, concurrency=1, top_k=1)
+    assert [r.ok for r in results] == [True, True, True]
+    assert [body for _, body in stub.requests] == [
+        {"texts": ["one", {"text": "two", "text_pair": "pair of two"}], "top_k": 1},
+        {"texts": ["three"], "top_k": 1},
+    ]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"top_k": 0}, {"top_k": True}, {"top_k": 1.5}, {"raw_scores": "yes"}, {"raw_scores": 1}],
+)
+def test_bad_options_are_refused_before_sending(
+    stub_factory: Callable[..., Stub], options: dict[str, Any]
+) -> None:
+    """A bad option would fail every chunk of a long run; it fails at once, here."""
+    stub = stub_factory()
+    client, _ = client_for(stub)
+    with pytest.raises(ValueError, match="top_k|raw_scores"):
+        client.classify("x", **options)
+    with pytest.raises(ValueError, match="top_k|raw_scores"):
+        client.classify_many(["x"], **options)
+    assert stub.requests == []
+
+
+@pytest.mark.parametrize("bad", [("only one",), ("a", 2), ["a", "b"], 3])
+def test_a_text_is_a_string_or_a_pair_of_strings(bad: Any) -> None:
+    with pytest.raises(TypeError, match="str"):
+        list(chunk_texts(["ok", bad], chunk_size=4, max_request_bytes=1000))
+
+
+def test_chunks_with_pairs_and_options_stay_under_the_byte_cap() -> None:
+    texts: list[client_module.Text] = [
+        (f"premise {i}" * (i % 5 + 1), f"hypothesis {i}") if i % 2 else f"text {i}"
+        for i in range(100)
+    ]
+    options = {"top_k": 3, "raw_scores": True}
+    chunks = list(chunk_texts(texts, chunk_size=16, max_request_bytes=500, options=options))
+    assert [t for chunk in chunks for t in chunk] == texts
+    for chunk in chunks:
+        body = {"texts": [client_module.wire_item(t) for t in chunk], **options}
+        assert len(json.dumps(body)) <= 500
+
+
+def test_a_multi_label_answer_keeps_its_labels(stub_factory: Callable[..., Stub]) -> None:
+    """A multi-label model answers `labels` (every label over its threshold); the client keeps
+    them, in the server's order, through classify, classify_many and the JSON it writes."""
+    answer = {
+        "label": "b",
+        "score": 0.9,
+        "scores": {"a": 0.6, "b": 0.9, "c": 0.1},
+        "truncated": False,
+        "labels": ["b", "a"],
+    }
+    stub = stub_factory(lambda body: (200, {"results": [answer]} if "texts" in body else answer))
+    client, _ = client_for(stub)
+    prediction = client.classify("x")
+    assert prediction.labels == ("b", "a")
+    assert prediction.to_json() == {key: answer[key] for key in answer}
+    [result] = client.classify_many(["x"])
+    assert result.prediction == prediction and result.to_json()["labels"] == ["b", "a"]
+
+
+def test_a_single_label_answer_has_no_labels(stub_factory: Callable[..., Stub]) -> None:
+    stub = stub_factory()
+    client, _ = client_for(stub)
+    prediction = client.classify("fine")
+    assert prediction.labels is None and "labels" not in prediction.to_json()
+
+
+def test_the_client_codes_are_the_servers_error_table() -> None:
+    """The client mirrors handler/errors.py (it cannot import it: it installs without the
+    server); this keeps the copy equal to the one table, codes and statuses."""
+    from handler.errors import HTTP_STATUS, ErrorCode
+
+    assert {code.value for code in exceptions.ErrorCode} == {code.value for code in ErrorCode}
+    assert {code.value: status for code, status in exceptions.ERROR_STATUS.items()} == {
+        code.value: status for code, (status, _) in HTTP_STATUS.items()
+    }
+
+
+@pytest.mark.parametrize("code", list(exceptions.ErrorCode))
+def test_each_handler_code_raises_the_class_of_its_status(
+    stub_factory: Callable[..., Stub], code: exceptions.ErrorCode
+) -> None:
+    status = exceptions.ERROR_STATUS[code]
+    body = {"error": {"code": code.value, "message": "m"}, "request_id": "r"}
+    stub = stub_factory(lambda _: (status, body))
+    client, _ = client_for(stub)
+    with pytest.raises(exceptions.Rejected) as caught:
+        client.classify("x")
+    assert type(caught.value) is exceptions.REJECTED_BY_STATUS[status]
+    assert (caught.value.code, caught.value.status, caught.value.message) == (code, status, "m")
+
+
+def test_a_code_the_client_does_not_know_is_still_a_rejection(
+    stub_factory: Callable[..., Stub],
+) -> None:
+    """A newer server may add a code: it arrives as a plain `Rejected` with that code."""
+    body = {"error": {"code": "too_many_emoji", "message": "m"}, "request_id": "r"}
+    stub = stub_factory(lambda _: (422, body))
+    client, _ = client_for(stub)
+    with pytest.raises(exceptions.Rejected) as caught:
+        client.classify("x")
+    assert type(caught.value) is exceptions.Rejected
+    assert (caught.value.code, caught.value.status) == ("too_many_emoji", 422)
+
+
+def test_the_docstring_draws_every_exception_class() -> None:
+    """The tree in bert_serve/exceptions.py's docstring is the reference; every class is in it,
+    under its real base."""
+    classes = {
+        name: value
+        for name, value in vars(exceptions).items()
+        if isinstance(value, type) and issubclass(value, BertServeError)
+    }
+    drawn: dict[str, str] = {}
+    parents: list[str] = []
+    for line in (exceptions.__doc__ or "").splitlines():
+        match = re.match(r"^    ([│ ]*)(?:[├└]── )?([A-Z]\w+)\s", line)
+        if match is None:
+            continue
+        depth = len(match.group(1)) // 4 + (1 if "──" in line else 0)
+        parents[depth:] = [match.group(2)]
+        drawn[match.group(2)] = parents[depth - 1] if depth else ""
+    assert set(drawn) == set(classes)
+    for name, parent in drawn.items():
+        bases = classes[name].__bases__
+        assert bases == ((classes[parent],) if parent else (Exception,)), name
+
+
+def test_item_results_keep_the_error_code_of_a_failed_chunk(
+    stub_factory: Callable[..., Stub],
+) -> None:
+    """A chunk that failed whole (here: its worker died on every attempt) gives each of its
+    texts that error's code; request-wide errors raise instead (see the test above)."""
+    stub = stub_factory(lambda _: (500, WORKER_DIED))
+    client, _ = client_for(stub, retries=0)
+    results = client.classify_many(["a", "b"], chunk_size=1)
+    assert [r.error for r in results] == [ItemError("worker_died", "Worker died.")] * 2
+
+
+def test_the_client_imports_only_the_stdlib_requests_and_tqdm() -> None:
+    """The client installs with requests and tqdm alone: no module of it may import more."""
+    allowed = set(sys.stdlib_module_names) | {"requests", "tqdm", "bert_serve"}
+    for path in sorted((ROOT / "bert_serve").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                assert name.split(".")[0] in allowed, f"{path.name} imports {name}"
+
+
+def test_cli_jsonl_pairs_and_options(
+    stub_factory: Callable[..., Stub], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--jsonl lines are strings or {"text", "text_pair"} objects; --top-k and --raw-scores go
+    with every request; the output is one JSON line per input line, as for plain lines."""
+    stub = stub_factory(answer_with_body)
+    texts, out = tmp_path / "pairs.jsonl", tmp_path / "out.jsonl"
+    lines = ['"alone"', '{"text": "It rains.", "text_pair": "It is wet."}', '{"text": "x"}']
+    texts.write_text("\n".join(lines) + "\n")
+    command = ["classify", "--url", stub.url, "--file", str(texts), "--jsonl", "--out", str(out)]
+    assert cli.main([*command, "--top-k", "2", "--raw-scores", "--no-progress"]) == cli.EXIT_OK
+    [(_, body)] = stub.requests
+    assert body == {
+        "texts": ["alone", {"text": "It rains.", "text_pair": "It is wet."}, "x"],
+        "top_k": 2,
+        "raw_scores": True,
+    }
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [row["line"] for row in rows] == [1, 2, 3] and all(row["label"] == "a" for row in rows)
+
+
+@pytest.mark.parametrize(
+    ("line", "says"),
+    [
+        ("not json", "line 2 is not JSON"),
+        ('{"text_pair": "no text"}', "line 2: expected"),
+        ('{"text": "a", "text_pair": 3}', 'line 2: "text_pair"'),
+        ("", "line 2 is not JSON"),
+    ],
+)
+def test_cli_a_malformed_jsonl_line_stops_the_run_naming_it(
+    stub_factory: Callable[..., Stub],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    line: str,
+    says: str,
+) -> None:
+    stub = stub_factory()
+    texts, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    texts.write_text(f'"first"\n{line}\n"third"\n')
+    command = ["classify", "--url", stub.url, "--file", str(texts), "--jsonl", "--out", str(out)]
+    assert cli.main([*command, "--no-progress"]) == cli.EXIT_FAILED
+    err = capsys.readouterr().err
+    assert says in err and "stopped after" in err
+    assert stub.requests == []
+
+
+def test_cli_one_pair_with_options(
+    stub_factory: Callable[..., Stub], capsys: pytest.CaptureFixture[str]
+) -> None:
+    stub = stub_factory(answer_with_body)
+    command = ["classify", "--url", stub.url, "It rains.", "--text-pair", "It is wet."]
+    assert cli.main([*command, "--top-k", "1"]) == cli.EXIT_OK
+    assert stub.requests[0][1] == {"text": "It rains.", "text_pair": "It is wet.", "top_k": 1}
+    assert json.loads(capsys.readouterr().out)["label"] == "a"
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        ["--file", "x.txt", "--text-pair", "b"],
+        ["--jsonl", "a"],
+        ["--top-k", "0", "a"],
+    ],
+)
+def test_cli_refuses_options_that_cannot_go_together(
+    arguments: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as caught:
+        cli.main(["classify", *arguments])
+    assert caught.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_cli_one_text_exit_codes_follow_the_error_class(
+    stub_factory: Callable[..., Stub], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A text the server refuses (the handler's codes, a 413) is that text's failure, exit 1;
+    an unknown model or a dead server ends the run, exit 2."""
+    internal = {"error": {"code": "internal_error", "message": "m"}, "request_id": "r"}
+    replies = {
+        "refused": (500, internal),
+        "too big": (413, None),
+        "no model": (404, {"code": 404, "type": "ModelNotFoundException", "message": "m"}),
+    }
+    stub = stub_factory(lambda body: replies[body["text"]])
+    assert cli.main(["classify", "--url", stub.url, "refused"]) == cli.EXIT_ITEM_FAILED
+    assert json.loads(capsys.readouterr().out)["error"]["code"] == "internal_error"
+    assert cli.main(["classify", "--url", stub.url, "too big"]) == cli.EXIT_ITEM_FAILED
+    assert json.loads(capsys.readouterr().out)["error"]["code"] == "payload_too_large"
+    assert cli.main(["classify", "--url", stub.url, "no model"]) == cli.EXIT_FAILED
+    assert "model_not_found" in capsys.readouterr().err
+
+
+def test_read_jsonl_gives_texts_and_pairs_and_marks_bad_bytes() -> None:
+    """A string or an object per line; bytes that are not UTF-8 inside a string reach the
+    server as lone surrogates (its `invalid_encoding` for that line), as in plain lines."""
+    data = b'\xef\xbb\xbf"first"\r\n{"text": "a", "text_pair": "b"}\n{"text": "caf\xe9", "x": 1}\n'
+    assert list(cli.read_jsonl(io.BytesIO(data))) == ["first", ("a", "b"), "caf\udce9"]
