@@ -4,6 +4,7 @@ batch start (handler.deadline, handler.pipeline.expire)."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -147,3 +148,16 @@ def test_a_budget_of_zero_leaves_only_the_clients_wait() -> None:
     )
     assert response.status == 200
     assert classifier.calls == [["old but patient"]]
+
+
+def test_expired_requests_are_counted_by_reason_in_the_metrics() -> None:
+    """ItemsRejected{Reason="deadline_exceeded"} (config/metrics.yaml) counts them."""
+    from handler.metrics import batch_metrics, rejections_by_reason
+
+    seen: list[Any] = []
+    stamp = {"X-Request-Start": f"t={NOW - 5}"}
+    batch = [request("a", "1", **stamp), request("b", "2", **stamp), request("c", "3")]
+    run_batch(batch, FakeClassifier(), HandlerSettings(), observe=lambda *a: seen.append(a), now=NOW)
+    (outcomes, stats), = seen
+    assert rejections_by_reason(outcomes) == {"deadline_exceeded": 2}
+    assert batch_metrics(outcomes, stats)["ItemsAccepted"] == 1
