@@ -57,8 +57,13 @@ def test_client_waits_in_the_common_spellings(headers: dict[str, str], expected:
 
 @pytest.mark.parametrize(
     "headers",
-    [{}, {"X-Request-Timeout": "-1"}, {"grpc-timeout": "400"}, {"grpc-timeout": "1x"},
-     {"x-envoy-expected-rq-timeout-ms": "1.5"}],
+    [
+        {},
+        {"X-Request-Timeout": "-1"},
+        {"grpc-timeout": "400"},
+        {"grpc-timeout": "1x"},
+        {"x-envoy-expected-rq-timeout-ms": "1.5"},
+    ],
 )
 def test_no_or_malformed_wait_is_none(headers: dict[str, str]) -> None:
     assert client_wait(headers) is None
@@ -116,7 +121,9 @@ def test_an_expired_request_is_not_forwarded_and_its_batch_mate_is_answered_as_a
 def test_the_clients_shorter_wait_expires_a_request_within_the_server_budget() -> None:
     client_says = {"X-Request-Start": f"t={NOW - 0.3}", "X-Request-Timeout": "0.2"}
     classifier = FakeClassifier()
-    (response,) = run_batch([request("x", "r", **client_says)], classifier, HandlerSettings(), now=NOW)
+    (response,) = run_batch(
+        [request("x", "r", **client_says)], classifier, HandlerSettings(), now=NOW
+    )
     assert response.status == 504
     assert classifier.calls == []
 
@@ -124,12 +131,16 @@ def test_the_clients_shorter_wait_expires_a_request_within_the_server_budget() -
 def test_a_list_request_expires_whole_and_an_open_inference_one_in_its_own_shape() -> None:
     stamp = {"X-Request-Start": f"t={NOW - 5}"}
     texts = IncomingRequest(
-        {"body": json.dumps({"texts": ["a", "b"]}).encode()}, "application/json", "list",
+        {"body": json.dumps({"texts": ["a", "b"]}).encode()},
+        "application/json",
+        "list",
         headers=stamp,
     )
     v2_body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["a"]}]}
     v2 = IncomingRequest(
-        {"body": json.dumps(v2_body).encode()}, "application/json", "v2",
+        {"body": json.dumps(v2_body).encode()},
+        "application/json",
+        "v2",
         headers={**stamp, "explain": "False"},
     )
     classifier = FakeClassifier()
@@ -144,7 +155,10 @@ def test_a_budget_of_zero_leaves_only_the_clients_wait() -> None:
     stamp = {"X-Request-Start": f"t={NOW - 3600}"}
     classifier = FakeClassifier()
     (response,) = run_batch(
-        [request("old but patient", "r", **stamp)], classifier, HandlerSettings(queue_budget_ms=0), now=NOW
+        [request("old but patient", "r", **stamp)],
+        classifier,
+        HandlerSettings(queue_budget_ms=0),
+        now=NOW,
     )
     assert response.status == 200
     assert classifier.calls == [["old but patient"]]
@@ -157,7 +171,9 @@ def test_expired_requests_are_counted_by_reason_in_the_metrics() -> None:
     seen: list[Any] = []
     stamp = {"X-Request-Start": f"t={NOW - 5}"}
     batch = [request("a", "1", **stamp), request("b", "2", **stamp), request("c", "3")]
-    run_batch(batch, FakeClassifier(), HandlerSettings(), observe=lambda *a: seen.append(a), now=NOW)
-    (outcomes, stats), = seen
+    run_batch(
+        batch, FakeClassifier(), HandlerSettings(), observe=lambda *a: seen.append(a), now=NOW
+    )
+    ((outcomes, stats),) = seen
     assert rejections_by_reason(outcomes) == {"deadline_exceeded": 2}
     assert batch_metrics(outcomes, stats)["ItemsAccepted"] == 1
