@@ -319,6 +319,8 @@ class Client:
     default follows from the server's responseTimeout (`DEFAULT_TIMEOUT_S`). A call makes at
     most retries + 1 attempts, sleeps between them at least the server's `Retry-After`, and
     starts none after `retry_budget` seconds: it takes at most retry_budget + timeout.
+    `stamp_deadline` sends each attempt's start (this machine's clock) and `timeout`; turn it
+    off when this clock may be off the server's by more than the server's queue budget.
     """
 
     def __init__(
@@ -332,6 +334,7 @@ class Client:
         backoff: float = 0.25,
         max_backoff: float = 8.0,
         retry_budget: float = DEFAULT_RETRY_BUDGET_S,
+        stamp_deadline: bool = True,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
     ):
@@ -341,6 +344,7 @@ class Client:
         self.backoff = backoff
         self.max_backoff = max_backoff
         self.retry_budget = retry_budget
+        self.stamp_deadline = stamp_deadline
         self._sleep = sleep
         self._clock = clock
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -355,11 +359,9 @@ class Client:
     def _post(self, payload: dict[str, Any]) -> dict[str, Any]:
         """POST with retries (`is_retried`) within the retry budget; the 200 body, or the
         error's exception."""
-        headers = {
-            **self._headers,
-            "X-Request-ID": f"bert-serve-{uuid.uuid4().hex}",
-            "X-Request-Timeout": f"{self.timeout:g}",
-        }
+        headers = {**self._headers, "X-Request-ID": f"bert-serve-{uuid.uuid4().hex}"}
+        if self.stamp_deadline:
+            headers["X-Request-Timeout"] = f"{self.timeout:g}"
         delays = backoff_delays(self.retries, self.backoff, self.max_backoff)
         started = self._clock()
         while True:
@@ -382,7 +384,9 @@ class Client:
         self, payload: dict[str, Any], headers: dict[str, str]
     ) -> dict[str, Any] | tuple[BertServeError, float | None]:
         """One POST: the 200 body, or the error it ended with and the server's Retry-After."""
-        stamped = {**headers, "X-Request-Start": f"t={time.time():.3f}"}
+        stamped = dict(headers)
+        if self.stamp_deadline:
+            stamped["X-Request-Start"] = f"t={time.time():.3f}"
         try:
             response = self._session().post(
                 self.predict_url, json=payload, headers=stamped, timeout=self.timeout

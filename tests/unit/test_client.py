@@ -959,3 +959,12 @@ def test_classify_many_under_refusals_answers_every_text_once(
 def test_the_cli_takes_a_retry_budget() -> None:
     args = cli.parse_args(["classify", "--retry-budget", "5", "x"])
     assert args.retry_budget == 5.0
+
+
+def test_stamps_can_be_turned_off(stub_factory: Callable[..., Stub]) -> None:
+    """For a client whose clock may be off the server's by more than the queue budget."""
+    stub = stub_factory()
+    client, _ = client_for(stub, stamp_deadline=False)
+    client.classify("fine")
+    ((headers, _),) = stub.requests
+    assert "X-Request-Start" not in headers and "X-Request-Timeout" not in headers
