@@ -71,7 +71,7 @@ def conforms(ctx: Any, response: Any, case: Any) -> None:
     if refusal is not None:
         _record(refusal, case)
         return
-    checks = BUILT_IN_CHECKS
+    checks: tuple[Any, ...] = BUILT_IN_CHECKS
     if response.status_code == 504 and b'"deadline_exceeded' in (response.content or b""):
         checks = tuple(check for check in BUILT_IN_CHECKS if check is not not_a_server_error)
     for check in checks:
