@@ -320,7 +320,7 @@ class Client:
     most retries + 1 attempts, sleeps between them at least the server's `Retry-After`, and
     starts none after `retry_budget` seconds: it takes at most retry_budget + timeout.
     `stamp_deadline` sends each attempt's start (this machine's clock) and `timeout`; turn it
-    off when this clock may be off the server's by more than the server's queue budget.
+    off when this clock may be behind the server's by a good part of `timeout`.
     """
 
     def __init__(

@@ -11,9 +11,9 @@ only be known from a stamp the request carries, set by its client or by a proxy 
     grpc-timeout                    <digits><H|M|S|m|u|n>, e.g. 400m     the same, gRPC's spelling
     x-envoy-expected-rq-timeout-ms  milliseconds                         the same, Envoy's
 
-The deadline is start + the client's wait, capped at start + ``queue_budget_ms`` (the server's
-default budget, a handler setting): the server never works on a request that waited longer
-than its budget. A start stamp from the future (clock skew) counts as now. Without a start
+The deadline is start + the client's wait, or start + ``queue_budget_ms`` (the server's
+default budget, a handler setting) when the request says no wait: a client that says it waits
+longer (a bulk job whose queue is long by design) is not cut short. A start stamp from the future (clock skew) counts as now. Without a start
 stamp there is no deadline: the worker cannot tell a request that waited 2 s from one that
 arrived just now, and the frontend's queue bound (``job_queue_size``) is then the only
 protection. A relative wait alone is not enough for the same reason.
@@ -70,11 +70,12 @@ def client_wait(headers: Mapping[str, Any]) -> float | None:
 def deadline(headers: Mapping[str, Any], queue_budget_s: float, now: float) -> float | None:
     """The unix time after which the request is not worked on; None when it cannot be known.
 
-    ``queue_budget_s`` 0 means no server budget: only the client's own wait counts.
+    ``queue_budget_s`` is the wait of a request that states none; 0: no deadline for those.
     """
     start = start_time(headers)
     if start is None:
         return None
-    start = min(start, now)
-    waits = [w for w in (client_wait(headers), queue_budget_s or None) if w is not None]
-    return start + min(waits) if waits else None
+    wait = client_wait(headers)
+    if wait is None:
+        wait = queue_budget_s or None
+    return None if wait is None else min(start, now) + wait

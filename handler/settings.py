@@ -62,9 +62,9 @@ class HandlerSettings:
     multi_label_threshold: float = 0.5
     """Multi-label models: a label is given (in ``labels``) when its score is at least this."""
     queue_budget_ms: int = 500
-    """The longest a request with a start stamp may wait before its batch begins; one that
-    waited longer answers 504 ``deadline_exceeded`` unworked (``handler.deadline``). A
-    client's shorter wait wins; 0 leaves only the client's. At most ``MAX_QUEUE_BUDGET_MS``."""
+    """The longest a request with a start stamp but no wait of its own (``X-Request-Timeout``)
+    may wait before its batch begins; one that waited longer answers 504 ``deadline_exceeded``
+    unworked (``handler.deadline``). 0: no deadline for those. At most ``MAX_QUEUE_BUDGET_MS``."""
 
     def __post_init__(self) -> None:
         _require(self.max_length >= 8, f"max_length must be at least 8, got {self.max_length}")
