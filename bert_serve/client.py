@@ -15,8 +15,8 @@ retried with exponential backoff and full jitter, never sooner than the server's
 and no attempt starts later than `retry_budget` seconds into the call, so a spike is not fed
 by its own retries (docs/deadlines.md). Classification is idempotent, so sending a text twice
 is harmless. Each attempt says when it started and how long it waits (`X-Request-Start`,
-`X-Request-Timeout`), so the server does no work for an attempt already given up. The per-attempt deadline is
-what keeps a call from hanging: TorchServe 0.12 drops, without any answer, the requests a worker
+`X-Request-Timeout`), so the server does no work for an attempt already given up.
+The per-attempt deadline is what keeps a call from hanging: TorchServe 0.12 drops, without any answer, the requests a worker
 had collected for its next batch when that worker dies (docs/chaos/README.md, "When a worker
 dies"). In `classify_many`, an error that would repeat for every chunk (`repeats_for_every_chunk`)
 raises; any other failure of a chunk becomes that chunk's items' error, and the other chunks go on.
