@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import requests
+
 from harness.batchlog import LogWindow
 from harness.chaos.common import REQUEST_TIMEOUT_S, Durations, predict
 from harness.corpus import make_corpus
@@ -32,6 +34,7 @@ from harness.server import Server, running
 PAUSE_AFTER_FAILURE_S = 0.05
 EXPIRED = re.compile(r" expired=(\d+)")
 LONE_REQUESTS = 10
+SETTLE_LIMIT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -68,10 +71,24 @@ def lone_p50_ms(server: Server, corpus: list[str]) -> float:
     return round(percentile(times, 50), 1)
 
 
+def settle(server: Server, text: str, limit_s: float = SETTLE_LIMIT_S) -> None:
+    """Wait until the last level's abandoned queue has drained: a request is answered 200
+    (a full queue answers 503 meanwhile)."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        try:
+            predict(server, text)
+            return
+        except requests.HTTPError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def run_level(
     server: Server, level: Level, corpus: list[str], seconds: float, stamped: bool
 ) -> dict[str, Any]:
-    predict(server, corpus[0])  # the last level's abandoned queue has drained
+    settle(server, corpus[0])
     deadline_s = level.deadline_s or REQUEST_TIMEOUT_S
     load = ClosedLoop(
         server.predict_url,
@@ -116,6 +133,7 @@ def run(d: Durations) -> dict[str, Any]:
             for level in LEVELS:
                 name = f"{level.name}{'_stamped' if stamped else ''}"
                 levels[name] = run_level(server, level, corpus, d.spike_s, stamped)
+        settle(server, corpus[0])
         lone_after = lone_p50_ms(server, corpus)
     patient = levels["patient_32"]["goodput_per_s"] or 1.0
     for result in levels.values():
