@@ -25,6 +25,7 @@ from bert_serve.client import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_CONCURRENCY,
     DEFAULT_MODEL,
+    DEFAULT_RETRY_BUDGET_S,
     DEFAULT_TIMEOUT_S,
     DEFAULT_URL,
     Client,
@@ -82,7 +83,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--retries",
         type=int,
         default=4,
-        help="retries on a dead worker, 503, connection errors and timeouts",
+        help="retries on a dead worker, 503, 429, 504 deadline_exceeded, connection errors and timeouts",
+    )
+    classify.add_argument(
+        "--retry-budget",
+        type=float,
+        default=DEFAULT_RETRY_BUDGET_S,
+        help="seconds after which a call starts no new attempt (backoff honours Retry-After)",
     )
     classify.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     args = parser.parse_args(argv)
@@ -220,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
             token=resolve_token(args),
             timeout=args.timeout,
             retries=args.retries,
+            retry_budget=args.retry_budget,
         )
         if args.file is None:
             return classify_one(client, args)

@@ -9,10 +9,14 @@ sentence-pair models (NLI, cross-encoders). Both take the API's options: `top_k`
 best labels in `scores`) and `raw_scores` (the logits, no softmax or sigmoid).
 
 The errors, one class per way a call fails, are drawn in `bert_serve.exceptions`.
-Every answer that means "the worker is gone" (`is_worker_gone`), 503, connection errors and
-attempts that get no answer within `timeout` are retried with exponential backoff and jitter:
-classification is idempotent, so sending a text twice is harmless. The per-attempt deadline is
-what keeps a call from hanging: TorchServe 0.12 drops, without any answer, the requests a worker
+Every answer that means "the worker is gone" (`is_worker_gone`), 503, 429, 504
+`deadline_exceeded`, connection errors and attempts that get no answer within `timeout` are
+retried with exponential backoff and full jitter, never sooner than the server's `Retry-After`,
+and no attempt starts later than `retry_budget` seconds into the call, so a spike is not fed
+by its own retries (docs/deadlines.md). Classification is idempotent, so sending a text twice
+is harmless. Each attempt says when it started and how long it waits (`X-Request-Start`,
+`X-Request-Timeout`), so the server does no work for an attempt already given up.
+The per-attempt deadline is what keeps a call from hanging: TorchServe 0.12 drops, without any answer, the requests a worker
 had collected for its next batch when that worker dies (docs/chaos/README.md, "When a worker
 dies"). In `classify_many`, an error that would repeat for every chunk (`repeats_for_every_chunk`)
 raises; any other failure of a chunk becomes that chunk's items' error, and the other chunks go on.
@@ -25,6 +29,7 @@ tritonclient already speaks it.
 from __future__ import annotations
 
 import json
+import math
 import random
 import threading
 import time
@@ -33,6 +38,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -43,6 +49,7 @@ from bert_serve.exceptions import (
     BadResponse,
     BodyTooLarge,
     ConnectError,
+    DeadlineExceeded,
     InvalidKeyFile,
     ModelNotFound,
     RequestFailed,
@@ -72,7 +79,8 @@ DEFAULT_MAX_REQUEST_BYTES = 1_000_000
 SERVER_RESPONSE_TIMEOUT_S = 60.0
 ATTEMPT_MARGIN_S = 10.0
 DEFAULT_TIMEOUT_S = SERVER_RESPONSE_TIMEOUT_S + ATTEMPT_MARGIN_S
-RETRY_STATUSES = frozenset({503, 507})
+RETRY_STATUSES = frozenset({429, 503, 507})
+DEFAULT_RETRY_BUDGET_S = 120.0
 # TorchServe's messages for requests whose worker went away (WorkerThread.java,
 # BatchAggregator.java); its status varies: 500, 507 (exit code 137), or the worker's own.
 WORKER_GONE_MESSAGES = frozenset({"Worker died.", "Worker scaled down."})
@@ -251,7 +259,7 @@ def _torchserve_message(body: Any) -> str:
 
 def is_worker_gone(response: requests.Response) -> bool:
     """True for TorchServe's answer to a request whose worker died, whatever its status, and
-    for 503 (queue full) and 507.
+    for 503 (queue full), 429 and 507.
 
     Only TorchServe's own error body counts (`{"code", "type", "message"}`); the handler's
     errors (`{"error": ...}`) and a bare 413 from the body-size limit are final answers.
@@ -283,12 +291,36 @@ def backoff_delays(retries: int, base: float, cap: float) -> Iterator[float]:
         yield random.uniform(0, min(cap, base * 2**attempt))
 
 
+def retry_after_seconds(value: str | None, now: float) -> float | None:
+    """`Retry-After` as seconds from now: delta-seconds (a fraction accepted) or an HTTP date."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            seconds = parsedate_to_datetime(value).timestamp() - now
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return None
+    return max(0.0, seconds) if math.isfinite(seconds) else None
+
+
+def is_retried(error: BertServeError) -> bool:
+    """The failures another attempt may escape: no answer, a full queue or a gone worker, and
+    a deadline that passed while the request waited."""
+    return isinstance(error, ConnectError | Timeout | Unavailable | WorkerDied | DeadlineExceeded)
+
+
 class Client:
     """Talks to one bert-serve model; safe to share between threads.
 
     `timeout` is the deadline of one attempt (connect, and each wait for the answer); the
-    default follows from the server's responseTimeout (`DEFAULT_TIMEOUT_S`). A call takes at
-    most (retries + 1) x timeout plus the backoff sleeps (each at most `max_backoff`).
+    default follows from the server's responseTimeout (`DEFAULT_TIMEOUT_S`). A call makes at
+    most retries + 1 attempts, sleeps between them at least the server's `Retry-After`, and
+    starts none after `retry_budget` seconds: it takes at most retry_budget + timeout.
+    `stamp_deadline` sends each attempt's start (this machine's clock) and `timeout`; turn it
+    off when this clock may be behind the server's by a good part of `timeout`.
     """
 
     def __init__(
@@ -301,14 +333,20 @@ class Client:
         retries: int = 4,
         backoff: float = 0.25,
         max_backoff: float = 8.0,
+        retry_budget: float = DEFAULT_RETRY_BUDGET_S,
+        stamp_deadline: bool = True,
         sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.predict_url = f"{url.rstrip('/')}/predictions/{model}"
         self.timeout = timeout
         self.retries = retries
         self.backoff = backoff
         self.max_backoff = max_backoff
+        self.retry_budget = retry_budget
+        self.stamp_deadline = stamp_deadline
         self._sleep = sleep
+        self._clock = clock
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._local = threading.local()
 
@@ -319,38 +357,50 @@ class Client:
         return session
 
     def _post(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """POST with retries on a gone worker, 503, connection errors and attempts with no
-        answer within `timeout`; the 200 body, or the error's exception."""
+        """POST with retries (`is_retried`) within the retry budget; the 200 body, or the
+        error's exception."""
         headers = {**self._headers, "X-Request-ID": f"bert-serve-{uuid.uuid4().hex}"}
+        if self.stamp_deadline:
+            headers["X-Request-Timeout"] = f"{self.timeout:g}"
         delays = backoff_delays(self.retries, self.backoff, self.max_backoff)
+        started = self._clock()
         while True:
-            failure = self._attempt(payload, headers)
-            if isinstance(failure, dict):
-                return failure
-            if not isinstance(failure, ConnectError | Timeout | Unavailable | WorkerDied):
+            outcome = self._attempt(payload, headers)
+            if isinstance(outcome, dict):
+                return outcome
+            failure, retry_after = outcome
+            if not is_retried(failure):
                 raise failure
             delay = next(delays, None)
             if delay is None:
+                raise failure
+            if retry_after is not None:
+                delay = max(delay, retry_after + random.uniform(0, self.backoff))
+            if self._clock() - started + delay > self.retry_budget:
                 raise failure
             self._sleep(delay)
 
     def _attempt(
         self, payload: dict[str, Any], headers: dict[str, str]
-    ) -> dict[str, Any] | BertServeError:
-        """One POST: the 200 body, or the error it ended with."""
+    ) -> dict[str, Any] | tuple[BertServeError, float | None]:
+        """One POST: the 200 body, or the error it ended with and the server's Retry-After."""
+        stamped = dict(headers)
+        if self.stamp_deadline:
+            stamped["X-Request-Start"] = f"t={time.time():.3f}"
         try:
             response = self._session().post(
-                self.predict_url, json=payload, headers=headers, timeout=self.timeout
+                self.predict_url, json=payload, headers=stamped, timeout=self.timeout
             )
         except requests.ConnectionError as error:
-            return ConnectError(f"{self.predict_url}: {error}")
+            return ConnectError(f"{self.predict_url}: {error}"), None
         except requests.Timeout as error:
-            return Timeout(f"no answer within {self.timeout} s: {error}")
+            return Timeout(f"no answer within {self.timeout} s: {error}"), None
         except requests.RequestException as error:
             raise RequestFailed(f"{self.predict_url}: {error}") from error
         if response.status_code == 200:
             return _json_object(response)
-        return error_from_response(response)
+        retry_after = retry_after_seconds(response.headers.get("Retry-After"), time.time())
+        return error_from_response(response), retry_after
 
     def classify(
         self,

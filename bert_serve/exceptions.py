@@ -9,14 +9,16 @@
     │   ├── Unauthorized           unauthorized: a missing or wrong token (400, 401, 403)
     │   ├── ModelNotFound          model_not_found: no such model (404)
     │   ├── BodyTooLarge           payload_too_large: the body is over max_request_size (413)
-    │   ├── Unavailable            unavailable: the queue is full (503), after the retries
+    │   ├── Unavailable            unavailable: the queue is full (503) or 429, after the retries
     │   ├── WorkerDied             worker_died: "Worker died." (any status) or 507, after the retries
     │   └── UnexpectedStatus       http_<status>: any other answer TorchServe gives
     ├── Rejected                   the handler refused the text; .code is an ErrorCode
     │   ├── InvalidText            400: empty_text, missing_field, invalid_type, invalid_json,
     │   │                               invalid_encoding, invalid_option
     │   ├── TextTooLong            413: payload_too_large (over max_chars, or too many texts)
-    │   └── ModelFailed            500: internal_error (the model failed on this batch)
+    │   ├── ModelFailed            500: internal_error (the model failed on this batch)
+    │   └── DeadlineExceeded       504: deadline_exceeded (it waited past its deadline), after
+    │                                   the retries
     ├── BadResponse                bad_response: a 200 that is not the JSON the API promises
     └── InvalidKeyFile             invalid_key_file: no inference key in the key file
 
@@ -26,7 +28,7 @@ imported, because the client installs without the server; a unit test keeps the 
 A code this client does not know (a newer server) still raises `Rejected`, with the code as
 the server sent it.
 
-`Unavailable` and `WorkerDied` are the answers the client retries (with connection errors and
+`Unavailable`, `WorkerDied` and `DeadlineExceeded` are the answers the client retries (with connection errors and
 attempts with no answer); they reach the caller only once the retries are spent.
 """
 
@@ -46,6 +48,7 @@ class ErrorCode(StrEnum):
     INVALID_OPTION = "invalid_option"
     PAYLOAD_TOO_LARGE = "payload_too_large"
     INTERNAL_ERROR = "internal_error"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
 
 
 # The status the server answers each code with (handler/errors.py `HTTP_STATUS`).
@@ -58,6 +61,7 @@ ERROR_STATUS: dict[ErrorCode, int] = {
     ErrorCode.INVALID_OPTION: 400,
     ErrorCode.PAYLOAD_TOO_LARGE: 413,
     ErrorCode.INTERNAL_ERROR: 500,
+    ErrorCode.DEADLINE_EXCEEDED: 504,
 }
 
 
@@ -142,6 +146,10 @@ class ModelFailed(Rejected):
     pass
 
 
+class DeadlineExceeded(Rejected):
+    pass
+
+
 class BadResponse(BertServeError):
     code = "bad_response"
 
@@ -154,6 +162,7 @@ REJECTED_BY_STATUS: dict[int, type[Rejected]] = {
     400: InvalidText,
     413: TextTooLong,
     500: ModelFailed,
+    504: DeadlineExceeded,
 }
 
 

@@ -9,6 +9,9 @@
     invalid_option     400     "top_k" or "raw_scores" has a value the API does not accept
     payload_too_large  413     the text (or text_pair) has more characters than max_chars
     internal_error     500     the model failed on this batch; a bug or a resource problem
+    deadline_exceeded  504     the request's deadline (its client's wait, capped by the
+                               server's queue_budget_ms) passed before its batch began:
+                               it was not tokenized or forwarded (handler.deadline)
 
 Every error answers the same body shape, built by ``error_body``.
 """
@@ -28,6 +31,7 @@ class ErrorCode(StrEnum):
     INVALID_OPTION = "invalid_option"
     PAYLOAD_TOO_LARGE = "payload_too_large"
     INTERNAL_ERROR = "internal_error"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
 
 
 HTTP_STATUS: dict[ErrorCode, tuple[int, str]] = {
@@ -39,6 +43,7 @@ HTTP_STATUS: dict[ErrorCode, tuple[int, str]] = {
     ErrorCode.INVALID_OPTION: (400, "Bad Request"),
     ErrorCode.PAYLOAD_TOO_LARGE: (413, "Payload Too Large"),
     ErrorCode.INTERNAL_ERROR: (500, "Internal Server Error"),
+    ErrorCode.DEADLINE_EXCEEDED: (504, "Gateway Timeout"),
 }
 
 

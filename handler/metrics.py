@@ -15,7 +15,10 @@ client's default 0.005..10 buckets, useless for batch sizes and milliseconds.)
     BatchItems        ModelName, Level           requests in the batch (a list request is one)
     SubBatches        ModelName, Level           forward passes run
     ItemsAccepted     ModelName, Level           texts classified (each text of a list counts)
-    ItemsRejected     Reason, ModelName, Level   requests or texts rejected, by error code
+    ItemsRejected     Reason, ModelName, Level   requests or texts rejected, by error code;
+                                                 Reason=deadline_exceeded counts the requests
+                                                 whose deadline passed before their batch began
+                                                 (none of their texts was forwarded)
     ItemsTruncated    ModelName, Level           texts cut at max_length
     RealTokens        ModelName, Level           tokens of the texts
     PaddedTokens      ModelName, Level           tokens the forward passes computed

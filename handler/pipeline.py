@@ -9,11 +9,12 @@ them and puts each outcome back at its place.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from handler import native, open_inference
+from handler import deadline, native, open_inference
 from handler.errors import ErrorCode
 from handler.inference import BatchStats, Prediction, TextInput, with_options
 from handler.protocol import (
@@ -74,6 +75,21 @@ def decode(request: IncomingRequest, settings: HandlerSettings) -> Decoded:
             ErrorCode.INTERNAL_ERROR, "the request could not be decoded (server bug)"
         )
         return Decoded(FALLBACK, failure)
+
+
+def expire(
+    request: IncomingRequest, decoded: Decoded, settings: HandlerSettings, now: float
+) -> Decoded:
+    """The decoded request, or its ``deadline_exceeded`` refusal when its deadline passed
+    before the batch began: then none of its texts is tokenized or forwarded."""
+    due = deadline.deadline(request.headers, settings.queue_budget_ms / 1e3, now)
+    if due is None or now <= due:
+        return decoded
+    message = (
+        f"the request's deadline passed {now - due:.3f} s before its batch began; "
+        "it was not processed (retry later, or send a longer X-Request-Timeout)"
+    )
+    return Decoded(decoded.protocol, Rejected(ErrorCode.DEADLINE_EXCEEDED, message))
 
 
 def valid_slots(requests: Sequence[Texts | Rejected]) -> list[tuple[Slot, TextInput]]:
@@ -161,13 +177,18 @@ def run_batch(
     classifier: Classifier,
     settings: HandlerSettings,
     observe: BatchObserver | None = None,
+    now: float | None = None,
 ) -> list[Response]:
     """One response per request, in order; an unexpected failure answers 500 to this batch only.
 
     ``observe`` sees every batch's outcomes and stats (the metrics); it must not raise.
+    ``now`` is when the batch began (unix time; the clock by default), for the deadlines.
     """
+    began = time.time() if now is None else now
     try:
-        decoded = [decode(request, settings) for request in requests]
+        decoded = [
+            expire(request, decode(request, settings), settings, began) for request in requests
+        ]
         outcomes, stats = classify_valid([d.request for d in decoded], classifier)
     except Exception:
         logger.exception("batch of %d failed unexpectedly; this is a bug", len(requests))
@@ -191,9 +212,10 @@ def _log_batch(
         for r, o in zip(requests, outcomes, strict=True)
         if isinstance(o, Rejected)
     ]
+    expired = sum(code == ErrorCode.DEADLINE_EXCEEDED for _, code in rejected)
     logger.info(
         "batch_size=%d valid=%d rejected=%d sub_batches=%s real_tokens=%d padded_tokens=%d "
-        "tokenize_ms=%.1f forward_ms=%.1f threads=%d",
+        "tokenize_ms=%.1f forward_ms=%.1f threads=%d expired=%d",
         len(requests),
         len(requests) - len(rejected),
         len(rejected),
@@ -203,6 +225,7 @@ def _log_batch(
         stats.tokenize_ms,
         stats.forward_ms,
         stats.threads,
+        expired,
     )
     for request_id, code in rejected:
         logger.info("request %s rejected: %s", request_id, code)

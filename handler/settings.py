@@ -16,6 +16,8 @@ DEVICE_CHOICES = ("auto", "cpu", "cuda")
 SCORE_FUNCTION_CHOICES = ("auto", "softmax", "sigmoid", "none")
 ATTENTION_CHOICES = ("auto", "sdpa", "eager")
 PRECISION_CHOICES = ("fp32", "bf16", "fp16")
+# responseTimeout (config/model-config.yaml) in ms: a budget past it would never be reached.
+MAX_QUEUE_BUDGET_MS = 60_000
 CHOICES = {
     "device": DEVICE_CHOICES,
     "attention": ATTENTION_CHOICES,
@@ -61,6 +63,10 @@ class HandlerSettings:
     ``sigmoid`` or ``none`` pick the function for a model whose config has no problem_type."""
     multi_label_threshold: float = 0.5
     """Multi-label models: a label is given (in ``labels``) when its score is at least this."""
+    queue_budget_ms: int = 500
+    """The longest a request with a start stamp but no wait of its own (``X-Request-Timeout``)
+    may wait before its batch begins; one that waited longer answers 504 ``deadline_exceeded``
+    unworked (``handler.deadline``). 0: no deadline for those. At most ``MAX_QUEUE_BUDGET_MS``."""
 
     def __post_init__(self) -> None:
         _require(self.max_length >= 8, f"max_length must be at least 8, got {self.max_length}")
@@ -86,6 +92,11 @@ class HandlerSettings:
         _require(
             len(set(self.labels)) == len(self.labels),
             f"labels must be unique, got {list(self.labels)}",
+        )
+        _require(
+            0 <= self.queue_budget_ms <= MAX_QUEUE_BUDGET_MS,
+            f"queue_budget_ms must be between 0 and {MAX_QUEUE_BUDGET_MS}, "
+            f"got {self.queue_budget_ms}",
         )
         _require(
             0.0 <= self.multi_label_threshold <= 1.0,

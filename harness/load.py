@@ -77,7 +77,9 @@ class ClosedLoop:
     """A bounded closed loop: ``concurrency`` clients, each sending ``job_for(n)`` for the n-th
     request as soon as its last one ended, until ``max_requests`` were sent, ``seconds``
     passed, or ``stopped`` is set. Each request is a POST to ``url`` unless a ``sender`` is
-    given."""
+    given. ``pause_after_failure_s``: a client waits that long after an answer other than 200
+    (an impatient client's resend). ``stamped``: each POST carries ``X-Request-Start`` and,
+    as ``X-Request-Timeout``, ``request_timeout_s`` (docs/deadlines.md)."""
 
     url: str
     headers: dict[str, str]
@@ -88,6 +90,8 @@ class ClosedLoop:
     request_timeout_s: float = 120.0
     progress: Progress | None = None
     sender: Sender | None = None
+    pause_after_failure_s: float = 0.0
+    stamped: bool = False
     sent: int = 0
     stopped: bool = False
     elapsed: float = 0.0
@@ -122,9 +126,20 @@ class ClosedLoop:
             job = self.job_for(self.sent)
             self.sent += 1
             if self.sender is not None:
-                self.outcomes.append(await self.sender(job))
+                outcome = await self.sender(job)
             else:
-                self.outcomes.append(await send(session, self.url, self.headers, job))
+                outcome = await send(session, self.url, self._headers_now(), job)
+            self.outcomes.append(outcome)
+            if outcome.status != "200" and self.pause_after_failure_s > 0:
+                await asyncio.sleep(self.pause_after_failure_s)
+
+    def _headers_now(self) -> dict[str, str]:
+        if not self.stamped:
+            return self.headers
+        return self.headers | {
+            "X-Request-Start": f"t={time.time():.3f}",
+            "X-Request-Timeout": f"{self.request_timeout_s:g}",
+        }
 
     async def _report(self, started: float, deadline: float) -> None:
         while self.progress is not None and self._more(deadline):

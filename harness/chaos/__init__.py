@@ -9,7 +9,9 @@ stopped at the end) and returns its numbers with a pass/fail verdict computed fr
 - ``oversized``: a body over the frontend's limit gets its 413, the server stays healthy;
 - ``restart``: a second server in the same state folder starts and answers the same;
 - ``kill_runs``: many worker kills, counting the requests nobody answers (also with a long
-  maxBatchDelay).
+  maxBatchDelay);
+- ``spike``: patient, 2x and 4x overload with impatient clients, plain and stamped: goodput,
+  refusals by status, expired work (numbers reported, not asserted).
 
 ``common`` holds what they share (durations, the malformed requests, bounded requests); the
 workers they kill and wait for are ``harness.server.Server``'s. Every loop is bounded in
@@ -23,7 +25,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from harness.chaos import kill_runs, overload, oversized, poisoning_soak, restart, worker_crash
+from harness.chaos import (
+    kill_runs,
+    overload,
+    oversized,
+    poisoning_soak,
+    restart,
+    spike,
+    worker_crash,
+)
 from harness.chaos.common import Durations, durations
 
 Experiment = Callable[[Durations], dict[str, Any]]
@@ -35,6 +45,7 @@ EXPERIMENTS: dict[str, Experiment] = {
     "restart": restart.run,
     "kill_runs": kill_runs.run,
     "kill_runs_long_delay": kill_runs.run_long_delay,
+    "spike": spike.run,
 }
 
 __all__ = ["EXPERIMENTS", "Durations", "durations", "run_part", "summary_table"]

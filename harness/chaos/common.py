@@ -27,6 +27,7 @@ class Durations:
     overload_requests: int = 400
     overload_concurrency: int = 200
     kills: int = 50
+    spike_s: float = 15.0
 
 
 def durations(seconds: float, quick: bool, kills: int | None = None) -> Durations:
@@ -37,6 +38,7 @@ def durations(seconds: float, quick: bool, kills: int | None = None) -> Duration
             crash_before_kill_s=1.0,
             crash_after_recovery_s=1.0,
             kills=3 if kills is None else kills,
+            spike_s=2.0,
         )
     return Durations(
         soak_s=seconds,

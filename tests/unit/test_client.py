@@ -31,7 +31,8 @@ from bert_serve.client import (
 from harness.config import free_port
 from tests.conftest import ROOT
 
-Reply = tuple[int, Any]  # (status, JSON body or None for an empty body)
+Reply = tuple[int, Any] | tuple[int, Any, dict[str, str]]
+# (status, JSON body or None for an empty body[, response headers])
 
 
 def prediction_for(text: str) -> dict[str, Any]:
@@ -72,10 +73,12 @@ class Stub:
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 stub.requests.append((dict(self.headers), body))
-                status, answer = stub.reply(body)
+                status, answer, *more = stub.reply(body)
                 data = b"" if answer is None else json.dumps(answer).encode()
                 try:
                     self.send_response(status)
+                    for name, value in (more[0] if more else {}).items():
+                        self.send_header(name, value)
                     self.send_header("Content-Length", str(len(data)))
                     self.end_headers()
                     self.wfile.write(data)
@@ -827,3 +830,141 @@ def test_read_jsonl_gives_texts_and_pairs_and_marks_bad_bytes() -> None:
     server as lone surrogates (its `invalid_encoding` for that line), as in plain lines."""
     data = b'\xef\xbb\xbf"first"\r\n{"text": "a", "text_pair": "b"}\n{"text": "caf\xe9", "x": 1}\n'
     assert list(cli.read_jsonl(io.BytesIO(data))) == ["first", ("a", "b"), "caf\udce9"]
+
+
+QUEUE_FULL = {"code": 503, "type": "ServiceUnavailableException", "message": "queue full"}
+
+
+class FakeClock:
+    """Time that passes only when the client sleeps: the retry budget without waiting."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def test_every_attempt_says_when_it_started_and_how_long_it_waits(
+    stub_factory: Callable[..., Stub],
+) -> None:
+    """The server refuses work for attempts already given up only if they carry these."""
+    replies = iter([(503, QUEUE_FULL)])
+    stub = stub_factory(lambda body: next(replies, None) or echo(body))
+    client, _ = client_for(stub, timeout=2.5)
+    before = time.time()
+    client.classify("fine")
+    starts = []
+    for headers, _ in stub.requests:
+        assert headers["X-Request-Timeout"] == "2.5"
+        assert re.fullmatch(r"t=\d+\.\d{3}", headers["X-Request-Start"])
+        starts.append(float(headers["X-Request-Start"][2:]))
+    assert len(starts) == 2 and before - 0.01 <= starts[0] <= starts[1] <= time.time() + 0.01
+
+
+@pytest.mark.parametrize("status", [503, 429])
+def test_retry_after_is_honoured_with_jitter_on_top(
+    stub_factory: Callable[..., Stub], status: int
+) -> None:
+    replies = iter([(status, QUEUE_FULL, {"Retry-After": "3"})] * 2)
+    stub = stub_factory(lambda body: next(replies, None) or echo(body))
+    clock = FakeClock()
+    client = Client(stub.url, backoff=0.25, sleep=clock.sleep, clock=clock)
+    assert client.classify("fine").label == "label-4"
+    assert len(stub.requests) == 3
+    assert len(clock.sleeps) == 2 and all(3.0 <= s <= 3.25 for s in clock.sleeps)
+    assert clock.sleeps[0] != clock.sleeps[1]
+
+
+def test_a_retry_after_date_counts_from_now() -> None:
+    from email.utils import formatdate
+
+    now = 1_800_000_000.0
+    later = formatdate(now + 7, usegmt=True)
+    assert client_module.retry_after_seconds(later, now) == pytest.approx(7.0)
+    assert client_module.retry_after_seconds(formatdate(now - 60, usegmt=True), now) == 0.0
+    assert client_module.retry_after_seconds("soon", now) is None
+    assert client_module.retry_after_seconds("nan", now) is None
+    assert client_module.retry_after_seconds("1.5", now) == 1.5
+
+
+def test_the_retry_budget_bounds_a_call_that_keeps_being_refused(
+    stub_factory: Callable[..., Stub],
+) -> None:
+    """No attempt starts after retry_budget: 503s with Retry-After 4 within 10 s are 3 attempts."""
+    stub = stub_factory(lambda body: (503, QUEUE_FULL, {"Retry-After": "4"}))
+    clock = FakeClock()
+    client = Client(
+        stub.url, retries=100, backoff=0.01, retry_budget=10, sleep=clock.sleep, clock=clock
+    )
+    with pytest.raises(exceptions.Unavailable):
+        client.classify("x")
+    assert len(stub.requests) == 3 and len(clock.sleeps) == 2
+    assert clock.now <= 10
+
+
+def test_a_retry_after_longer_than_the_budget_gives_up_at_once(
+    stub_factory: Callable[..., Stub],
+) -> None:
+    stub = stub_factory(lambda body: (503, QUEUE_FULL, {"Retry-After": "3600"}))
+    clock = FakeClock()
+    client = Client(stub.url, sleep=clock.sleep, clock=clock)
+    with pytest.raises(exceptions.Unavailable):
+        client.classify("x")
+    assert len(stub.requests) == 1 and clock.sleeps == []
+
+
+def test_a_deadline_exceeded_answer_is_retried_then_raised_as_its_class(
+    stub_factory: Callable[..., Stub],
+) -> None:
+    expired = {"error": {"code": "deadline_exceeded", "message": "late"}, "request_id": "r"}
+    stub = stub_factory(lambda body: (504, expired))
+    client, sleeps = client_for(stub, retries=2)
+    with pytest.raises(exceptions.DeadlineExceeded) as caught:
+        client.classify("x")
+    assert caught.value.code == "deadline_exceeded" and caught.value.status == 504
+    assert len(stub.requests) == 3 and len(sleeps) == 2
+
+
+def test_classify_many_under_refusals_answers_every_text_once(
+    stub_factory: Callable[..., Stub],
+) -> None:
+    """A spike, in miniature: every other request is refused; each text is answered once."""
+    lock = threading.Lock()
+    count = iter(range(10**6))
+    answered: list[str] = []
+
+    def reply(body: dict[str, Any]) -> Reply:
+        with lock:
+            refused = next(count) % 2 == 0
+            if not refused:
+                answered.extend(body["texts"])
+        return (503, QUEUE_FULL, {"Retry-After": "0"}) if refused else echo(body)
+
+    stub = stub_factory(reply)
+    client, _ = client_for(stub, retries=50)
+    texts = [f"text {i}" * (i % 5 + 1) for i in range(40)]
+    results = client.classify_many(texts, chunk_size=4, concurrency=4)
+    assert [r.prediction.label if r.prediction else None for r in results] == [
+        f"label-{len(t)}" for t in texts
+    ]
+    assert sorted(answered) == sorted(texts)
+
+
+def test_the_cli_takes_a_retry_budget() -> None:
+    args = cli.parse_args(["classify", "--retry-budget", "5", "x"])
+    assert args.retry_budget == 5.0
+
+
+def test_stamps_can_be_turned_off(stub_factory: Callable[..., Stub]) -> None:
+    """For a client whose clock may be off the server's by more than the queue budget."""
+    stub = stub_factory()
+    client, _ = client_for(stub, stamp_deadline=False)
+    client.classify("fine")
+    ((headers, _),) = stub.requests
+    assert "X-Request-Start" not in headers and "X-Request-Timeout" not in headers

@@ -122,3 +122,16 @@ def test_a_model_failure_conforms_too() -> None:
     )
     assert response.status == 500
     OAS30Validator(answers_schema(500)).validate(json.loads(response.body))
+
+
+@pytest.mark.parametrize("body", [b'{"text": "fine"}', b'{"texts": ["a", "b"]}', infer("a")])
+def test_an_expired_request_conforms_too(body: bytes) -> None:
+    """504 deadline_exceeded, in our shape and in the Open Inference one."""
+    stamp = {"X-Request-Start": "t=1000", "explain": "False"}
+    (response,) = run_batch(
+        [IncomingRequest({"body": body}, "application/json", "r-1", headers=stamp)],
+        FakeClassifier(),
+        HandlerSettings(),
+    )
+    assert response.status == 504
+    OAS30Validator(answers_schema(504)).validate(json.loads(response.body))

@@ -129,6 +129,8 @@ def test_wrong_type_is_rejected(key: str, value: Any) -> None:
         pytest.param(
             {"precision": "bf16", "quantize_int8": True}, "quantize_int8", id="int8-with-bf16"
         ),
+        pytest.param({"queue_budget_ms": -1}, "queue_budget_ms", id="budget-negative"),
+        pytest.param({"queue_budget_ms": 60_001}, "queue_budget_ms", id="budget-over-timeout"),
     ],
 )
 def test_out_of_range_values_are_rejected(raw: dict[str, Any], match: str) -> None:
@@ -210,3 +212,23 @@ def test_bad_score_settings_are_rejected(raw: dict[str, Any], match: str) -> Non
 def test_threshold_takes_whole_and_fractional_numbers(value: Any, expected: float) -> None:
     threshold = HandlerSettings.from_mapping({"multi_label_threshold": value}).multi_label_threshold
     assert threshold == expected and isinstance(threshold, float)
+
+
+@pytest.mark.parametrize("value", [0, 1, 500, 60_000])
+def test_queue_budget_range(value: int) -> None:
+    """0 (only the client's wait) up to responseTimeout in ms."""
+    assert HandlerSettings.from_mapping({"queue_budget_ms": value}).queue_budget_ms == value
+
+
+@pytest.mark.parametrize("value", [0.5, "500", True])
+def test_queue_budget_is_whole_milliseconds(value: Any) -> None:
+    with pytest.raises(ValueError, match="queue_budget_ms must be an integer"):
+        HandlerSettings.from_mapping({"queue_budget_ms": value})
+
+
+def test_queue_budget_cap_is_the_response_timeout() -> None:
+    """A budget past responseTimeout would never be reached: the worker is killed first."""
+    from handler.settings import MAX_QUEUE_BUDGET_MS
+
+    timeout_s = yaml.safe_load(MODEL_CONFIG.read_text())["responseTimeout"]
+    assert MAX_QUEUE_BUDGET_MS == timeout_s * 1000

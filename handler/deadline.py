@@ -1,0 +1,81 @@
+"""When a request stops being worth working on, from what the worker can see: its headers.
+
+TorchServe 0.12 passes the worker no arrival time (docs/api.md, "Deadlines"): a handler sees
+headers and body only, and the moment the batch reaches it. So the queue time of a request can
+only be known from a stamp the request carries, set by its client or by a proxy in front:
+
+    header                          form                                 meaning
+    X-Request-Start                 t=<unix time> or <unix time>, in s,  when the request started
+                                    ms or us (told apart by magnitude)   (NGINX, Heroku, our client)
+    X-Request-Timeout               seconds, e.g. 0.4                    how long the client waits
+    grpc-timeout                    <digits><H|M|S|m|u|n>, e.g. 400m     the same, gRPC's spelling
+    x-envoy-expected-rq-timeout-ms  milliseconds                         the same, Envoy's
+
+The deadline is start + the client's wait, or start + ``queue_budget_ms`` (the server's
+default budget, a handler setting) when the request says no wait: a client that says it waits
+longer (a bulk job whose queue is long by design) is not cut short. A start stamp from the future (clock skew) counts as now. Without a start
+stamp there is no deadline: the worker cannot tell a request that waited 2 s from one that
+arrived just now, and the frontend's queue bound (``job_queue_size``) is then the only
+protection. A relative wait alone is not enough for the same reason.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from handler.protocol import header_value
+
+START_HEADER = "X-Request-Start"
+TIMEOUT_HEADER = "X-Request-Timeout"
+GRPC_TIMEOUT_HEADER = "grpc-timeout"
+ENVOY_TIMEOUT_HEADER = "x-envoy-expected-rq-timeout-ms"
+
+GRPC_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
+GRPC_TIMEOUT = re.compile(r"(\d{1,8})([HMSmun])")
+NUMBER = re.compile(r"\d{1,20}(\.\d{1,9})?")
+# A unix time in seconds has 10 digits until 2286; in ms 13, in us 16.
+MS_FROM = 1e11
+US_FROM = 1e14
+
+
+def start_time(headers: Mapping[str, Any]) -> float | None:
+    """The request's start as a unix time in seconds, or None when absent or malformed."""
+    raw = (header_value(headers, START_HEADER) or "").strip().removeprefix("t=")
+    if not NUMBER.fullmatch(raw):
+        return None
+    value = float(raw)
+    if value >= US_FROM:
+        return value / 1e6
+    if value >= MS_FROM:
+        return value / 1e3
+    return value
+
+
+def client_wait(headers: Mapping[str, Any]) -> float | None:
+    """How long, in seconds, the client says it waits; the first header that parses wins."""
+    raw = (header_value(headers, TIMEOUT_HEADER) or "").strip()
+    if NUMBER.fullmatch(raw):
+        return float(raw)
+    grpc = GRPC_TIMEOUT.fullmatch((header_value(headers, GRPC_TIMEOUT_HEADER) or "").strip())
+    if grpc:
+        return int(grpc.group(1)) * GRPC_UNITS[grpc.group(2)]
+    envoy = (header_value(headers, ENVOY_TIMEOUT_HEADER) or "").strip()
+    if envoy.isdigit() and len(envoy) <= 12:
+        return int(envoy) / 1e3
+    return None
+
+
+def deadline(headers: Mapping[str, Any], queue_budget_s: float, now: float) -> float | None:
+    """The unix time after which the request is not worked on; None when it cannot be known.
+
+    ``queue_budget_s`` is the wait of a request that states none; 0: no deadline for those.
+    """
+    start = start_time(headers)
+    if start is None:
+        return None
+    wait = client_wait(headers)
+    if wait is None:
+        wait = queue_budget_s or None
+    return None if wait is None else min(start, now) + wait

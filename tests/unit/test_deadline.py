@@ -1,0 +1,192 @@
+"""Deadlines that travel with the request: the headers read, and the per-request check at
+batch start (handler.deadline, handler.pipeline.expire)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from handler.deadline import client_wait, deadline, start_time
+from handler.errors import HTTP_STATUS, ErrorCode
+from handler.pipeline import IncomingRequest, run_batch
+from handler.settings import HandlerSettings
+from tests.unit.test_pipeline import FakeClassifier, body_of
+
+NOW = 1_800_000_000.0
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("t=1799999999.5", 1_799_999_999.5),
+        ("1799999999.5", 1_799_999_999.5),
+        ("t=1799999999500", 1_799_999_999.5),
+        ("1799999999500000", 1_799_999_999.5),
+        (" t=1799999999 ", 1_799_999_999.0),
+    ],
+)
+def test_start_stamps_in_seconds_ms_and_us(value: str, expected: float) -> None:
+    """NGINX sends t=<s.ms>, Heroku ms, New Relic's agents accept us: all mean the same time."""
+    assert start_time({"X-Request-Start": value}) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("value", ["", "t=", "yesterday", "t=-5", "1e9", "t=1.2.3", "9" * 30])
+def test_malformed_start_stamps_are_ignored(value: str) -> None:
+    assert start_time({"X-Request-Start": value}) is None
+
+
+@pytest.mark.parametrize(
+    ("headers", "expected"),
+    [
+        ({"X-Request-Timeout": "0.4"}, 0.4),
+        ({"x-request-timeout": "2"}, 2.0),
+        ({"grpc-timeout": "400m"}, 0.4),
+        ({"grpc-timeout": "1S"}, 1.0),
+        ({"grpc-timeout": "250000u"}, 0.25),
+        ({"grpc-timeout": "2M"}, 120.0),
+        ({"x-envoy-expected-rq-timeout-ms": "1500"}, 1.5),
+        ({"X-Request-Timeout": "0.3", "grpc-timeout": "5S"}, 0.3),
+        ({"X-Request-Timeout": "soon", "grpc-timeout": "5S"}, 5.0),
+    ],
+)
+def test_client_waits_in_the_common_spellings(headers: dict[str, str], expected: float) -> None:
+    assert client_wait(headers) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"X-Request-Timeout": "-1"},
+        {"grpc-timeout": "400"},
+        {"grpc-timeout": "1x"},
+        {"x-envoy-expected-rq-timeout-ms": "1.5"},
+    ],
+)
+def test_no_or_malformed_wait_is_none(headers: dict[str, str]) -> None:
+    assert client_wait(headers) is None
+
+
+def test_the_deadline_is_the_start_plus_the_clients_wait_else_the_budget() -> None:
+    """The wait a client states wins both ways; the budget is the default for those without."""
+    start = {"X-Request-Start": f"t={NOW - 1}"}
+    assert deadline({**start, "X-Request-Timeout": "0.4"}, 0.5, NOW) == pytest.approx(NOW - 0.6)
+    assert deadline({**start, "X-Request-Timeout": "30"}, 0.5, NOW) == pytest.approx(NOW + 29)
+    assert deadline(start, 0.5, NOW) == pytest.approx(NOW - 0.5)
+    assert deadline({**start, "X-Request-Timeout": "30"}, 0, NOW) == pytest.approx(NOW + 29)
+    assert deadline(start, 0, NOW) is None
+
+
+def test_without_a_start_stamp_there_is_no_deadline() -> None:
+    """The worker cannot see when a request arrived: a relative wait alone decides nothing."""
+    assert deadline({"X-Request-Timeout": "0.001"}, 0.5, NOW) is None
+    assert deadline({}, 0.5, NOW) is None
+
+
+def test_a_start_stamp_from_the_future_counts_as_now() -> None:
+    """A client clock ahead of the server's must not stretch its request's deadline."""
+    ahead = {"X-Request-Start": f"t={NOW + 100}", "X-Request-Timeout": "0.4"}
+    assert deadline(ahead, 0.5, NOW) == pytest.approx(NOW + 0.4)
+
+
+def request(text: str, request_id: str, **headers: str) -> IncomingRequest:
+    body = json.dumps({"text": text}).encode()
+    return IncomingRequest({"body": body}, "application/json", request_id, headers=headers)
+
+
+def test_an_expired_request_is_not_forwarded_and_its_batch_mate_is_answered_as_alone() -> None:
+    """The expired text never reaches the classifier; the fresh one's answer equals alone."""
+    settings = HandlerSettings()
+    expired = request("a stale text", "late", **{"X-Request-Start": f"t={NOW - 2}"})
+    fresh = request(
+        "a fresh text", "fresh", **{"X-Request-Start": f"t={NOW - 0.1}", "X-Request-Timeout": "1"}
+    )
+    unstamped = request("no stamp at all", "plain")
+    classifier = FakeClassifier()
+    late, on_time, plain = run_batch([expired, fresh, unstamped], classifier, settings, now=NOW)
+
+    assert classifier.calls == [["a fresh text", "no stamp at all"]]
+    assert (late.status, late.phrase) == HTTP_STATUS[ErrorCode.DEADLINE_EXCEEDED]
+    assert late.status == 504
+    assert body_of(late)["error"]["code"] == "deadline_exceeded"
+    assert body_of(late)["request_id"] == "late"
+
+    alone = run_batch([fresh], FakeClassifier(), settings, now=NOW)[0]
+    assert on_time.status == 200
+    assert on_time.body == alone.body
+    assert plain.status == 200
+
+
+def test_the_clients_shorter_wait_expires_a_request_within_the_server_budget() -> None:
+    """0.3 s waited of a stated 0.2 s: expired, though the default budget (0.5 s) is not spent."""
+    client_says = {"X-Request-Start": f"t={NOW - 0.3}", "X-Request-Timeout": "0.2"}
+    classifier = FakeClassifier()
+    (response,) = run_batch(
+        [request("x", "r", **client_says)], classifier, HandlerSettings(), now=NOW
+    )
+    assert response.status == 504
+    assert classifier.calls == []
+
+
+def test_a_list_request_expires_whole_and_an_open_inference_one_in_its_own_shape() -> None:
+    stamp = {"X-Request-Start": f"t={NOW - 5}"}
+    texts = IncomingRequest(
+        {"body": json.dumps({"texts": ["a", "b"]}).encode()},
+        "application/json",
+        "list",
+        headers=stamp,
+    )
+    v2_body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["a"]}]}
+    v2 = IncomingRequest(
+        {"body": json.dumps(v2_body).encode()},
+        "application/json",
+        "v2",
+        headers={**stamp, "explain": "False"},
+    )
+    classifier = FakeClassifier()
+    listed, infer = run_batch([texts, v2], classifier, HandlerSettings(), now=NOW)
+    assert classifier.calls == []
+    assert listed.status == infer.status == 504
+    assert body_of(listed)["error"]["code"] == "deadline_exceeded"
+    assert "deadline" in json.dumps(body_of(infer))
+
+
+def test_a_budget_of_zero_sets_no_default_deadline() -> None:
+    stamp = {"X-Request-Start": f"t={NOW - 3600}"}
+    classifier = FakeClassifier()
+    (response,) = run_batch(
+        [request("old but patient", "r", **stamp)],
+        classifier,
+        HandlerSettings(queue_budget_ms=0),
+        now=NOW,
+    )
+    assert response.status == 200
+    assert classifier.calls == [["old but patient"]]
+
+
+def test_expired_requests_are_counted_by_reason_in_the_metrics() -> None:
+    """ItemsRejected{Reason="deadline_exceeded"} (config/metrics.yaml) counts them."""
+    from handler.metrics import batch_metrics, rejections_by_reason
+
+    seen: list[Any] = []
+    stamp = {"X-Request-Start": f"t={NOW - 5}"}
+    batch = [request("a", "1", **stamp), request("b", "2", **stamp), request("c", "3")]
+    run_batch(
+        batch, FakeClassifier(), HandlerSettings(), observe=lambda *a: seen.append(a), now=NOW
+    )
+    ((outcomes, stats),) = seen
+    assert rejections_by_reason(outcomes) == {"deadline_exceeded": 2}
+    assert batch_metrics(outcomes, stats)["ItemsAccepted"] == 1
+
+
+def test_a_client_that_says_it_waits_longer_than_the_budget_is_not_cut_short() -> None:
+    """A bulk client (bert_serve.Client sends its 70 s timeout) queued 2 s is still answered."""
+    patient = {"X-Request-Start": f"t={NOW - 2}", "X-Request-Timeout": "70"}
+    classifier = FakeClassifier()
+    (response,) = run_batch(
+        [request("bulk", "r", **patient)], classifier, HandlerSettings(), now=NOW
+    )
+    assert response.status == 200
+    assert classifier.calls == [["bulk"]]
