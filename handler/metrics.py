@@ -26,7 +26,7 @@ Prometheus client's default buckets, 0.005 0.01 0.025 0.05 0.075 0.1 0.25 0.5 0.
 7.5 10 (+Inf), and no way to choose others, so each value is scaled to land in them: times in
 seconds (5 ms to 10 s), batch size in hundreds of requests (1, 2.5, 5, 7.5, 10, 25, 50, 75, 100
 requests), batch tokens in thousands (5 tokens to 10,000). The cost: nothing under 5 ms is
-resolved (on a GPU a short forward is all in the first bucket), and a quantile read from the
+resolved (on a GPU, forwards under 5 ms all fall in the first bucket), and a quantile read from the
 buckets is interpolated within one bucket (between 0.25 and 0.5 s, say). One observation per
 batch (per forward pass for ForwardSeconds), never one per request: every request of a batch
 gets its answer when the batch ends, so HandlerSeconds counts batches, not requests.
