@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from handler.errors import ErrorCode
 from handler.inference import BatchStats, Prediction, TextInput, classify
 from handler.metrics import MetricsEmitter
 from handler.model import LoadedModel, load_model
-from handler.pipeline import refuse, run_batch
+from handler.pipeline import answer_batch, refuse
 from handler.protocol import (
     JSON_MEDIA,
     IncomingRequest,
@@ -107,19 +108,23 @@ class BertHandler(BaseHandler):  # type: ignore[misc]
         )
 
     def handle(self, data: Any, context: Any) -> list[str]:
+        received = time.perf_counter()
         batch = list(data or [])
         busy = self.thread_share.busy() if self.thread_share else contextlib.nullcontext()
         try:
             with busy:
-                responses = run_batch(
+                responses, headers = answer_batch(
                     incoming_requests(batch, context),
                     self.classify,
                     self.settings,
                     observe=self.metrics.emit,
+                    received=received,
                 )
-            for index, response in enumerate(responses):
+            for index, (response, timings) in enumerate(zip(responses, headers, strict=True)):
                 context.set_response_status(response.status, response.phrase, index)
                 context.set_response_content_type(index, JSON_MEDIA)
+                for name, value in timings:
+                    context.set_response_header(index, name, value)
             return [response.body for response in responses]
         except Exception:
             logger.exception("handle failed for a batch of %d; this is a bug", len(batch))

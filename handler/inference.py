@@ -56,6 +56,14 @@ class BatchStats:
     forward_ms: float = 0.0
     threads: int = 0
     """The most torch threads one of its forward passes ran with (borrowed ones included)."""
+    forward_started: list[float] = field(default_factory=list)
+    """Each sub-batch's forward start, ``time.perf_counter()`` seconds."""
+    sub_batch_forward_ms: list[float] = field(default_factory=list)
+    sub_batch_padded_tokens: list[int] = field(default_factory=list)
+    sub_batch_of: list[int] = field(default_factory=list)
+    """For each text, in the order given, the sub-batch it was forwarded in."""
+    handler_ms: float = 0.0
+    """From the handler's receipt of the batch to its outcomes (set by the pipeline)."""
 
 
 def tokenize(tokenizer: Any, texts: Sequence[TextInput], max_length: int) -> list[TokenizedText]:
@@ -232,19 +240,25 @@ def classify(
     lengths = [len(item.input_ids) for item in tokenized]
     logits: list[list[float]] = [[] for _ in texts]
     scores: list[list[float]] = [[] for _ in texts]
+    stats.sub_batch_of = [0] * len(texts)
     started = time.perf_counter()
-    for group in plan_sub_batches(lengths, max_batch_tokens):
+    for number, group in enumerate(plan_sub_batches(lengths, max_batch_tokens)):
         input_ids, attention_mask, token_type_ids = model_inputs(
             loaded, [tokenized[i] for i in group]
         )
         with forward_threads(thread_share) as threads:
+            forward_started = time.perf_counter()
             group_logits = forward(loaded, input_ids, attention_mask, token_type_ids)
+            stats.sub_batch_forward_ms.append((time.perf_counter() - forward_started) * 1000)
+        stats.forward_started.append(forward_started)
+        stats.sub_batch_padded_tokens.append(input_ids.numel())
         stats.threads = max(stats.threads, threads)
         group_scores = apply_score_function(loaded.score_function, group_logits)
         for index, raw, scored in zip(
             group, group_logits.tolist(), group_scores.tolist(), strict=True
         ):
             logits[index], scores[index] = raw, scored
+            stats.sub_batch_of[index] = number
         stats.sub_batches.append(len(group))
         stats.real_tokens += sum(lengths[i] for i in group)
         stats.padded_tokens += input_ids.numel()

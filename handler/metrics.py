@@ -4,11 +4,10 @@ Every name here must be declared under ``model_metrics`` in ``config/metrics.yam
 same dimensions in the same order, or TorchServe drops it. A server started with another
 metrics file (TorchServe's default, a platform's) declares none of them: the emitter asks
 the cache once, at worker start, which ones it declares, warns once naming the file and the
-missing ones, and from then on emits only those (no lookup, no failure per batch). Everything is a counter (a sum),
-so an operator derives rates and means in Prometheus, e.g. mean formed batch size =
+missing ones, and from then on emits only those (no lookup, no failure per batch). The counters
+are sums, so an operator derives rates and means in Prometheus, e.g. mean formed batch size =
 ``rate(BatchItems) / rate(Batches)`` and padding efficiency =
-``rate(RealTokens) / rate(PaddedTokens)``. (TorchServe 0.12's histograms use the Prometheus
-client's default 0.005..10 buckets, useless for batch sizes and milliseconds.)
+``rate(RealTokens) / rate(PaddedTokens)``.
 
     metric            dimensions                 per batch, adds
     Batches           ModelName, Level           1
@@ -24,6 +23,22 @@ client's default 0.005..10 buckets, useless for batch sizes and milliseconds.)
     PaddedTokens      ModelName, Level           tokens the forward passes computed
     TokenizeMs        ModelName, Level           tokenization time
     ForwardMs         ModelName, Level           forward time
+
+The histograms draw distributions (p50, p99). TorchServe 0.12 gives every histogram the
+Prometheus client's default buckets, 0.005 0.01 0.025 0.05 0.075 0.1 0.25 0.5 0.75 1 2.5 5
+7.5 10 (+Inf), and no way to choose others, so each value is scaled to land in them: times in
+seconds (5 ms to 10 s), batch size in hundreds of requests (1, 2.5, 5, 7.5, 10, 25, 50, 75, 100
+requests), batch tokens in thousands (5 tokens to 10,000). The cost: nothing under 5 ms is
+resolved (on a GPU, forwards under 5 ms all fall in the first bucket), and a quantile read from the
+buckets is interpolated within one bucket (between 0.25 and 0.5 s, say). One observation per
+batch (per forward pass for ForwardSeconds), never one per request: every request of a batch
+gets its answer when the batch ends, so HandlerSeconds counts batches, not requests.
+
+    histogram             dimensions          per batch, observes
+    HandlerSeconds        ModelName, Level    receipt of the batch -> its outcomes, seconds
+    ForwardSeconds        ModelName, Level    each forward pass, seconds
+    BatchSizeHundreds     ModelName, Level    requests in the batch / 100
+    BatchTokensThousands  ModelName, Level    tokens its forward passes computed (padded) / 1000
 """
 
 from __future__ import annotations
@@ -57,6 +72,8 @@ COUNTER_DIMENSIONS = {name: DIMENSIONS for name in BATCH_COUNTERS} | {
     REJECTED: ["Reason", *DIMENSIONS]
 }
 """Each counter the handler emits, with the dimensions metrics.yaml must declare for it."""
+HISTOGRAMS = ("HandlerSeconds", "ForwardSeconds", "BatchSizeHundreds", "BatchTokensThousands")
+"""Each histogram the handler emits, all with ``DIMENSIONS``."""
 
 
 def texts_of(outcomes: Sequence[Outcome]) -> list[ItemOutcome]:
@@ -83,21 +100,34 @@ def batch_metrics(outcomes: Sequence[Outcome], stats: BatchStats) -> dict[str, f
     }
 
 
+def batch_observations(outcomes: Sequence[Outcome], stats: BatchStats) -> dict[str, list[float]]:
+    """The histogram observations of one batch, scaled into the default buckets."""
+    return {
+        "HandlerSeconds": [round(stats.handler_ms / 1000, 6)],
+        "ForwardSeconds": [round(ms / 1000, 6) for ms in stats.sub_batch_forward_ms],
+        "BatchSizeHundreds": [len(outcomes) / 100],
+        "BatchTokensThousands": [stats.padded_tokens / 1000] if stats.padded_tokens else [],
+    }
+
+
 def rejections_by_reason(outcomes: Sequence[Outcome]) -> dict[str, int]:
     return dict(
         Counter(item.code.value for item in texts_of(outcomes) if isinstance(item, Rejected))
     )
 
 
-def declared_counters(cache: Any) -> tuple[dict[str, Any], list[str]]:
-    """Our counters the cache declares with our dimensions, and the names of the others."""
+def declared_metrics(cache: Any) -> tuple[dict[str, Any], list[str]]:
+    """Our counters and histograms the cache declares with our dimensions, and the names of
+    the others."""
     from ts.metrics.metric_type_enum import MetricTypes
 
+    wanted = [(name, MetricTypes.COUNTER, dims) for name, dims in COUNTER_DIMENSIONS.items()]
+    wanted += [(name, MetricTypes.HISTOGRAM, DIMENSIONS) for name in HISTOGRAMS]
     declared: dict[str, Any] = {}
     missing: list[str] = []
-    for name, dimensions in COUNTER_DIMENSIONS.items():
+    for name, metric_type, dimensions in wanted:
         try:
-            metric = cache.get_metric(name, MetricTypes.COUNTER)
+            metric = cache.get_metric(name, metric_type)
         except Exception:
             missing.append(name)
             continue
@@ -109,29 +139,32 @@ def declared_counters(cache: Any) -> tuple[dict[str, Any], list[str]]:
 
 
 class MetricsEmitter:
-    """Adds one batch's numbers to TorchServe's cache: only the counters it declares, checked
+    """Adds one batch's numbers to TorchServe's cache: only the metrics it declares, checked
     once here; a metrics failure never fails a batch."""
 
     def __init__(self, cache: Any, model_name: str) -> None:
         self.model_name = model_name
         self.counters: dict[str, Any] = {}
-        missing = list(COUNTER_DIMENSIONS)
+        self.histograms: dict[str, Any] = {}
+        missing = [*COUNTER_DIMENSIONS, *HISTOGRAMS]
         if cache is not None:
-            self.counters, missing = declared_counters(cache)
+            declared, missing = declared_metrics(cache)
+            self.counters = {n: m for n, m in declared.items() if n in COUNTER_DIMENSIONS}
+            self.histograms = {n: m for n, m in declared.items() if n in HISTOGRAMS}
         if missing:
             source = getattr(cache, "config_file_path", None) or "no metrics cache"
             logger.warning(
-                "metrics file %s does not declare %d of the handler's %d counters, which are "
+                "metrics file %s does not declare %d of the handler's %d metrics, which are "
                 "not emitted: %s. Serve with metrics_config=config/metrics.yaml, or declare "
                 "them under model_metrics as it does (docs/handler.md, Metrics)",
                 source,
                 len(missing),
-                len(COUNTER_DIMENSIONS),
+                len(COUNTER_DIMENSIONS) + len(HISTOGRAMS),
                 ", ".join(missing),
             )
 
     def emit(self, outcomes: Sequence[Outcome], stats: BatchStats) -> None:
-        if not self.counters:
+        if not self.counters and not self.histograms:
             return
         try:
             dimensions = [self.model_name, LEVEL]
@@ -141,5 +174,9 @@ class MetricsEmitter:
             if REJECTED in self.counters:
                 for reason, count in rejections_by_reason(outcomes).items():
                     self.counters[REJECTED].add_or_update(count, [reason, *dimensions])
+            for name, values in batch_observations(outcomes, stats).items():
+                if name in self.histograms:
+                    for value in values:
+                        self.histograms[name].add_or_update(value, dimensions)
         except Exception:
             logger.warning("could not emit batch metrics; this is a bug", exc_info=True)

@@ -27,6 +27,7 @@ from handler.protocol import (
     WireProtocol,
 )
 from handler.settings import HandlerSettings
+from handler.timings import Headers, timing_headers
 
 logger = logging.getLogger(__name__)
 
@@ -184,24 +185,41 @@ def run_batch(
     ``observe`` sees every batch's outcomes and stats (the metrics); it must not raise.
     ``now`` is when the batch began (unix time; the clock by default), for the deadlines.
     """
+    return answer_batch(requests, classifier, settings, observe, now=now)[0]
+
+
+def answer_batch(
+    requests: Sequence[IncomingRequest],
+    classifier: Classifier,
+    settings: HandlerSettings,
+    observe: BatchObserver | None = None,
+    received: float | None = None,
+    now: float | None = None,
+) -> tuple[list[Response], list[Headers]]:
+    """``run_batch``, plus each request's timing headers (``handler.timings``), counted from
+    ``received`` (the handler's ``time.perf_counter()`` when TorchServe handed it the batch)."""
+    received = time.perf_counter() if received is None else received
     began = time.time() if now is None else now
     try:
         decoded = [
             expire(request, decode(request, settings), settings, began) for request in requests
         ]
         outcomes, stats = classify_valid([d.request for d in decoded], classifier)
+        owners = [index for (index, _), _ in valid_slots([d.request for d in decoded])]
     except Exception:
         logger.exception("batch of %d failed unexpectedly; this is a bug", len(requests))
         failure = Rejected(ErrorCode.INTERNAL_ERROR, "the batch failed (server bug)")
         decoded = [Decoded(FALLBACK, failure)] * len(requests)
-        outcomes, stats = [failure] * len(requests), BatchStats()
+        outcomes, stats, owners = [failure] * len(requests), BatchStats(), []
+    stats.handler_ms = (time.perf_counter() - received) * 1000
     _log_batch(requests, outcomes, stats)
     if observe is not None:
         observe(outcomes, stats)
-    return [
+    responses = [
         respond(d.protocol, outcome, request.request_id)
         for d, outcome, request in zip(decoded, outcomes, requests, strict=True)
     ]
+    return responses, timing_headers(len(requests), owners, stats, received)
 
 
 def _log_batch(

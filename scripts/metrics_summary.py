@@ -3,7 +3,8 @@
 Scrapes TorchServe's Prometheus endpoint every ``--every`` seconds for at most ``--seconds``
 and prints, per interval: batches/s, mean formed batch size, forward passes per batch,
 accepted/s, rejected/s by reason, truncated, padding efficiency, tokenize and forward
-milliseconds per batch, and TorchServe's mean queue time.
+milliseconds per batch, TorchServe's mean queue time, and p50/p99 of the handler's histograms
+(handler time, forward time, batch size, batch tokens) as the bucket that holds each.
 
     python scripts/metrics_summary.py [--state-dir .run] [--seconds 60] [--every 2]
 """

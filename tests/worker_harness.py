@@ -40,6 +40,8 @@ class Answer:
     status: int
     content_type: str
     body: bytes
+    headers: tuple[tuple[str, str], ...] = ()
+    """The response headers the handler set, as the frame carries them to the frontend."""
 
 
 class Worker(NamedTuple):
@@ -161,10 +163,11 @@ def decode_frame(frame: bytes) -> tuple[int, list[Answer]]:
         content_type = read_bytes().decode()
         status = read_int()
         read_bytes()
+        headers = []
         for _ in range(read_int()):
-            read_bytes()
-            read_bytes()
-        answers.append(Answer(request_id, status, content_type, read_bytes()))
+            name = read_bytes().decode()
+            headers.append((name, read_bytes().decode()))
+        answers.append(Answer(request_id, status, content_type, read_bytes(), tuple(headers)))
     return batch_code, answers
 
 

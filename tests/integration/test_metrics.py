@@ -1,10 +1,12 @@
-"""The handler's counters appear on TorchServe's Prometheus endpoint and move by the right amounts."""
+"""The handler's counters and histograms appear on TorchServe's Prometheus endpoint and move by
+the right amounts; the timing headers reach the client."""
 
 from __future__ import annotations
 
 import time
 
-from harness.metrics import scrape, summary
+from handler.timings import BATCH_SIZE, COMPUTE_TIME, INFERENCE_TIME, TIMING_HEADERS
+from harness.metrics import histogram_delta, scrape, summary
 from tests.integration.test_serving import post
 
 
@@ -66,3 +68,46 @@ def test_metrics_move_by_the_traffic_sent(server, predict_url) -> None:
     assert delta("PaddedTokens") >= delta("RealTokens") > 128
     assert delta("ForwardMs") > 0 and delta("TokenizeMs") > 0
     assert "rejected: empty_text 2, invalid_json 1" in summary(before, after, 1.0)
+
+
+def histogram_count(series: dict, name: str) -> float:
+    """Observations so far: the +Inf bucket (every observation falls in it)."""
+    return series.get((f"{name}_bucket", "le=+Inf"), 0.0)
+
+
+def test_timing_headers_arrive_and_the_histograms_move_by_the_traffic_sent(
+    server, predict_url
+) -> None:
+    """Through the real frontend: every answer carries the timing headers (a rejected one
+    the batch-wide ones), and each handler histogram counts exactly what was sent: one
+    observation per batch (per forward pass for ForwardSeconds); sent one by one, each
+    request is its own batch."""
+    before = settled(server.metrics_url)
+    answers = [post(server, predict_url, text, "text/plain") for text in (b"lovely", b"dull")]
+    rejected = post(server, predict_url, b"   ", "text/plain")
+    assert [a.status_code for a in answers] == [200, 200] and rejected.status_code == 400
+    for answer in answers:
+        for name in TIMING_HEADERS:
+            assert name in answer.headers, (name, dict(answer.headers))
+        assert answer.headers[BATCH_SIZE] == "1"
+        assert float(answer.headers[INFERENCE_TIME]) > 0
+        assert float(answer.headers[COMPUTE_TIME]) >= float(answer.headers[INFERENCE_TIME])
+    assert COMPUTE_TIME in rejected.headers and INFERENCE_TIME not in rejected.headers
+    expected = {"HandlerSeconds": 3, "BatchSizeHundreds": 3, "ForwardSeconds": 2}
+    expected["BatchTokensThousands"] = 2
+
+    def delta(name: str) -> float:
+        return histogram_count(after, name) - histogram_count(before, name)
+
+    deadline = time.monotonic() + 15
+    after = scrape(server.metrics_url)
+    while any(delta(n) != v for n, v in expected.items()) and time.monotonic() < deadline:
+        time.sleep(0.25)
+        after = scrape(server.metrics_url)
+    assert {name: delta(name) for name in expected} == expected
+    # Each request was a batch of one: 0.01 hundreds, in the 0.01 bucket and not below.
+    sizes = dict(histogram_delta(before, after, "BatchSizeHundreds"))
+    assert sizes[0.005] == 0 and sizes[0.01] == 3
+    text = summary(before, after, 1.0)
+    assert "batch size p50 <= 1 p99 <= 1 |" in text, text
+    assert "handler p50 " in text and "forward p50 " in text

@@ -16,8 +16,10 @@ from handler.inference import BatchStats, Prediction
 from handler.metrics import (
     BATCH_COUNTERS,
     COUNTER_DIMENSIONS,
+    HISTOGRAMS,
     MetricsEmitter,
     batch_metrics,
+    batch_observations,
     rejections_by_reason,
 )
 from handler.protocol import Rejected
@@ -46,6 +48,8 @@ STATS = BatchStats(
     padded_tokens=200,
     tokenize_ms=1.5,
     forward_ms=20.0,
+    sub_batch_forward_ms=[12.0, 7.5],
+    handler_ms=31.25,
 )
 
 
@@ -81,7 +85,45 @@ def test_every_metric_is_declared_and_emitted(cache, caplog) -> None:
     for name in batch_metrics(OUTCOMES, STATS):
         assert f"[METRICS]{name}." in emitted, name
     assert "ItemsRejected.Count:2|#Reason:empty_text,ModelName:bert,Level:Model" in emitted
+    for line in [
+        "HandlerSeconds.Seconds:0.03125|#ModelName:bert,Level:Model|#type:HISTOGRAM",
+        "ForwardSeconds.Seconds:0.012|#ModelName:bert,Level:Model|#type:HISTOGRAM",
+        "ForwardSeconds.Seconds:0.0075|#ModelName:bert,Level:Model|#type:HISTOGRAM",
+        "BatchSizeHundreds.Hundreds:0.05|#ModelName:bert,Level:Model|#type:HISTOGRAM",
+        "BatchTokensThousands.Thousands:0.2|#ModelName:bert,Level:Model|#type:HISTOGRAM",
+    ]:
+        assert line in emitted, line
     assert "could not emit" not in caplog.text
+
+
+def test_one_batch_observes_each_histogram_scaled_into_the_default_buckets() -> None:
+    """Seconds, hundreds of requests, thousands of tokens; one value per forward pass."""
+    assert batch_observations(OUTCOMES, STATS) == {
+        "HandlerSeconds": [0.03125],
+        "ForwardSeconds": [0.012, 0.0075],
+        "BatchSizeHundreds": [0.05],
+        "BatchTokensThousands": [0.2],
+    }
+    assert tuple(batch_observations(OUTCOMES, STATS)) == HISTOGRAMS
+    nothing_forwarded = batch_observations(OUTCOMES[1:2], BatchStats(handler_ms=2.0))
+    assert nothing_forwarded["ForwardSeconds"] == [] == nothing_forwarded["BatchTokensThousands"]
+
+
+def test_a_metrics_file_without_the_histograms_keeps_the_counters(tmp_path, caplog) -> None:
+    """A metrics file from before the histograms: one warning naming them, counters still out."""
+    declared = yaml.safe_load((ROOT / "config" / "metrics.yaml").read_text())
+    del declared["model_metrics"]["histogram"]
+    path = tmp_path / "metrics.yaml"
+    path.write_text(yaml.safe_dump(declared))
+    metrics = MetricsCacheYamlImpl(config_file_path=str(path))
+    metrics.initialize_cache()
+    with caplog.at_level(logging.INFO):
+        emitter = MetricsEmitter(metrics, "bert")
+        for _ in range(3):
+            emitter.emit(OUTCOMES, STATS)
+    (warning,) = handler_warnings(caplog)
+    assert "4 of the handler's 14 metrics" in warning and ", ".join(HISTOGRAMS) in warning
+    assert caplog.text.count("[METRICS]Batches.") == 3 and "#type:HISTOGRAM" not in caplog.text
 
 
 def test_the_counters_are_the_batch_metrics_and_the_rejections() -> None:
@@ -124,7 +166,7 @@ def test_a_metric_declared_with_other_dimensions_is_named_and_left_out(tmp_path,
         emitter = MetricsEmitter(metrics, "bert")
         emitter.emit(OUTCOMES, STATS)
     (warning,) = handler_warnings(caplog)
-    assert str(path) in warning and "1 of the handler's 10" in warning
+    assert str(path) in warning and "1 of the handler's 14 metrics" in warning
     assert "ItemsRejected (dimensions must be ['Reason', 'ModelName', 'Level'])" in warning
     assert "[METRICS]Batches." in caplog.text and "[METRICS]ItemsRejected" not in caplog.text
 
@@ -149,6 +191,6 @@ def test_served_with_torchserve_default_metrics_a_worker_answers_and_warns_once(
     metric_warnings = [w for w in handler_warnings(caplog) if "metric" in w.lower()]
     assert len(metric_warnings) == 1, metric_warnings
     assert str(TORCHSERVE_METRICS) in metric_warnings[0]
-    assert "10 of the handler's 10 counters" in metric_warnings[0]
+    assert "14 of the handler's 14 metrics" in metric_warnings[0]
     assert "MetricsCacheKeyError" not in caplog.text
     assert "[METRICS]Batches" not in caplog.text

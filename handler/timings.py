@@ -1,0 +1,72 @@
+"""Where each request's time went inside the worker, as response headers (named as TEI names them).
+
+TorchServe 0.12 hands the worker a batch with no arrival time, so the worker cannot see the
+frontend's queue or ``maxBatchDelay``: every time here starts when the handler received the
+batch. Milliseconds, as TEI's headers are, but with three decimals (TEI writes whole
+milliseconds; a tokenization takes well under one).
+
+    header                meaning
+    x-compute-time        handler receipt of the batch -> this request's outcome
+    x-tokenization-time   the batch's one tokenizer call (every text of the batch together)
+    x-queue-time          receipt -> start of the request's (first) forward pass, less the
+                          tokenization: decoding, validation, padding, earlier sub-batches
+    x-inference-time      the forward pass(es) of the sub-batch(es) its texts rode in
+    x-batch-size          requests in the TorchServe batch it rode in
+
+A request with no text forwarded (rejected, or the batch failed) gets only
+``x-compute-time`` and ``x-batch-size``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from handler.inference import BatchStats
+
+COMPUTE_TIME = "x-compute-time"
+TOKENIZATION_TIME = "x-tokenization-time"
+QUEUE_TIME = "x-queue-time"
+INFERENCE_TIME = "x-inference-time"
+BATCH_SIZE = "x-batch-size"
+TIMING_HEADERS = (COMPUTE_TIME, TOKENIZATION_TIME, QUEUE_TIME, INFERENCE_TIME, BATCH_SIZE)
+
+Headers = tuple[tuple[str, str], ...]
+
+
+def milliseconds(value: float) -> str:
+    return f"{max(value, 0.0):.3f}"
+
+
+def timing_headers(
+    requests: int,
+    text_owners: Sequence[int],
+    stats: BatchStats,
+    received: float,
+) -> list[Headers]:
+    """One set of headers per request. ``text_owners[k]`` is the request index of the k-th
+    text the classifier was given; ``received`` the handler's ``perf_counter`` at receipt."""
+    forwarded: list[set[int]] = [set() for _ in range(requests)]
+    if len(stats.sub_batch_of) == len(text_owners) and stats.forward_started:
+        for owner, sub_batch in zip(text_owners, stats.sub_batch_of, strict=True):
+            forwarded[owner].add(sub_batch)
+    common = (
+        (COMPUTE_TIME, milliseconds(stats.handler_ms)),
+        (BATCH_SIZE, str(requests)),
+    )
+    headers: list[Headers] = []
+    for sub_batches in forwarded:
+        if not sub_batches:
+            headers.append(common)
+            continue
+        first_start = min(stats.forward_started[i] for i in sub_batches)
+        queue_ms = (first_start - received) * 1000 - stats.tokenize_ms
+        inference_ms = sum(stats.sub_batch_forward_ms[i] for i in sub_batches)
+        headers.append(
+            (
+                *common,
+                (TOKENIZATION_TIME, milliseconds(stats.tokenize_ms)),
+                (QUEUE_TIME, milliseconds(queue_ms)),
+                (INFERENCE_TIME, milliseconds(inference_ms)),
+            )
+        )
+    return headers
