@@ -10,9 +10,7 @@ they ran on two: the dead worker's slot record still said idle.)
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -74,11 +72,7 @@ def settle(server: Server) -> None:
 
 def pids_by_worker(server: Server) -> dict[str, int]:
     """READY workers by their log name (``W-9000``)."""
-    return {
-        f"W-{worker['id']}": int(worker["pid"])
-        for worker in server.workers()
-        if worker.get("status") == "READY"
-    }
+    return {f"W-{worker.id}": worker.pid for worker in server.workers() if worker.ready}
 
 
 def ended(pid: int) -> bool:
@@ -138,7 +132,7 @@ def test_a_worker_killed_while_idle_lends_nothing_while_it_is_replaced(
     assert threads_of_a_lone_request(server) == 2, "idle workers should lend here"
     killed, survivor = sorted(workers)
     with LogWindow(server.model_log) as window:
-        os.kill(workers[killed], signal.SIGKILL)
+        server.kill_worker(workers[killed])
         until(lambda: ended(workers[killed]), "the killed worker's exit", lambda: None)
         answered = 0
 
