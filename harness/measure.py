@@ -215,3 +215,14 @@ def client_lists(
         "texts_per_s": round(len(texts) / elapsed, 1),
         "errors": sum(not result.ok for result in results),
     }
+
+
+def compare_stores(
+    stores: Mapping[str, Path], corpus: Sequence[str], loads: Loads
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """The same config served from each model store (e.g. the .mar of two commits), measured
+    interleaved at each load: {name: {level: load summary}}."""
+    configs = {name: {"model_store": str(store)} for name, store in stores.items()}
+    with servers(configs) as started:
+        points = [endpoint(name, item["server"]) for name, item in started.items()]
+        return interleaved(points, corpus, loads)

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import ROOT
+from tests.conftest import MAR_PATH, ROOT
 
 
 def run_tool(script: str, out: Path, *args: str) -> dict[str, Any]:
@@ -52,3 +52,33 @@ def test_tune_smoke_run_recommends_across_loads(tmp_path) -> None:
     assert 0 < best["worst_ratio"] <= 1 and set(best["ratios"]) == {"1", "2"}
     assert "models=" in (tmp_path / "recommended.properties").read_text()
     assert (tmp_path / "tune.png").stat().st_size > 0
+
+
+def test_compare_mars_measures_both_stores_in_turn(tmp_path) -> None:
+    """The before/after tool runs both stores at each load and answers a ratio per load."""
+    store = str(MAR_PATH.parent)
+    out = tmp_path / "ab.json"
+    args = [
+        "--before",
+        store,
+        "--after",
+        store,
+        "--loads",
+        "1",
+        "--seconds",
+        "1",
+        "--out",
+        str(out),
+    ]
+    result = subprocess.run(
+        [sys.executable, "scripts/compare_mars.py", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert set(report["results"]) == {"before", "after"}
+    assert report["results"]["after"]["1"]["requests"] > 0
+    assert report["rps_after_over_before"]["1"] > 0

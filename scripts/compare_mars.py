@@ -1,0 +1,43 @@
+"""Two builds of the .mar under one config, loaded in turn at each level: did a change move
+the served numbers? Ratios are AFTER over BEFORE, measured in one run on one machine.
+
+    git worktree add --detach ../before <commit>
+    (cd ../before && PYTHONPATH=. ../main/.venv/bin/python scripts/package.py \
+        --model-dir ../main/build/bert-sentiment --export-path /tmp/before)
+    python scripts/compare_mars.py --before /tmp/before --after model_store --out build/ab.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from harness.corpus import make_corpus
+from harness.measure import Loads, compare_stores
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--before", type=Path, required=True, help="a model store with bert.mar")
+    parser.add_argument("--after", type=Path, required=True, help="a model store with bert.mar")
+    parser.add_argument("--loads", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--seconds", type=float, default=15)
+    parser.add_argument("--out", type=Path, default=Path("build/compare-mars.json"))
+    args = parser.parse_args()
+    loads = Loads(args.loads, args.seconds, warmup=3)
+    results = compare_stores({"before": args.before, "after": args.after}, make_corpus(), loads)
+    ratios = {
+        level: round(results["after"][level]["rps"] / results["before"][level]["rps"], 3)
+        for level in results["before"]
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"rps_after_over_before": ratios, "results": results}, indent=1))
+    print(json.dumps(ratios))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
