@@ -14,7 +14,7 @@ STATE_DIR ?= .run
 
 BENCH     := $(VENV)/.bench-installed
 
-.PHONY: install model package serve stop status metrics smoke test unit check bench tune compare-precision chaos soak fuzz deploy-layout image image-test clean distclean FORCE
+.PHONY: install model package serve stop status metrics smoke test unit check bench floor tune compare-precision chaos soak fuzz deploy-layout image image-test clean distclean FORCE
 
 install: $(STAMP)
 
@@ -73,6 +73,11 @@ $(BENCH): $(STAMP) pyproject.toml
 ## bench: served vs batch size 1 vs in-process ceiling vs LitServe vs client list requests -> docs/bench/
 bench: $(MAR) $(BENCH)
 	$(PY) scripts/bench.py --out docs/bench
+
+## floor: TorchServe and LitServe serving a constant, a free forward and the real model at 1
+##        and 8 clients, and a lone request taken apart -> docs/bench/floor.json
+floor: $(MAR) $(BENCH)
+	$(PY) scripts/floor.py --out docs/bench
 
 ## tune: batch size x delay x workers/threads at 1..64 clients: the config closest to the best
 ##       at every load, and what TorchServe's logging costs -> docs/tune/

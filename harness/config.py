@@ -89,6 +89,30 @@ def configured_model(config: Path = BASE_CONFIG) -> dict[str, Any]:
     return read_models(config)[MODEL_NAME][MODEL_VERSION]
 
 
+SILENT_DEFAULTS = {"batchSize": 1, "maxBatchDelay": 100}
+"""What TorchServe 0.12 uses instead of a ``models=`` value <= 0, without a word: its
+``ConfigManager.getJsonIntValue`` returns the default for any value <= 0. So
+``"maxBatchDelay": 0`` waits 100 ms for batch-mates (measured: a lone request 4 -> 104 ms)."""
+
+
+def models_entry_problems(models_text: str) -> list[str]:
+    """Each ``models=`` value TorchServe would silently replace, with the fix. A batch delay
+    is only waited for batch-mates, so with batchSize 1 it is never used and any value goes."""
+    problems = []
+    for model, versions in json.loads(models_text).items():
+        for version, entry in versions.items():
+            for key, default in SILENT_DEFAULTS.items():
+                value = entry.get(key)
+                if key == "maxBatchDelay" and entry.get("batchSize", 1) == 1:
+                    continue
+                if isinstance(value, int) and value <= 0:
+                    problems.append(
+                        f"models: {model} {version} {key}={value} would run as {default} "
+                        f"(TorchServe 0.12 replaces values <= 0 by its default): use 1 or more"
+                    )
+    return problems
+
+
 def models_entry(
     batch_size: int | None = None, max_batch_delay: int | None = None, workers: int | None = None
 ) -> str:

@@ -37,6 +37,7 @@ from harness.config import (
     ROOT,
     effective_properties,
     local_port_overrides,
+    models_entry_problems,
     properties_text,
     read_properties,
 )
@@ -246,6 +247,9 @@ def check_startable(server: Server) -> None:
         raise ServerError(
             "Java 17 is required by TorchServe's frontend: install a JDK (apt-get install openjdk-17-jdk-headless)"
         )
+    problems = models_entry_problems(server.properties.get("models", "{}"))
+    if problems:
+        raise ServerError("; ".join(problems))
     store = Path(server.properties["model_store"])
     for model in filter(None, server.properties.get("load_models", "").split(",")):
         if not (store / model).is_file():

@@ -32,19 +32,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from harness import bench
 from harness.archive import DEFAULT_MODEL_DIR
 from harness.config import ROOT
 from harness.corpus import corpus_stats, make_corpus
+from harness.machine import describe
 from harness.reports import bench_ratios, plot_bench
 
 
@@ -69,12 +66,7 @@ def main() -> int:
     results: dict[str, Any] = {
         "command": "make bench" if not args.smoke else "python scripts/bench.py --smoke",
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "torch_threads": torch.get_num_threads(),
-        },
+        "machine": describe(),
         "corpus": corpus_stats(corpus),
         "seconds_per_level": args.seconds,
     }

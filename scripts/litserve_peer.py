@@ -4,7 +4,8 @@ What a team would write instead of bert-serve: one LitAPI over the same model fo
 same tokenization and forward code. By default it is what LitServe gives out of the box (one
 worker, torch's own thread count, no batching); the flags configure it like bert-serve's
 default (``--workers 2 --torch-threads 1 --max-batch-size 16 --batch-timeout-ms 1``), LitServe's
-own dynamic batching included. Installed with the ``bench`` extra.
+own dynamic batching included. ``--constant 1`` answers a constant without loading the model:
+LitServe's own floor, beside TorchServe's (``harness.floor``). Installed with the ``bench`` extra.
 
     python scripts/litserve_peer.py --model-dir build/bert-sentiment --port 8100
 """
@@ -19,16 +20,26 @@ from handler.inference import classify
 from handler.model import load_model
 from handler.settings import HandlerSettings
 
+CONSTANT_ANSWER = {"label": "positive", "score": 1.0}
+
 
 class SentimentAPI(ls.LitAPI):  # type: ignore[misc]
     def __init__(
-        self, model_dir: Path, torch_threads: int, max_batch_size: int, batch_timeout_s: float
+        self,
+        model_dir: Path,
+        torch_threads: int,
+        max_batch_size: int,
+        batch_timeout_s: float,
+        constant: bool = False,
     ) -> None:
         super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout_s)
         self.model_dir = model_dir
+        self.constant = constant
         self.settings = HandlerSettings(torch_threads=torch_threads)
 
     def setup(self, device: str) -> None:
+        if self.constant:
+            return
         self.loaded = load_model(self.model_dir, self.settings, gpu_id=None)
 
     def decode_request(self, request: dict) -> str:  # type: ignore[type-arg]  # LitServe reads this plain dict annotation
@@ -39,6 +50,9 @@ class SentimentAPI(ls.LitAPI):  # type: ignore[misc]
 
     def predict(self, texts: str | list[str]) -> dict[str, Any] | list[dict[str, Any]]:
         batch = texts if isinstance(texts, list) else [texts]
+        if self.constant:
+            constant = [CONSTANT_ANSWER] * len(batch)
+            return constant if isinstance(texts, list) else constant[0]
         predictions, _ = classify(
             self.loaded, batch, self.settings.max_length, self.settings.max_batch_tokens
         )
@@ -65,9 +79,14 @@ def main() -> None:
     parser.add_argument("--torch-threads", type=int, default=0, help="0: torch's default")
     parser.add_argument("--max-batch-size", type=int, default=1)
     parser.add_argument("--batch-timeout-ms", type=float, default=0.0)
+    parser.add_argument("--constant", type=int, default=0, help="1: answer a constant")
     args = parser.parse_args()
     api = SentimentAPI(
-        args.model_dir, args.torch_threads, args.max_batch_size, args.batch_timeout_ms / 1000
+        args.model_dir,
+        args.torch_threads,
+        args.max_batch_size,
+        args.batch_timeout_ms / 1000,
+        bool(args.constant),
     )
     server = ls.LitServer(api, accelerator="cpu", workers_per_device=args.workers, timeout=60)
     server.run(

@@ -12,8 +12,8 @@ from typing import Any
 from tests.conftest import MAR_PATH, ROOT
 
 
-def run_tool(script: str, out: Path, *args: str) -> dict[str, Any]:
-    """Run ``scripts/<script>`` with ``--out out``; the results.json it wrote."""
+def run_tool(script: str, out: Path, *args: str, written: str = "results.json") -> dict[str, Any]:
+    """Run ``scripts/<script>`` with ``--out out``; the JSON it wrote (``written``)."""
     result = subprocess.run(
         [sys.executable, f"scripts/{script}", "--out", str(out), *args],
         cwd=ROOT,
@@ -22,7 +22,7 @@ def run_tool(script: str, out: Path, *args: str) -> dict[str, Any]:
         timeout=400,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    return dict(json.loads((out / "results.json").read_text()))
+    return dict(json.loads((out / written).read_text()))
 
 
 def test_bench_smoke_run_writes_results(tmp_path) -> None:
@@ -82,3 +82,17 @@ def test_compare_mars_measures_both_stores_in_turn(tmp_path) -> None:
     assert set(report["results"]) == {"before", "after"}
     assert report["results"]["after"]["1"]["requests"] > 0
     assert report["rps_after_over_before"]["1"] > 0
+
+
+def test_floor_smoke_run_takes_a_lone_request_apart(tmp_path) -> None:
+    results = run_tool("floor.py", tmp_path, "--smoke", written="floor.json")
+    assert set(results["by_kind"]) == {
+        "torchserve_constant",
+        "torchserve_free_forward",
+        "torchserve_real",
+    }
+    for levels in results["by_kind"].values():
+        assert set(levels) == {"1", "8"} and all(level["errors"] == 0 for level in levels.values())
+    parts = results["breakdown"]["mean_ms"]
+    assert parts["handler"] >= parts["handler_forward"] > 0 and parts["frontend_queue"] >= 0
+    assert results["machine"]["cpu_model"] and "p50_met" in results["bars"]
