@@ -51,25 +51,13 @@ DEFAULT_LEND_AFTER_S = 0.002
 (answer, take the queued next batch: about 1 ms here), shorter than the time between one
 worker's answer and its sibling's next forward pass at light load (about 3-4 ms here: the
 client's round trip, maxBatchDelay, decoding), so a lone request runs on both threads."""
-BORROW_FROM_MS = 10.0
-"""Borrow only for a pass expected to take this long on the worker's own threads. Borrowed
-threads cost a fixed 2-3 ms per pass on a 2-core machine (OpenMP threads woken, and their
-spinning after the pass competes with the frontend and the client for the cores) and save at
-most half of the pass: a one-layer model's lone request went from 7.0 to 10.1 ms p50 with
-borrowing, its forward from 1.4 to 4.1 ms (docs/bench/README.md, "The floor")."""
-COST_WEIGHT = 0.2
-"""The weight of the newest pass in the running estimate of a pass's cost per token."""
 
 
 class ThreadShare:
     """One worker's view of the shared slots: claim one, mark busy/idle, borrow idle ones."""
 
     def __init__(
-        self,
-        folder: Path,
-        threads: int,
-        lend_after_s: float = DEFAULT_LEND_AFTER_S,
-        borrow_from_ms: float = BORROW_FROM_MS,
+        self, folder: Path, threads: int, lend_after_s: float = DEFAULT_LEND_AFTER_S
     ) -> None:
         if threads < 1:
             raise ValueError(f"threads must be at least 1, got {threads}")
@@ -77,9 +65,6 @@ class ThreadShare:
         self.folder = folder
         self.threads = threads
         self.lend_after_ns = int(lend_after_s * 1e9)
-        self.borrow_from_ms = borrow_from_ms
-        self.own_ms_per_token: float | None = None
-        """This worker's passes, in ms per padded token on its own threads (None: no pass yet)."""
         self._state_fd = os.open(folder / "slots", os.O_RDWR | os.O_CREAT, 0o600)
         if os.fstat(self._state_fd).st_size < MAX_SLOTS * SLOT.size:
             os.ftruncate(self._state_fd, MAX_SLOTS * SLOT.size)
@@ -143,33 +128,10 @@ class ThreadShare:
             fcntl.flock(self._own_fd, fcntl.LOCK_UN)
             self._write(self.threads, idle_since=time.monotonic_ns())
 
-    def worth_borrowing(self, tokens: int) -> bool:
-        """Whether a pass of ``tokens`` padded tokens is expected to take ``borrow_from_ms`` on
-        this worker's own threads. Until a first pass is timed, it is. The estimate is per
-        token, so a pass's fixed cost makes small passes look dearer: it errs toward borrowing."""
-        if self.own_ms_per_token is None:
-            return True
-        return tokens * self.own_ms_per_token >= self.borrow_from_ms
-
-    def record_pass(self, tokens: int, ms: float, threads: int) -> None:
-        """A pass of ``tokens`` took ``ms`` on ``threads``: update the cost per token, scaled
-        to this worker's own threads as if the borrowed ones had sped it up in proportion."""
-        if tokens < 1 or threads < 1:
-            return
-        own = ms * threads / self.threads / tokens
-        previous = self.own_ms_per_token
-        self.own_ms_per_token = (
-            own if previous is None else (1 - COST_WEIGHT) * previous + COST_WEIGHT * own
-        )
-
     @contextlib.contextmanager
-    def borrowed(self, tokens: int | None = None) -> Iterator[int]:
-        """Around one forward pass inside ``busy``: yields the threads to run it with, its own
-        and those of each sibling that is alive and idle long enough; only its own when the
-        pass (``tokens`` padded tokens, if given) is too short to be worth borrowing for."""
-        if tokens is not None and not self.worth_borrowing(tokens):
-            yield self.threads
-            return
+    def borrowed(self) -> Iterator[int]:
+        """Around one forward pass inside ``busy``: yields the threads to run it with,
+        its own and those of each sibling that is alive and idle long enough."""
         now = time.monotonic_ns()
         taken: list[int] = []
         threads = self.threads
