@@ -51,6 +51,14 @@ DEFAULT_LEND_AFTER_S = 0.002
 (answer, take the queued next batch: about 1 ms here), shorter than the time between one
 worker's answer and its sibling's next forward pass at light load (about 3-4 ms here: the
 client's round trip, maxBatchDelay, decoding), so a lone request runs on both threads."""
+SPIN_ENV = {"GOMP_SPINCOUNT": "1000"}
+"""The worker environment lending needs. After a parallel region torch's OpenMP (libgomp)
+threads spin before they sleep, by default for 300,000 rounds, several ms. When the two
+workers take turns at light load, the borrowing worker's spare thread still spins on the
+core its sibling's next pass needs. 1,000 rounds still bridge the gaps between the operators
+of one pass. libgomp reads it once, when torch is imported, and TorchServe's worker imports
+torch before it loads the handler. So it is set where TorchServe is started
+(``harness.server``, the image), and a worker without it logs a warning."""
 
 
 class ThreadShare:
@@ -185,4 +193,12 @@ def open_thread_share(folder: Path, threads: int) -> ThreadShare | None:
         logger.warning("idle workers will not lend threads: %s", error)
         return None
     logger.info("thread share: slot %d in %s, %d own thread(s)", share.slot, folder, threads)
+    unset = [name for name in SPIN_ENV if name not in os.environ]
+    if unset and "OMP_WAIT_POLICY" not in os.environ:
+        logger.warning(
+            "%s is not set where TorchServe started: lent threads keep spinning after each "
+            "pass and slow the next one; start TorchServe with %s (docs/handler.md)",
+            ", ".join(unset),
+            " ".join(f"{name}={value}" for name, value in SPIN_ENV.items()),
+        )
     return share

@@ -31,6 +31,7 @@ from typing import Any
 import psutil
 import requests
 
+from handler.thread_share import SPIN_ENV
 from harness.config import (
     BASE_CONFIG,
     MODEL_NAME,
@@ -219,12 +220,18 @@ class Server:
         return Memory(rss_mb(self.pid()), workers)
 
     def environment(self) -> dict[str, str]:
-        return dict(os.environ) | {
-            "TMPDIR": str(self.tmp_dir),
-            "TEMP": str(self.tmp_dir),
-            "LOG_LOCATION": str(self.state_dir / "logs"),
-            "METRICS_LOCATION": str(self.state_dir / "logs"),
-        }
+        """The frontend's environment, which its workers inherit: the caller's, with lending's
+        OpenMP setting unless the caller set its own (``handler.thread_share.SPIN_ENV``)."""
+        return (
+            SPIN_ENV
+            | dict(os.environ)
+            | {
+                "TMPDIR": str(self.tmp_dir),
+                "TEMP": str(self.tmp_dir),
+                "LOG_LOCATION": str(self.state_dir / "logs"),
+                "METRICS_LOCATION": str(self.state_dir / "logs"),
+            }
+        )
 
 
 def torchserve_command() -> str:

@@ -11,7 +11,7 @@ loop is bounded in count and time.
     python scripts/chaos.py --quick --out /tmp/chaos      # every duration a few seconds, 3 kills
     python scripts/chaos.py --only kill_runs kill_runs_long_delay --kills 50 --out docs/chaos
 
-Writes ``chaos.json`` ({part: result}) into --out (with --only, the other parts already in it
+Writes ``chaos.json`` ({part: result}) and, with the spike part, ``spike.png`` into --out (with --only, the other parts already in it
 are kept), prints a summary table and a last line ``chaos: N passed, M failed``; exits 1 if
 any part failed.
 """
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.chaos import EXPERIMENTS, durations, run_part, summary_table
+from harness.chaos import EXPERIMENTS, durations, run_part, spike, summary_table
 
 
 def previous_report(path: Path) -> dict[str, Any]:
@@ -50,6 +50,8 @@ def main() -> int:
     path = args.out / "chaos.json"
     merged = (previous_report(path) if args.only else {}) | report
     path.write_text(json.dumps(merged, indent=2) + "\n")
+    if "levels" in report.get("spike", {}):
+        spike.plot(report["spike"], args.out)
     passed = sum(result["passed"] for result in report.values())
     print(summary_table(report))
     print(f"report: {path} ({time.monotonic() - started:.0f} s)")

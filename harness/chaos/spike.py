@@ -6,9 +6,10 @@ give up after their deadline and send again 50 ms after a failure (the last leve
 Each level runs twice, once plain (what an outside generator sends: no stamps, so only the
 frontend's ``job_queue_size`` protects the server) and once stamped (``X-Request-Start`` and
 ``X-Request-Timeout``, as ``bert_serve.Client`` sends, so the handler also refuses expired
-work). Reported per level: goodput (200s within the deadline per second), the other answers
+work). Then, that server stopped, LitServe out of the box (``harness.peer``) takes the plain
+levels. Reported per level: goodput (200s within the deadline per second), the other answers
 by status with their p50/p99, client timeouts, and the requests the handler expired (its batch
-log's ``expired=``); then a lone client's p50 before and after the spike.
+log's ``expired=``); then a lone client's p50 before and after the spike, and ``spike.png``.
 
 The verdict checks only what must hold at any load: every request was answered or reached its
 own timeout (none lost), and no 5xx other than 503 (queue full) and 504 (deadline_exceeded).
@@ -18,23 +19,45 @@ machine.
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import requests
 
+from harness.archive import DEFAULT_MODEL_DIR
 from harness.batchlog import LogWindow
-from harness.chaos.common import REQUEST_TIMEOUT_S, Durations, predict
+from harness.chaos.common import REQUEST_TIMEOUT_S, Durations
 from harness.corpus import make_corpus
 from harness.load import ClosedLoop, Outcome, json_job, percentile, statuses
-from harness.server import Server, running
+from harness.peer import PEER_CONFIGS, litserve_peer
+from harness.reports import pyplot
+from harness.server import running
 
 PAUSE_AFTER_FAILURE_S = 0.05
 EXPIRED = re.compile(r" expired=(\d+)")
 LONE_REQUESTS = 10
 SETTLE_LIMIT_S = 60.0
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a level's load goes: our server or the LitServe peer."""
+
+    url: str
+    headers: dict[str, str] = field(default_factory=dict)
+    model_log: Path | None = None
+    """The handler's log, for its ``expired=`` count; None for the peer."""
+
+    def predict(self, text: str) -> None:
+        """One request, raising ``requests.HTTPError`` for an answer other than 2xx."""
+        response = requests.post(
+            self.url, json={"text": text}, headers=self.headers, timeout=REQUEST_TIMEOUT_S
+        )
+        response.raise_for_status()
 
 
 @dataclass(frozen=True)
@@ -62,22 +85,22 @@ def latency(outcomes: list[Outcome]) -> dict[str, float | int]:
     }
 
 
-def lone_p50_ms(server: Server, corpus: list[str]) -> float:
+def lone_p50_ms(target: Target, corpus: list[str]) -> float:
     times = []
     for text in corpus[:LONE_REQUESTS]:
         started = time.monotonic()
-        predict(server, text)
+        target.predict(text)
         times.append((time.monotonic() - started) * 1000)
     return round(percentile(times, 50), 1)
 
 
-def settle(server: Server, text: str, limit_s: float = SETTLE_LIMIT_S) -> None:
+def settle(target: Target, text: str, limit_s: float = SETTLE_LIMIT_S) -> None:
     """Wait until the last level's abandoned queue has drained: a request is answered 200
     (a full queue answers 503 meanwhile)."""
     deadline = time.monotonic() + limit_s
     while True:
         try:
-            predict(server, text)
+            target.predict(text)
             return
         except requests.HTTPError:
             if time.monotonic() > deadline:
@@ -86,13 +109,13 @@ def settle(server: Server, text: str, limit_s: float = SETTLE_LIMIT_S) -> None:
 
 
 def run_level(
-    server: Server, level: Level, corpus: list[str], seconds: float, stamped: bool
+    target: Target, level: Level, corpus: list[str], seconds: float, stamped: bool
 ) -> dict[str, Any]:
-    settle(server, corpus[0])
+    settle(target, corpus[0])
     deadline_s = level.deadline_s or REQUEST_TIMEOUT_S
     load = ClosedLoop(
-        server.predict_url,
-        server.headers(),
+        target.url,
+        target.headers,
         lambda i: json_job(corpus[i % len(corpus)]),
         level.clients,
         seconds,
@@ -101,9 +124,13 @@ def run_level(
         pause_after_failure_s=level.pause_s,
         stamped=stamped,
     )
-    with LogWindow(server.model_log) as window:
+    expired = None
+    if target.model_log is None:
         load.run()
-        expired = sum(int(m.group(1)) for m in EXPIRED.finditer(window.read()))
+    else:
+        with LogWindow(target.model_log) as window:
+            load.run()
+            expired = sum(int(m.group(1)) for m in EXPIRED.finditer(window.read()))
     in_time = [o for o in load.outcomes if o.status == "200" and o.ms <= deadline_s * 1000]
     by_status = {
         status: latency([o for o in load.outcomes if o.status == status])
@@ -121,43 +148,93 @@ def run_level(
     }
 
 
-def run(d: Durations) -> dict[str, Any]:
-    """``d.spike_s`` seconds per level (``harness.chaos.common.Durations``)."""
-    corpus = make_corpus()
+def run_levels(
+    target: Target, corpus: list[str], seconds: float, stamps: tuple[bool, ...]
+) -> dict[str, Any]:
+    """Every level, plain and (if ``stamps`` says so) stamped; lone p50 before and after."""
     levels: dict[str, Any] = {}
-    with running() as server:
-        for text in corpus[:3]:
-            predict(server, text)
-        lone_before = lone_p50_ms(server, corpus)
-        for stamped in (False, True):
-            for level in LEVELS:
-                name = f"{level.name}{'_stamped' if stamped else ''}"
-                levels[name] = run_level(server, level, corpus, d.spike_s, stamped)
-        settle(server, corpus[0])
-        lone_after = lone_p50_ms(server, corpus)
+    for text in corpus[:3]:
+        target.predict(text)
+    lone_before = lone_p50_ms(target, corpus)
+    for stamped in stamps:
+        for level in LEVELS:
+            name = f"{level.name}{'_stamped' if stamped else ''}"
+            levels[name] = run_level(target, level, corpus, seconds, stamped)
+    settle(target, corpus[0])
     patient = levels["patient_32"]["goodput_per_s"] or 1.0
     for result in levels.values():
         result["goodput_ratio_to_patient"] = round(result["goodput_per_s"] / patient, 2)
+    return {
+        "levels": levels,
+        "lone_p50_ms_before": lone_before,
+        "lone_p50_ms_after": lone_p50_ms(target, corpus),
+    }
+
+
+def summary(result: dict[str, Any]) -> str:
+    return (
+        ", ".join(
+            f"{name} {r['goodput_per_s']}/s ({r['goodput_ratio_to_patient']})"
+            for name, r in result["levels"].items()
+        )
+        + f"; lone p50 {result['lone_p50_ms_before']} -> {result['lone_p50_ms_after']} ms"
+    )
+
+
+def plot(result: dict[str, Any], out: Path) -> None:
+    """``spike.png`` in ``out``: goodput per level, a bar per server and form (plain,
+    stamped)."""
+    results = {"bert-serve": result}
+    if "levels" in result["litserve"]:
+        results["LitServe"] = result["litserve"]
+    plt = pyplot()
+    figure, axes = plt.subplots(figsize=(9, 4.5))
+    names = [level.name for level in LEVELS]
+    series = [
+        (f"{server}{' stamped' if stamped else ''}", server, stamped)
+        for server in results
+        for stamped in (False, True)
+        if f"{names[0]}_stamped" in results[server]["levels"] or not stamped
+    ]
+    width = 0.8 / len(series)
+    for index, (label, server, stamped) in enumerate(series):
+        levels = results[server]["levels"]
+        values = [
+            levels[f"{name}{'_stamped' if stamped else ''}"]["goodput_per_s"] for name in names
+        ]
+        axes.bar([x + index * width for x in range(len(names))], values, width, label=label)
+    axes.set_xticks([x + 0.4 - width / 2 for x in range(len(names))], names)
+    axes.set_ylabel("answers within the deadline per second")
+    axes.set_title("Goodput under a spike of impatient clients")
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(out / "spike.png", dpi=110)
+    plt.close(figure)
+
+
+def run(d: Durations) -> dict[str, Any]:
+    """``d.spike_s`` seconds per level (``harness.chaos.common.Durations``)."""
+    corpus = make_corpus()
+    with running() as server:
+        ours = Target(server.predict_url, server.headers(), server.model_log)
+        result_all = run_levels(ours, corpus, d.spike_s, (False, True))
+    litserve: dict[str, Any] = {"skipped": "litserve is not installed (the bench extra)"}
+    if importlib.util.find_spec("litserve") is not None:
+        with litserve_peer(DEFAULT_MODEL_DIR, PEER_CONFIGS["litserve"]) as peer:
+            litserve = run_levels(Target(peer.url), corpus, d.spike_s, (False,))
     bad_5xx = {
         name: status
-        for name, result in levels.items()
+        for name, result in result_all["levels"].items()
         for status in result["by_status"]
         if status.startswith("5") and status not in ("503", "504")
     }
-    lost = sum(result["silently_lost"] for result in levels.values())
-    result_all: dict[str, Any] = {
+    lost = sum(result["silently_lost"] for result in result_all["levels"].values())
+    result_all |= {
         "seconds_per_level": d.spike_s,
-        "levels": levels,
-        "lone_p50_ms_before": lone_before,
-        "lone_p50_ms_after": lone_after,
+        "litserve": litserve,
         "other_5xx": bad_5xx,
         "passed": not bad_5xx and lost == 0,
+        "summary": f"ours: {summary(result_all)}; LitServe: "
+        + (summary(litserve) if "levels" in litserve else litserve["skipped"]),
     }
-    result_all["summary"] = (
-        ", ".join(
-            f"{name} {r['goodput_per_s']}/s ({r['goodput_ratio_to_patient']})"
-            for name, r in levels.items()
-        )
-        + f"; lone p50 {lone_before} -> {lone_after} ms"
-    )
     return result_all

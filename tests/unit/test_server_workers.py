@@ -125,3 +125,16 @@ def test_memory_is_in_mb_per_worker_id(
     assert ours.pid == child.pid and 0 < (ours.uss_mb or 0) <= (ours.rss_mb or 0) < 100
     assert memory.workers["9001"].rss_mb is None  # no such process
     assert memory.workers_rss_mb == ours.rss_mb
+
+
+def test_the_server_starts_its_workers_with_lendings_spin_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Workers inherit the frontend's environment; a caller's own value wins."""
+    from handler.thread_share import SPIN_ENV
+
+    server = Server(tmp_path, {})
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    assert server.environment()["GOMP_SPINCOUNT"] == SPIN_ENV["GOMP_SPINCOUNT"]
+    monkeypatch.setenv("GOMP_SPINCOUNT", "50")
+    assert server.environment()["GOMP_SPINCOUNT"] == "50"

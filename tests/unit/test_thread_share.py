@@ -255,3 +255,23 @@ def test_a_folder_that_cannot_be_made_leaves_each_worker_its_own(tmp_path: Path)
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
     assert open_thread_share(blocker / ".thread-share", threads=1) is None
+
+
+def test_a_worker_started_without_the_spin_setting_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """libgomp reads its spin count once, before the handler loads: the handler can only warn."""
+    from handler.thread_share import SPIN_ENV, open_thread_share
+
+    for name in [*SPIN_ENV, "OMP_WAIT_POLICY"]:
+        monkeypatch.delenv(name, raising=False)
+    share = open_thread_share(tmp_path / "unset", threads=1)
+    assert share is not None
+    share.close()
+    assert any("GOMP_SPINCOUNT" in record.getMessage() for record in caplog.records)
+    caplog.clear()
+    monkeypatch.setenv("GOMP_SPINCOUNT", "1000")
+    share = open_thread_share(tmp_path / "set", threads=1)
+    assert share is not None
+    share.close()
+    assert not [record for record in caplog.records if record.levelname == "WARNING"]
