@@ -93,7 +93,9 @@ class BertHandler(BaseHandler):  # type: ignore[misc]
         if self.settings.share_idle_threads and self.settings.torch_threads >= 1:
             if self.loaded.device.type == "cpu":
                 self.thread_share = open_thread_share(
-                    archive_dir / THREAD_SHARE_SUBDIR, self.settings.torch_threads
+                    archive_dir / THREAD_SHARE_SUBDIR,
+                    self.settings.torch_threads,
+                    self.settings.borrow_from_ms,
                 )
         self.metrics = MetricsEmitter(context.metrics, context.model_name)
         self.initialized = True

@@ -211,16 +211,20 @@ def model_inputs(
 
 
 @contextlib.contextmanager
-def forward_threads(share: ThreadShare | None) -> Iterator[int]:
-    """Around one forward pass: torch runs with this worker's threads plus any that idle
-    sibling workers lend (``handler.thread_share``); without a share, torch's setting."""
+def forward_threads(share: ThreadShare | None, tokens: int) -> Iterator[int]:
+    """Around one forward pass of ``tokens`` padded tokens: torch runs with this worker's
+    threads plus any that idle sibling workers lend when the pass is long enough to gain from
+    them (``handler.thread_share``), and the pass is timed for that estimate; without a share,
+    torch's setting."""
     if share is None:
         yield torch.get_num_threads()
         return
-    with share.borrowed() as threads:
+    with share.borrowed(tokens) as threads:
         if threads != torch.get_num_threads():
             torch.set_num_threads(threads)
+        started = time.perf_counter()
         yield threads
+        share.record_pass(tokens, (time.perf_counter() - started) * 1000, threads)
 
 
 def classify(
@@ -246,7 +250,7 @@ def classify(
         input_ids, attention_mask, token_type_ids = model_inputs(
             loaded, [tokenized[i] for i in group]
         )
-        with forward_threads(thread_share) as threads:
+        with forward_threads(thread_share, input_ids.numel()) as threads:
             forward_started = time.perf_counter()
             group_logits = forward(loaded, input_ids, attention_mask, token_type_ids)
             stats.sub_batch_forward_ms.append((time.perf_counter() - forward_started) * 1000)

@@ -12,12 +12,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from handler.thread_share import DEFAULT_BORROW_FROM_MS
+
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 SCORE_FUNCTION_CHOICES = ("auto", "softmax", "sigmoid", "none")
 ATTENTION_CHOICES = ("auto", "sdpa", "eager")
 PRECISION_CHOICES = ("fp32", "bf16", "fp16")
 # responseTimeout (config/model-config.yaml) in ms: a budget past it would never be reached.
 MAX_QUEUE_BUDGET_MS = 60_000
+# responseTimeout too: a pass that long on its own threads could never be answered in time.
+MAX_BORROW_FROM_MS = 60_000.0
 CHOICES = {
     "device": DEVICE_CHOICES,
     "attention": ATTENTION_CHOICES,
@@ -45,6 +49,10 @@ class HandlerSettings:
     share_idle_threads: bool = True
     """CPU with ``torch_threads`` set: a forward pass also runs on the threads of this
     model's workers that are idle (``handler.thread_share``); false keeps each to its own."""
+    borrow_from_ms: float = DEFAULT_BORROW_FROM_MS
+    """With ``share_idle_threads``: borrow only for a forward pass expected to take at least
+    this long on the worker's own threads (estimated from its recent passes); a shorter pass
+    loses more to waking the lent threads than it gains. 0: borrow for every pass."""
     labels: tuple[str, ...] = ()
     """Label names by class index; empty means ``id2label`` of the model config."""
     attention: str = "auto"
@@ -89,6 +97,10 @@ class HandlerSettings:
             f"precision {self.precision!r}",
         )
         _require(self.torch_threads >= 0, f"torch_threads must be >= 0, got {self.torch_threads}")
+        _require(
+            0.0 <= self.borrow_from_ms <= MAX_BORROW_FROM_MS,
+            f"borrow_from_ms must be between 0 and {MAX_BORROW_FROM_MS}, got {self.borrow_from_ms}",
+        )
         _require(
             len(set(self.labels)) == len(self.labels),
             f"labels must be unique, got {list(self.labels)}",

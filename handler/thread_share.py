@@ -59,13 +59,25 @@ core its sibling's next pass needs. 1,000 rounds still bridge the gaps between t
 of one pass. libgomp reads it once, when torch is imported, and TorchServe's worker imports
 torch before it loads the handler. So it is set where TorchServe is started
 (``harness.server``, the image), and a worker without it logs a warning."""
+DEFAULT_BORROW_FROM_MS = 10.0
+"""Borrow only for a pass expected to take this long on the worker's own threads (the
+handler setting ``borrow_from_ms``). Borrowed threads cost a fixed 2-3 ms per pass on a
+2-core machine (OpenMP threads woken, then competing with the frontend and the client for
+the cores) and save at most half of the pass: a one-layer model's lone request went from 7.0
+to 10.1 ms p50 with borrowing (docs/bench/README.md, "The floor")."""
+COST_WEIGHT = 0.2
+"""The weight of the newest pass in the running estimate of a pass's cost per token."""
 
 
 class ThreadShare:
     """One worker's view of the shared slots: claim one, mark busy/idle, borrow idle ones."""
 
     def __init__(
-        self, folder: Path, threads: int, lend_after_s: float = DEFAULT_LEND_AFTER_S
+        self,
+        folder: Path,
+        threads: int,
+        lend_after_s: float = DEFAULT_LEND_AFTER_S,
+        borrow_from_ms: float = DEFAULT_BORROW_FROM_MS,
     ) -> None:
         if threads < 1:
             raise ValueError(f"threads must be at least 1, got {threads}")
@@ -73,6 +85,9 @@ class ThreadShare:
         self.folder = folder
         self.threads = threads
         self.lend_after_ns = int(lend_after_s * 1e9)
+        self.borrow_from_ms = borrow_from_ms
+        self.own_ms_per_token: float | None = None
+        """This worker's passes, in ms per padded token on its own threads (None: none yet)."""
         self._state_fd = os.open(folder / "slots", os.O_RDWR | os.O_CREAT, 0o600)
         if os.fstat(self._state_fd).st_size < MAX_SLOTS * SLOT.size:
             os.ftruncate(self._state_fd, MAX_SLOTS * SLOT.size)
@@ -136,10 +151,34 @@ class ThreadShare:
             fcntl.flock(self._own_fd, fcntl.LOCK_UN)
             self._write(self.threads, idle_since=time.monotonic_ns())
 
+    def worth_borrowing(self, tokens: int) -> bool:
+        """Whether a pass of ``tokens`` padded tokens is expected to take ``borrow_from_ms``
+        on this worker's own threads. Until a first pass is timed, it is. The estimate is per
+        token, so a pass's fixed cost makes small passes look dearer: it errs toward
+        borrowing."""
+        if self.own_ms_per_token is None:
+            return True
+        return tokens * self.own_ms_per_token >= self.borrow_from_ms
+
+    def record_pass(self, tokens: int, ms: float, threads: int) -> None:
+        """A pass of ``tokens`` took ``ms`` on ``threads``: update the cost per token, scaled
+        to this worker's own threads as if the borrowed ones had sped it up in proportion."""
+        if tokens < 1 or threads < 1:
+            return
+        own = ms * threads / self.threads / tokens
+        previous = self.own_ms_per_token
+        self.own_ms_per_token = (
+            own if previous is None else (1 - COST_WEIGHT) * previous + COST_WEIGHT * own
+        )
+
     @contextlib.contextmanager
-    def borrowed(self) -> Iterator[int]:
-        """Around one forward pass inside ``busy``: yields the threads to run it with,
-        its own and those of each sibling that is alive and idle long enough."""
+    def borrowed(self, tokens: int | None = None) -> Iterator[int]:
+        """Around one forward pass inside ``busy``: yields the threads to run it with, its own
+        and those of each sibling that is alive and idle long enough; only its own when the
+        pass (``tokens`` padded tokens, if given) is too short to be worth borrowing for."""
+        if tokens is not None and not self.worth_borrowing(tokens):
+            yield self.threads
+            return
         now = time.monotonic_ns()
         taken: list[int] = []
         threads = self.threads
@@ -185,10 +224,12 @@ class ThreadShare:
         self._alive_fds.clear()
 
 
-def open_thread_share(folder: Path, threads: int) -> ThreadShare | None:
+def open_thread_share(
+    folder: Path, threads: int, borrow_from_ms: float = DEFAULT_BORROW_FROM_MS
+) -> ThreadShare | None:
     """The worker's share, or None (with a warning) when its folder cannot be written."""
     try:
-        share = ThreadShare(folder, threads)
+        share = ThreadShare(folder, threads, borrow_from_ms=borrow_from_ms)
     except OSError as error:
         logger.warning("idle workers will not lend threads: %s", error)
         return None

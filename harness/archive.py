@@ -123,13 +123,34 @@ def archiver_command() -> str:
     )
 
 
+def run_archiver(handler: Path, export_path: Path, *options: str) -> None:
+    """torch-model-archiver: ``export_path/bert.mar`` with ``handler`` and ``options``, staged
+    in a TMPDIR of its own (it empties ``$TMPDIR/<model name>`` first, so two packagings at
+    once on one machine would otherwise mix or delete each other's files)."""
+    export_path.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="archiver-") as temp:
+        subprocess.run(
+            [
+                archiver_command(),
+                "--model-name",
+                MODEL_NAME,
+                "--version",
+                MODEL_VERSION,
+                "--handler",
+                str(handler),
+                *options,
+                "--export-path",
+                str(export_path),
+                "--force",
+            ],
+            check=True,
+            env=os.environ | {"TMPDIR": temp},
+        )
+
+
 def package(model_dir: Path, export_path: Path, model_config: Path = MODEL_CONFIG) -> Path:
     """Build ``export_path/bert.mar``. Its stamp is refreshed first: a failed build then
-    leaves a stamp newer than the old archive, so make tries again.
-
-    torch-model-archiver stages every archive in ``$TMPDIR/<model name>``, which it empties
-    first, so two packagings at once on one machine would mix or delete each other's files;
-    each run gets a TMPDIR of its own."""
+    leaves a stamp newer than the old archive, so make tries again."""
     check_model_dir(model_dir, model_config)
     check_model_config(model_config)
     export_path.mkdir(parents=True, exist_ok=True)
@@ -140,25 +161,13 @@ def package(model_dir: Path, export_path: Path, model_config: Path = MODEL_CONFI
         staging = Path(temp) / "extra"
         staging.mkdir()
         stage(model_dir, staging, record)
-        subprocess.run(
-            [
-                archiver_command(),
-                "--model-name",
-                MODEL_NAME,
-                "--version",
-                MODEL_VERSION,
-                "--handler",
-                str(HANDLER_DIR / "bert_handler.py"),
-                "--extra-files",
-                str(staging),
-                "--config-file",
-                str(model_config),
-                "--export-path",
-                str(export_path),
-                "--force",
-            ],
-            check=True,
-            env=os.environ | {"TMPDIR": temp},
+        run_archiver(
+            HANDLER_DIR / "bert_handler.py",
+            export_path,
+            "--extra-files",
+            str(staging),
+            "--config-file",
+            str(model_config),
         )
     return archive
 

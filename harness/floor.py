@@ -17,10 +17,8 @@ the handler's timing headers and the frontend's own latency counters.
 
 from __future__ import annotations
 
-import os
 import shutil
 import statistics
-import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
@@ -32,8 +30,8 @@ from typing import Any
 import requests
 
 from handler.timings import COMPUTE_TIME, INFERENCE_TIME, QUEUE_TIME, TOKENIZATION_TIME
-from harness.archive import archiver_command, package_variant
-from harness.config import MODEL_NAME, MODEL_VERSION
+from harness.archive import package_variant, run_archiver
+from harness.config import MODEL_NAME
 from harness.inprocess import batch_sizes_timed
 from harness.measure import Endpoint, Loads, endpoint, interleaved, servers
 from harness.metrics import scrape
@@ -61,24 +59,7 @@ class Plan:
 
 def constant_archive(store: Path) -> Path:
     """``store/bert.mar`` with the constant handler and nothing else."""
-    store.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="floor-mar-") as temp:
-        subprocess.run(
-            [
-                archiver_command(),
-                "--model-name",
-                MODEL_NAME,
-                "--version",
-                MODEL_VERSION,
-                "--handler",
-                str(FLOOR_HANDLER),
-                "--export-path",
-                str(store),
-                "--force",
-            ],
-            check=True,
-            env=os.environ | {"TMPDIR": temp},
-        )
+    run_archiver(FLOOR_HANDLER, store)
     return store / f"{MODEL_NAME}.mar"
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from harness.archive import package
+from harness.archive import package_variant
 from harness.batchlog import LogWindow
 from harness.config import models_entry
 from harness.server import Server, running, wait_ready
@@ -32,7 +32,8 @@ LIMIT_S = 120.0
 @pytest.fixture(scope="module")
 def two_workers(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     root = tmp_path_factory.mktemp("thread-share-serving")
-    package(tiny_model_dir, root / "store")
+    # The tiny model's passes are far below the default borrow_from_ms: lend for every pass.
+    package_variant(root / "store", handler_changes={"borrow_from_ms": 0}, model_dir=tiny_model_dir)
     overrides = {"model_store": str(root / "store"), "models": models_entry(workers=2)}
     with running(overrides, state_dir=root / "state") as server:
         yield server

@@ -131,6 +131,8 @@ def test_wrong_type_is_rejected(key: str, value: Any) -> None:
         ),
         pytest.param({"queue_budget_ms": -1}, "queue_budget_ms", id="budget-negative"),
         pytest.param({"queue_budget_ms": 60_001}, "queue_budget_ms", id="budget-over-timeout"),
+        pytest.param({"borrow_from_ms": -0.5}, "borrow_from_ms", id="borrow-negative"),
+        pytest.param({"borrow_from_ms": 60_001}, "borrow_from_ms", id="borrow-over-timeout"),
     ],
 )
 def test_out_of_range_values_are_rejected(raw: dict[str, Any], match: str) -> None:

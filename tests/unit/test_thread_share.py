@@ -46,6 +46,49 @@ def test_a_busy_worker_borrows_an_idle_siblings_threads(
         assert threads == 1 + 2
 
 
+def test_a_pass_too_short_to_gain_runs_on_the_workers_own_threads(
+    pair: tuple[ThreadShare, ThreadShare],
+) -> None:
+    """The first pass borrows (nothing is known yet); once a pass of 100 tokens took 2 ms on
+    3 threads (2 x 3 / 1 / 100 = 0.06 ms per token on its own thread), 100 tokens (6 ms) run
+    alone and 200 (12 ms, past the 10 ms threshold) borrow again."""
+    first, second = pair
+    idle(second)
+    with first.busy():
+        with first.borrowed(100) as threads:
+            assert threads == 3
+        first.record_pass(100, 2.0, threads)
+        assert first.own_ms_per_token == pytest.approx(0.06)
+        with first.borrowed(100) as threads:
+            assert threads == 1
+        with first.borrowed(200) as threads:
+            assert threads == 3
+
+
+def test_a_threshold_of_zero_borrows_for_every_pass(tmp_path: Path) -> None:
+    first = ThreadShare(tmp_path, threads=1, lend_after_s=0.0, borrow_from_ms=0.0)
+    second = ThreadShare(tmp_path, threads=1, lend_after_s=0.0)
+    idle(second)
+    first.record_pass(100, 0.5, 1)
+    with first.busy(), first.borrowed(1) as threads:
+        assert threads == 2
+    first.close()
+    second.close()
+
+
+def test_the_cost_estimate_follows_the_recent_passes(
+    pair: tuple[ThreadShare, ThreadShare],
+) -> None:
+    """A running average: one slow pass moves it a fifth of the way, and nothing counts a
+    pass of no tokens."""
+    first, _ = pair
+    first.record_pass(100, 1.0, 1)
+    first.record_pass(100, 6.0, 1)
+    assert first.own_ms_per_token == pytest.approx(0.8 * 0.01 + 0.2 * 0.06)
+    first.record_pass(0, 50.0, 1)
+    assert first.own_ms_per_token == pytest.approx(0.8 * 0.01 + 0.2 * 0.06)
+
+
 def test_a_sibling_that_never_ran_a_batch_lends_nothing(
     pair: tuple[ThreadShare, ThreadShare],
 ) -> None:
@@ -225,7 +268,9 @@ def test_threads_must_be_positive(tmp_path: Path) -> None:
 
 def test_a_worker_runs_its_forward_on_an_idle_siblings_threads_too(tiny_worker) -> None:
     """The handler wiring: a worker alone keeps to its torch_threads; with an idle sibling
-    registered beside it (as a second worker of the model would be), it borrows its thread."""
+    registered beside it (as a second worker of the model would be), it borrows its thread
+    for a pass worth it. The tiny model's passes are far below the default borrow_from_ms,
+    so at the default they stay on the worker's own thread; at 0 they borrow."""
     import torch
 
     from tests.worker_harness import Sent, predict
@@ -238,6 +283,9 @@ def test_a_worker_runs_its_forward_on_an_idle_siblings_threads_too(tiny_worker) 
     sibling = ThreadShare(share.folder, threads=1, lend_after_s=0.0)
     idle(sibling)
     time.sleep(share.lend_after_ns / 1e9)
+    predict(worker.service, [Sent(b"a short pass beside an idle sibling")])
+    assert torch.get_num_threads() == 1 and share.own_ms_per_token is not None
+    share.borrow_from_ms = 0.0
     predict(worker.service, [Sent(b"a text with an idle sibling")])
     assert torch.get_num_threads() == 2
     sibling.close()
