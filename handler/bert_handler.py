@@ -17,6 +17,7 @@ from typing import Any
 
 from ts.torch_handler.base_handler import BaseHandler
 
+from handler.deadline import Pace
 from handler.decoding import BODY_KEYS
 from handler.errors import ErrorCode
 from handler.inference import BatchStats, Prediction, TextInput, classify
@@ -98,6 +99,7 @@ class BertHandler(BaseHandler):  # type: ignore[misc]
                     self.settings.borrow_from_ms,
                 )
         self.metrics = MetricsEmitter(context.metrics, context.model_name)
+        self.pace = Pace()
         self.initialized = True
 
     def classify(self, texts: Sequence[TextInput]) -> tuple[list[Prediction], BatchStats]:
@@ -121,6 +123,7 @@ class BertHandler(BaseHandler):  # type: ignore[misc]
                     self.settings,
                     observe=self.metrics.emit,
                     received=received,
+                    pace=self.pace,
                 )
             for index, (response, timings) in enumerate(zip(responses, headers, strict=True)):
                 context.set_response_status(response.status, response.phrase, index)

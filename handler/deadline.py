@@ -17,12 +17,16 @@ longer (a bulk job whose queue is long by design) is not cut short. A start stam
 stamp there is no deadline: the worker cannot tell a request that waited 2 s from one that
 arrived just now, and the frontend's queue bound (``job_queue_size``) is then the only
 protection. A relative wait alone is not enough for the same reason.
+
+A request whose deadline falls before its batch can finish is not worked on either: ``Pace``
+estimates how long the batch will take from the worker's recent batches.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from handler.protocol import header_value
@@ -79,3 +83,31 @@ def deadline(headers: Mapping[str, Any], queue_budget_s: float, now: float) -> f
     if wait is None:
         wait = queue_budget_s or None
     return None if wait is None else min(start, now) + wait
+
+
+PACE_WEIGHT = 0.2
+"""The weight of the newest batch in ``Pace``'s running estimate."""
+
+
+@dataclass
+class Pace:
+    """This worker's recent batches, as seconds of handling per valid text (a running
+    average; None until a batch with texts was timed). A batch's texts are answered together
+    when it ends, so a batch of n texts is expected to end n x this after it began. Taken per
+    text from batches of every size, the fixed cost of a batch makes large batches look a
+    little longer than they are: it errs toward refusing a request that would just make it."""
+
+    seconds_per_text: float | None = None
+
+    def expected_s(self, texts: int) -> float:
+        """How long a batch of ``texts`` valid texts is expected to take; 0 when unknown."""
+        return 0.0 if self.seconds_per_text is None else texts * self.seconds_per_text
+
+    def record(self, texts: int, seconds: float) -> None:
+        if texts < 1 or seconds < 0:
+            return
+        newest = seconds / texts
+        previous = self.seconds_per_text
+        self.seconds_per_text = (
+            newest if previous is None else (1 - PACE_WEIGHT) * previous + PACE_WEIGHT * newest
+        )

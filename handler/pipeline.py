@@ -79,16 +79,38 @@ def decode(request: IncomingRequest, settings: HandlerSettings) -> Decoded:
 
 
 def expire(
-    request: IncomingRequest, decoded: Decoded, settings: HandlerSettings, now: float
-) -> Decoded:
-    """The decoded request, or its ``deadline_exceeded`` refusal when its deadline passed
-    before the batch began: then none of its texts is tokenized or forwarded."""
-    due = deadline.deadline(request.headers, settings.queue_budget_ms / 1e3, now)
-    if due is None or now <= due:
-        return decoded
+    requests: Sequence[IncomingRequest],
+    decoded: Sequence[Decoded],
+    settings: HandlerSettings,
+    now: float,
+    pace: deadline.Pace | None = None,
+) -> list[Decoded]:
+    """The decoded requests, each replaced by its ``deadline_exceeded`` refusal when its
+    deadline passed before the batch began, or falls before the batch is expected to end
+    (``pace``, from the texts still to be worked on): none of its texts is then tokenized or
+    forwarded."""
+    dues = [deadline.deadline(r.headers, settings.queue_budget_ms / 1e3, now) for r in requests]
+    live = [
+        _expired(d, f"passed {now - due:.3f} s before its batch began")
+        if due is not None and due < now
+        else d
+        for d, due in zip(decoded, dues, strict=True)
+    ]
+    if pace is None:
+        return live
+    ends = now + pace.expected_s(len(valid_slots([d.request for d in live])))
+    return [
+        _expired(d, f"would pass {ends - due:.3f} s before its batch could end")
+        if due is not None and due < ends and not isinstance(d.request, Rejected)
+        else d
+        for d, due in zip(live, dues, strict=True)
+    ]
+
+
+def _expired(decoded: Decoded, when: str) -> Decoded:
     message = (
-        f"the request's deadline passed {now - due:.3f} s before its batch began; "
-        "it was not processed (retry later, or send a longer X-Request-Timeout)"
+        f"the request's deadline {when}; it was not processed "
+        "(retry later, or send a longer X-Request-Timeout)"
     )
     return Decoded(decoded.protocol, Rejected(ErrorCode.DEADLINE_EXCEEDED, message))
 
@@ -179,13 +201,15 @@ def run_batch(
     settings: HandlerSettings,
     observe: BatchObserver | None = None,
     now: float | None = None,
+    pace: deadline.Pace | None = None,
 ) -> list[Response]:
     """One response per request, in order; an unexpected failure answers 500 to this batch only.
 
     ``observe`` sees every batch's outcomes and stats (the metrics); it must not raise.
-    ``now`` is when the batch began (unix time; the clock by default), for the deadlines.
+    ``now`` is when the batch began (unix time; the clock by default), for the deadlines;
+    ``pace``, the worker's recent batch times, for the deadlines that would pass during it.
     """
-    return answer_batch(requests, classifier, settings, observe, now=now)[0]
+    return answer_batch(requests, classifier, settings, observe, now=now, pace=pace)[0]
 
 
 def answer_batch(
@@ -195,15 +219,18 @@ def answer_batch(
     observe: BatchObserver | None = None,
     received: float | None = None,
     now: float | None = None,
+    pace: deadline.Pace | None = None,
 ) -> tuple[list[Response], list[Headers]]:
     """``run_batch``, plus each request's timing headers (``handler.timings``), counted from
-    ``received`` (the handler's ``time.perf_counter()`` when TorchServe handed it the batch)."""
+    ``received`` (the handler's ``time.perf_counter()`` when TorchServe handed it the batch).
+    With ``pace``, a request that cannot end before its deadline is refused too, and the
+    batch's time is recorded in it."""
     received = time.perf_counter() if received is None else received
     began = time.time() if now is None else now
     try:
-        decoded = [
-            expire(request, decode(request, settings), settings, began) for request in requests
-        ]
+        decoded = expire(
+            requests, [decode(request, settings) for request in requests], settings, began, pace
+        )
         outcomes, stats = classify_valid([d.request for d in decoded], classifier)
         owners = [index for (index, _), _ in valid_slots([d.request for d in decoded])]
     except Exception:
@@ -212,6 +239,8 @@ def answer_batch(
         decoded = [Decoded(FALLBACK, failure)] * len(requests)
         outcomes, stats, owners = [failure] * len(requests), BatchStats(), []
     stats.handler_ms = (time.perf_counter() - received) * 1000
+    if pace is not None:
+        pace.record(len(owners), stats.handler_ms / 1000)
     _log_batch(requests, outcomes, stats)
     if observe is not None:
         observe(outcomes, stats)

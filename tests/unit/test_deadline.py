@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from handler.deadline import client_wait, deadline, start_time
+from handler.deadline import Pace, client_wait, deadline, start_time
 from handler.errors import HTTP_STATUS, ErrorCode
-from handler.pipeline import IncomingRequest, run_batch
+from handler.pipeline import IncomingRequest, answer_batch, run_batch
 from handler.settings import HandlerSettings
 from tests.unit.test_pipeline import FakeClassifier, body_of
 
@@ -190,3 +190,48 @@ def test_a_client_that_says_it_waits_longer_than_the_budget_is_not_cut_short() -
     )
     assert response.status == 200
     assert classifier.calls == [["bulk"]]
+
+
+def test_a_request_that_cannot_end_before_its_deadline_is_not_forwarded() -> None:
+    """At 0.1 s a text, a batch of 3 texts ends 0.3 s after it began: a request due in 0.2 s
+    is refused unworked, one due in 1 s and an unstamped one are answered. Without a pace
+    (no batch timed yet) the first is worked on."""
+    due_soon = request(
+        "due soon", "soon", **{"X-Request-Start": f"t={NOW}", "X-Request-Timeout": "0.2"}
+    )
+    due_later = request(
+        "due later", "later", **{"X-Request-Start": f"t={NOW}", "X-Request-Timeout": "1"}
+    )
+    plain = request("no stamp", "plain")
+    classifier = FakeClassifier()
+    soon, later, unstamped = run_batch(
+        [due_soon, due_later, plain], classifier, HandlerSettings(), now=NOW, pace=Pace(0.1)
+    )
+    assert classifier.calls == [["due later", "no stamp"]]
+    assert soon.status == 504
+    assert "before its batch could end" in body_of(soon)["error"]["message"]
+    assert (later.status, unstamped.status) == (200, 200)
+
+    classifier = FakeClassifier()
+    run_batch([due_soon, due_later], classifier, HandlerSettings(), now=NOW, pace=Pace())
+    assert classifier.calls == [["due soon", "due later"]]
+
+
+def test_the_pace_follows_the_recent_batches() -> None:
+    pace = Pace()
+    assert pace.expected_s(16) == 0.0
+    pace.record(4, 0.4)
+    assert pace.expected_s(16) == pytest.approx(1.6)
+    pace.record(10, 2.0)
+    assert pace.seconds_per_text == pytest.approx(0.8 * 0.1 + 0.2 * 0.2)
+    pace.record(0, 5.0)
+    assert pace.seconds_per_text == pytest.approx(0.8 * 0.1 + 0.2 * 0.2)
+
+
+def test_the_handler_times_each_batch_into_its_pace() -> None:
+    """answer_batch records the batch: its valid texts and how long it took."""
+    pace = Pace()
+    answer_batch(
+        [request("one", "a"), request("two", "b")], FakeClassifier(), HandlerSettings(), pace=pace
+    )
+    assert pace.seconds_per_text is not None and pace.seconds_per_text >= 0
