@@ -176,16 +176,20 @@ def its_turn(current: Endpoint, endpoints: Sequence[Endpoint]) -> Iterator[None]
 
 
 @contextmanager
-def servers(configs: Mapping[str, dict[str, str]]) -> Iterator[dict[str, dict[str, Any]]]:
+def servers(
+    configs: Mapping[str, dict[str, str]], envs: Mapping[str, Mapping[str, str]] | None = None
+) -> Iterator[dict[str, dict[str, Any]]]:
     """One TorchServe per named config, started one after another (each one's start-up time
     measured alone), all running until the block ends, then all stopped. Yields {name:
-    {"server", "startup_s", "config", "worker_memory"}}, memory taken after a first request."""
+    {"server", "startup_s", "config", "worker_memory"}}, memory taken after a first request.
+    ``envs``: environment variables by name, for the servers that need their own."""
     with ExitStack() as stack:
         started: dict[str, dict[str, Any]] = {}
         for name, overrides in configs.items():
             prefix = "measure-" + re.sub(r"\W+", "-", name) + "-"
             began = time.monotonic()
-            server = stack.enter_context(running(overrides, prefix=prefix))
+            env = (envs or {}).get(name)
+            server = stack.enter_context(running(overrides, prefix=prefix, env=env))
             startup_s = round(time.monotonic() - began, 1)
             model = server.model()
             run_texts(server.predict_url, server.headers(), ["warm"], 1, 0.3, f"{name} first")
@@ -218,11 +222,24 @@ def client_lists(
 
 
 def compare_stores(
-    stores: Mapping[str, Path], corpus: Sequence[str], loads: Loads
+    stores: Mapping[str, Path],
+    corpus: Sequence[str],
+    loads: Loads,
+    envs: Mapping[str, Mapping[str, str]] | None = None,
 ) -> dict[str, dict[str, dict[str, Any]]]:
-    """The same config served from each model store (e.g. the .mar of two commits), measured
-    interleaved at each load: {name: {level: load summary}}."""
+    """The same config served from each model store (e.g. the .mar of two commits), with
+    each name's environment variables from ``envs`` if any, measured interleaved at each
+    load: {name: {level: load summary}}."""
     configs = {name: {"model_store": str(store)} for name, store in stores.items()}
-    with servers(configs) as started:
+    with servers(configs, envs) as started:
         points = [endpoint(name, item["server"]) for name, item in started.items()]
         return interleaved(points, corpus, loads)
+
+
+def env_assignments(items: list[str]) -> dict[str, str]:
+    """``NAME=VALUE`` arguments as a mapping; anything else is a usage error."""
+    pairs = [item.partition("=") for item in items]
+    bad = [item for item, (name, sign, _) in zip(items, pairs, strict=True) if not name or not sign]
+    if bad:
+        raise SystemExit(f"environment settings must be NAME=VALUE, got {bad}")
+    return {name: value for name, _, value in pairs}

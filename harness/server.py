@@ -22,9 +22,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +107,9 @@ def worker_memory(worker: Worker) -> WorkerMemory:
 class Server:
     state_dir: Path
     properties: dict[str, str]
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Variables set for this server's frontend and workers over the caller's own (an A/B of
+    an environment setting: ``scripts/compare_mars.py --before-env``)."""
 
     @property
     def inference_url(self) -> str:
@@ -132,6 +135,12 @@ class Server:
     def model_log(self) -> Path:
         """The workers' log: the handler's lines, including its per-batch ``batch_size=...``."""
         return self.state_dir / "logs" / "model_log.log"
+
+    @property
+    def access_log(self) -> Path:
+        """The frontend's line per request, ending in its status and its time in the frontend
+        (ms, from the request read to the answer written: TorchServe's ``Session``)."""
+        return self.state_dir / "logs" / "access_log.log"
 
     def key(self, kind: str) -> str | None:
         """A token from key_file.json ('inference', 'management' or 'API'); None if auth is off."""
@@ -221,10 +230,12 @@ class Server:
 
     def environment(self) -> dict[str, str]:
         """The frontend's environment, which its workers inherit: the caller's, with lending's
-        OpenMP setting unless the caller set its own (``handler.thread_share.SPIN_ENV``)."""
+        OpenMP setting unless the caller set its own (``handler.thread_share.SPIN_ENV``), and
+        this server's ``env`` over both."""
         return (
             SPIN_ENV
             | dict(os.environ)
+            | dict(self.env)
             | {
                 "TMPDIR": str(self.tmp_dir),
                 "TEMP": str(self.tmp_dir),
@@ -287,14 +298,16 @@ def start(
     overrides: dict[str, str] | None = None,
     ready_timeout: float = 180,
     base_config: Path = BASE_CONFIG,
+    env: Mapping[str, str] | None = None,
 ) -> Server:
     """Start an instance and return once its model's workers are READY.
 
     ``base_config`` is config/config.properties unless another layout's config is started
-    (the container layout of ``layout.write_layout``, for its test).
+    (the container layout of ``layout.write_layout``, for its test); ``env``, see ``Server``.
     """
     state_dir = state_dir.resolve()
-    server = Server(state_dir=state_dir, properties=effective_properties(overrides, base_config))
+    properties = effective_properties(overrides, base_config)
+    server = Server(state_dir=state_dir, properties=properties, env=dict(env or {}))
     check_startable(server)
     log_start = server.model_log.stat().st_size if server.model_log.is_file() else 0
     launch(server)
@@ -312,6 +325,7 @@ def running(
     prefix: str = "bert-serve-",
     state_dir: Path | None = None,
     base_config: Path = BASE_CONFIG,
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[Server]:
     """A TorchServe on free 127.0.0.1 ports (unless ``overrides`` name others), in
     ``state_dir`` or a temporary state folder, always stopped."""
@@ -319,7 +333,7 @@ def running(
         if state_dir is None:
             state_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=prefix)))
         overrides = local_port_overrides() | (overrides or {})
-        server = start(state_dir, overrides=overrides, base_config=base_config)
+        server = start(state_dir, overrides=overrides, base_config=base_config, env=env)
         try:
             yield server
         finally:

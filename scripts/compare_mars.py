@@ -1,10 +1,17 @@
-"""Two builds of the .mar under one config, loaded in turn at each level: did a change move
-the served numbers? Ratios are AFTER over BEFORE, measured in one run on one machine.
+"""Two builds of the .mar, or two environments, under one config, loaded in turn at each
+level: did a change move the served numbers? Ratios are AFTER over BEFORE, measured in one run
+on one machine.
 
     git worktree add --detach ../before <commit>
     (cd ../before && PYTHONPATH=. ../main/.venv/bin/python scripts/package.py \
         --model-dir ../main/build/bert-sentiment --export-path /tmp/before)
     python scripts/compare_mars.py --before /tmp/before --after model_store --out build/ab.json
+
+An environment setting (one .mar, two servers), e.g. libgomp's default spinning against the
+GOMP_SPINCOUNT=1000 the server tooling sets:
+
+    python scripts/compare_mars.py --before model_store --after model_store \
+        --before-env GOMP_SPINCOUNT=300000 --out build/gomp-ab.json
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ import json
 from pathlib import Path
 
 from harness.corpus import make_corpus
-from harness.measure import Loads, compare_stores
+from harness.measure import Loads, compare_stores, env_assignments
 
 
 def main() -> int:
@@ -23,18 +30,23 @@ def main() -> int:
     )
     parser.add_argument("--before", type=Path, required=True, help="a model store with bert.mar")
     parser.add_argument("--after", type=Path, required=True, help="a model store with bert.mar")
+    parser.add_argument("--before-env", nargs="*", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--after-env", nargs="*", default=[], metavar="NAME=VALUE")
     parser.add_argument("--loads", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--seconds", type=float, default=15)
     parser.add_argument("--out", type=Path, default=Path("build/compare-mars.json"))
     args = parser.parse_args()
     loads = Loads(args.loads, args.seconds, warmup=3)
-    results = compare_stores({"before": args.before, "after": args.after}, make_corpus(), loads)
+    stores = {"before": args.before, "after": args.after}
+    envs = {"before": env_assignments(args.before_env), "after": env_assignments(args.after_env)}
+    results = compare_stores(stores, make_corpus(), loads, envs)
     ratios = {
         level: round(results["after"][level]["rps"] / results["before"][level]["rps"], 3)
         for level in results["before"]
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"rps_after_over_before": ratios, "results": results}, indent=1))
+    report = {"rps_after_over_before": ratios, "envs": envs, "results": results}
+    args.out.write_text(json.dumps(report, indent=1))
     print(json.dumps(ratios))
     return 0
 

@@ -7,7 +7,7 @@ Each level runs twice, once plain (what an outside generator sends: no stamps, s
 frontend's ``job_queue_size`` protects the server) and once stamped (``X-Request-Start`` and
 ``X-Request-Timeout``, as ``bert_serve.Client`` sends, so the handler also refuses expired
 work). Then, that server stopped, LitServe out of the box (``harness.peer``) takes the plain
-levels. Reported per level: goodput (200s within the deadline per second), the other answers
+levels, restarted for each (its unbounded queue takes minutes to drain). Reported per level: goodput (200s within the deadline per second), the other answers
 by status with their p50/p99, client timeouts, and the requests the handler expired (its batch
 log's ``expired=``); then a lone client's p50 before and after the spike, and ``spike.png``.
 
@@ -39,6 +39,7 @@ from harness.server import running
 
 PAUSE_AFTER_FAILURE_S = 0.05
 EXPIRED = re.compile(r" expired=(\d+)")
+ACCESS = re.compile(r'"POST /predictions/\S+ HTTP/[\d.]+" (\d{3}) (\d+)$', re.MULTILINE)
 LONE_REQUESTS = 10
 SETTLE_LIMIT_S = 300.0
 
@@ -51,6 +52,8 @@ class Target:
     headers: dict[str, str] = field(default_factory=dict)
     model_log: Path | None = None
     """The handler's log, for its ``expired=`` count; None for the peer."""
+    access_log: Path | None = None
+    """The frontend's access log, for its own time per answer; None for the peer."""
 
     def predict(self, text: str) -> None:
         """One request, raising ``requests.HTTPError`` for an answer other than 2xx."""
@@ -82,6 +85,23 @@ def latency(outcomes: list[Outcome]) -> dict[str, float | int]:
         "count": len(values),
         "p50_ms": round(percentile(values, 50), 1),
         "p99_ms": round(percentile(values, 99), 1),
+    }
+
+
+def frontend_latency(access_lines: str) -> dict[str, dict[str, float | int]]:
+    """By status, the count and p50/p99 of the time each answer spent in the frontend, from
+    TorchServe's access log. Beside the client's own times it separates the server's part from
+    the load generator's (which shares the CPU)."""
+    by_status: dict[str, list[float]] = {}
+    for status, ms in ACCESS.findall(access_lines):
+        by_status.setdefault(status, []).append(float(ms))
+    return {
+        status: {
+            "count": len(values),
+            "p50_ms": percentile(values, 50),
+            "p99_ms": percentile(values, 99),
+        }
+        for status, values in sorted(by_status.items())
     }
 
 
@@ -125,13 +145,14 @@ def run_level(
         pause_after_failure_s=level.pause_s,
         stamped=stamped,
     )
-    expired = None
-    if target.model_log is None:
+    expired = frontend = None
+    if target.model_log is None or target.access_log is None:
         load.run()
     else:
-        with LogWindow(target.model_log) as window:
+        with LogWindow(target.model_log) as window, LogWindow(target.access_log) as access:
             load.run()
             expired = sum(int(m.group(1)) for m in EXPIRED.finditer(window.read()))
+            frontend = frontend_latency(access.read())
     in_time = [o for o in load.outcomes if o.status == "200" and o.ms <= deadline_s * 1000]
     by_status = {
         status: latency([o for o in load.outcomes if o.status == status])
@@ -144,6 +165,7 @@ def run_level(
         "stamped": stamped,
         "goodput_per_s": round(len(in_time) / load.elapsed, 1),
         "by_status": by_status,
+        "frontend_ms_by_status": frontend,
         "expired_by_handler": expired,
         "silently_lost": load.silently_lost,
         "drain_before_s": settle_s,
@@ -155,23 +177,51 @@ def run_levels(
 ) -> dict[str, Any]:
     """Every level, plain and (if ``stamps`` says so) stamped; lone p50 before and after."""
     levels: dict[str, Any] = {}
-    for text in corpus[:3]:
-        target.predict(text)
-    lone_before = lone_p50_ms(target, corpus)
+    lone_before = warm_lone_p50_ms(target, corpus)
     for stamped in stamps:
         for level in LEVELS:
             name = f"{level.name}{'_stamped' if stamped else ''}"
             levels[name] = run_level(target, level, corpus, seconds, stamped)
     drain_after_s = settle(target, corpus[0])
-    patient = levels["patient_32"]["goodput_per_s"] or 1.0
-    for result in levels.values():
-        result["goodput_ratio_to_patient"] = round(result["goodput_per_s"] / patient, 2)
     return {
-        "levels": levels,
+        "levels": with_ratios(levels),
         "drain_after_s": drain_after_s,
         "lone_p50_ms_before": lone_before,
         "lone_p50_ms_after": lone_p50_ms(target, corpus),
     }
+
+
+def run_peer_levels(corpus: list[str], seconds: float) -> dict[str, Any]:
+    """LitServe out of the box on the plain levels, a fresh peer for each: its queue has no
+    bound, so what a level leaves behind takes minutes to drain (a first full run was still
+    waiting after five), and the next level would start behind it."""
+    levels: dict[str, Any] = {}
+    lone_before = None
+    for level in LEVELS:
+        with litserve_peer(DEFAULT_MODEL_DIR, PEER_CONFIGS["litserve"]) as peer:
+            target = Target(peer.url)
+            if lone_before is None:
+                lone_before = warm_lone_p50_ms(target, corpus)
+            levels[level.name] = run_level(target, level, corpus, seconds, stamped=False)
+    return {
+        "levels": with_ratios(levels),
+        "restarted_per_level": True,
+        "lone_p50_ms_before": lone_before,
+    }
+
+
+def warm_lone_p50_ms(target: Target, corpus: list[str]) -> float:
+    for text in corpus[:3]:
+        target.predict(text)
+    return lone_p50_ms(target, corpus)
+
+
+def with_ratios(levels: dict[str, Any]) -> dict[str, Any]:
+    """Each level's goodput as a share of the patient level's, added in place."""
+    patient = levels["patient_32"]["goodput_per_s"] or 1.0
+    for result in levels.values():
+        result["goodput_ratio_to_patient"] = round(result["goodput_per_s"] / patient, 2)
+    return levels
 
 
 def summary(result: dict[str, Any]) -> str:
@@ -180,7 +230,7 @@ def summary(result: dict[str, Any]) -> str:
             f"{name} {r['goodput_per_s']}/s ({r['goodput_ratio_to_patient']})"
             for name, r in result["levels"].items()
         )
-        + f"; lone p50 {result['lone_p50_ms_before']} -> {result['lone_p50_ms_after']} ms"
+        + f"; lone p50 {result['lone_p50_ms_before']} -> {result.get('lone_p50_ms_after')} ms"
     )
 
 
@@ -219,12 +269,11 @@ def run(d: Durations) -> dict[str, Any]:
     """``d.spike_s`` seconds per level (``harness.chaos.common.Durations``)."""
     corpus = make_corpus()
     with running() as server:
-        ours = Target(server.predict_url, server.headers(), server.model_log)
+        ours = Target(server.predict_url, server.headers(), server.model_log, server.access_log)
         result_all = run_levels(ours, corpus, d.spike_s, (False, True))
     litserve: dict[str, Any] = {"skipped": "litserve is not installed (the bench extra)"}
     if importlib.util.find_spec("litserve") is not None:
-        with litserve_peer(DEFAULT_MODEL_DIR, PEER_CONFIGS["litserve"]) as peer:
-            litserve = run_levels(Target(peer.url), corpus, d.spike_s, (False,))
+        litserve = run_peer_levels(corpus, d.spike_s)
     bad_5xx = {
         name: status
         for name, result in result_all["levels"].items()

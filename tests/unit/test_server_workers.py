@@ -138,3 +138,28 @@ def test_the_server_starts_its_workers_with_lendings_spin_setting(
     assert server.environment()["GOMP_SPINCOUNT"] == SPIN_ENV["GOMP_SPINCOUNT"]
     monkeypatch.setenv("GOMP_SPINCOUNT", "50")
     assert server.environment()["GOMP_SPINCOUNT"] == "50"
+
+
+def test_a_servers_own_environment_wins_over_the_callers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The A/B of an environment setting: one server gets its own value, its state folder
+    still decides where temporary files and logs go."""
+    monkeypatch.setenv("GOMP_SPINCOUNT", "50")
+    env = Server(
+        tmp_path, {}, env={"GOMP_SPINCOUNT": "300000", "TMPDIR": "/elsewhere"}
+    ).environment()
+    assert env["GOMP_SPINCOUNT"] == "300000"
+    assert env["TMPDIR"] == str(tmp_path / "tmp")
+
+
+def test_compare_mars_reads_name_value_settings() -> None:
+    from harness.measure import env_assignments
+
+    assert env_assignments(["GOMP_SPINCOUNT=1000", "OMP_WAIT_POLICY=PASSIVE", "EMPTY="]) == {
+        "GOMP_SPINCOUNT": "1000",
+        "OMP_WAIT_POLICY": "PASSIVE",
+        "EMPTY": "",
+    }
+    with pytest.raises(SystemExit, match="NAME=VALUE"):
+        env_assignments(["GOMP_SPINCOUNT"])
