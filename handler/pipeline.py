@@ -99,12 +99,27 @@ def expire(
     if pace is None:
         return live
     ends = now + pace.expected_s(len(valid_slots([d.request for d in live])))
-    return [
-        _expired(d, f"would pass {ends - due:.3f} s before its batch could end")
+    late = {
+        index
+        for index, (d, due) in enumerate(zip(live, dues, strict=True))
         if due is not None and due < ends and not isinstance(d.request, Rejected)
+    }
+    if late and not any(
+        index not in late and _has_texts(d.request) for index, d in enumerate(live)
+    ):
+        # A batch that works on nothing times nothing: a pace inflated by one slow batch (the
+        # first, cold one) would never come down. The latest deadline is worked on.
+        late.discard(max(late, key=lambda index: dues[index] or 0.0))
+    return [
+        _expired(d, f"would pass {ends - (dues[index] or 0.0):.3f} s before its batch could end")
+        if index in late
         else d
-        for d, due in zip(live, dues, strict=True)
+        for index, d in enumerate(live)
     ]
+
+
+def _has_texts(request: Texts | Rejected) -> bool:
+    return bool(valid_slots([request]))
 
 
 def _expired(decoded: Decoded, when: str) -> Decoded:

@@ -235,3 +235,20 @@ def test_the_handler_times_each_batch_into_its_pace() -> None:
         [request("one", "a"), request("two", "b")], FakeClassifier(), HandlerSettings(), pace=pace
     )
     assert pace.seconds_per_text is not None and pace.seconds_per_text >= 0
+
+
+def test_a_batch_the_pace_would_empty_still_works_on_its_latest_deadline() -> None:
+    """After one slow cold batch (1 s a text) every request of the next batch looks late. The
+    one with the latest deadline is worked on anyway, so the pace is timed again and comes
+    down; the others are refused."""
+    stamps = {"X-Request-Start": f"t={NOW}"}
+    first = request("first", "a", **stamps, **{"X-Request-Timeout": "0.2"})
+    second = request("second", "b", **stamps, **{"X-Request-Timeout": "0.4"})
+    pace = Pace(1.0)
+    classifier = FakeClassifier()
+    refused, answered = run_batch(
+        [first, second], classifier, HandlerSettings(), now=NOW, pace=pace
+    )
+    assert classifier.calls == [["second"]]
+    assert (refused.status, answered.status) == (504, 200)
+    assert pace.seconds_per_text is not None and pace.seconds_per_text < 1.0
