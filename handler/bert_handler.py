@@ -31,6 +31,7 @@ from handler.protocol import (
     header_value,
     route_content_type,
 )
+from handler.queue_age import QueueAge
 from handler.settings import HandlerSettings
 from handler.thread_share import ThreadShare, open_thread_share
 
@@ -100,6 +101,8 @@ class BertHandler(BaseHandler):  # type: ignore[misc]
                 )
         self.metrics = MetricsEmitter(context.metrics, context.model_name)
         self.pace = Pace()
+        self.queue_age = QueueAge()
+        self.batch_size = int(properties.get("batch_size") or 1)
         self.initialized = True
 
     def classify(self, texts: Sequence[TextInput]) -> tuple[list[Prediction], BatchStats]:
@@ -114,6 +117,7 @@ class BertHandler(BaseHandler):  # type: ignore[misc]
     def handle(self, data: Any, context: Any) -> list[str]:
         received = time.perf_counter()
         batch = list(data or [])
+        queue_age_s = self.queue_age.of_batch(len(batch), self.batch_size)
         busy = self.thread_share.busy() if self.thread_share else contextlib.nullcontext()
         try:
             with busy:
@@ -124,6 +128,7 @@ class BertHandler(BaseHandler):  # type: ignore[misc]
                     observe=self.metrics.emit,
                     received=received,
                     pace=self.pace,
+                    queue_age_s=queue_age_s,
                 )
             for index, (response, timings) in enumerate(zip(responses, headers, strict=True)):
                 context.set_response_status(response.status, response.phrase, index)

@@ -1,8 +1,8 @@
 """When a request stops being worth working on, from what the worker can see: its headers.
 
 TorchServe 0.12 passes the worker no arrival time (docs/api.md, "Deadlines"): a handler sees
-headers and body only, and the moment the batch reaches it. So the queue time of a request can
-only be known from a stamp the request carries, set by its client or by a proxy in front:
+headers and body only, and the moment the batch reaches it. So the queue time of a request is
+known exactly only from a stamp the request carries, set by its client or by a proxy in front:
 
     header                          form                                 meaning
     X-Request-Start                 t=<unix time> or <unix time>, in s,  when the request started
@@ -13,13 +13,15 @@ only be known from a stamp the request carries, set by its client or by a proxy 
 
 The deadline is start + the client's wait, or start + ``queue_budget_ms`` (the server's
 default budget, a handler setting) when the request says no wait: a client that says it waits
-longer (a bulk job whose queue is long by design) is not cut short. A start stamp from the future (clock skew) counts as now. Without a start
-stamp there is no deadline: the worker cannot tell a request that waited 2 s from one that
-arrived just now, and the frontend's queue bound (``job_queue_size``) is then the only
-protection. A relative wait alone is not enough for the same reason.
+longer (a bulk job whose queue is long by design) is not cut short. A start stamp from the
+future (clock skew) counts as now. Without a start stamp, the start is estimated from the
+frontend queue's recent wait (``handler.queue_age``) when the batch came from a backlog; with
+no backlog the request has no deadline, and a relative wait alone says nothing.
 
-A request whose deadline falls before its batch can finish is not worked on either: ``Pace``
-estimates how long the batch will take from the worker's recent batches.
+A request whose client said how long it waits is not worked on either when that wait ends
+before its batch can: ``Pace`` estimates how long the batch will take from the worker's recent
+batches. The server's budget bounds the time in the queue only, so that patient load is never
+refused for the time its own batch takes.
 """
 
 from __future__ import annotations
@@ -71,14 +73,20 @@ def client_wait(headers: Mapping[str, Any]) -> float | None:
     return None
 
 
-def deadline(headers: Mapping[str, Any], queue_budget_s: float, now: float) -> float | None:
+def deadline(
+    headers: Mapping[str, Any], queue_budget_s: float, now: float, queue_age_s: float | None = None
+) -> float | None:
     """The unix time after which the request is not worked on; None when it cannot be known.
 
     ``queue_budget_s`` is the wait of a request that states none; 0: no deadline for those.
+    ``queue_age_s`` is how long the frontend's queue held the batch (``handler.queue_age``),
+    the start of a request that carries no stamp; None: unknown.
     """
     start = start_time(headers)
     if start is None:
-        return None
+        if queue_age_s is None:
+            return None
+        start = now - queue_age_s
     wait = client_wait(headers)
     if wait is None:
         wait = queue_budget_s or None

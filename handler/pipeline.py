@@ -84,12 +84,15 @@ def expire(
     settings: HandlerSettings,
     now: float,
     pace: deadline.Pace | None = None,
+    queue_age_s: float | None = None,
 ) -> list[Decoded]:
     """The decoded requests, each replaced by its ``deadline_exceeded`` refusal when its
-    deadline passed before the batch began, or falls before the batch is expected to end
-    (``pace``, from the texts still to be worked on): none of its texts is then tokenized or
-    forwarded."""
-    dues = [deadline.deadline(r.headers, settings.queue_budget_ms / 1e3, now) for r in requests]
+    deadline passed before the batch began, or (for a client that said how long it waits)
+    falls before the batch is expected to end (``pace``, from the texts still to be worked
+    on): none of its texts is then tokenized or forwarded. ``queue_age_s`` dates the requests
+    that carry no start stamp (``handler.queue_age``)."""
+    budget_s = settings.queue_budget_ms / 1e3
+    dues = [deadline.deadline(r.headers, budget_s, now, queue_age_s) for r in requests]
     live = [
         _expired(d, f"passed {now - due:.3f} s before its batch began")
         if due is not None and due < now
@@ -101,8 +104,11 @@ def expire(
     ends = now + pace.expected_s(len(valid_slots([d.request for d in live])))
     late = {
         index
-        for index, (d, due) in enumerate(zip(live, dues, strict=True))
-        if due is not None and due < ends and not isinstance(d.request, Rejected)
+        for index, (d, due, r) in enumerate(zip(live, dues, requests, strict=True))
+        if due is not None
+        and due < ends
+        and not isinstance(d.request, Rejected)
+        and deadline.client_wait(r.headers) is not None
     }
     if late and not any(
         index not in late and _has_texts(d.request) for index, d in enumerate(live)
@@ -217,14 +223,19 @@ def run_batch(
     observe: BatchObserver | None = None,
     now: float | None = None,
     pace: deadline.Pace | None = None,
+    queue_age_s: float | None = None,
 ) -> list[Response]:
     """One response per request, in order; an unexpected failure answers 500 to this batch only.
 
     ``observe`` sees every batch's outcomes and stats (the metrics); it must not raise.
     ``now`` is when the batch began (unix time; the clock by default), for the deadlines;
-    ``pace``, the worker's recent batch times, for the deadlines that would pass during it.
+    ``pace``, the worker's recent batch times, for the deadlines that would pass during it;
+    ``queue_age_s``, the frontend queue's wait, for the requests without a start stamp.
     """
-    return answer_batch(requests, classifier, settings, observe, now=now, pace=pace)[0]
+    answered = answer_batch(
+        requests, classifier, settings, observe, now=now, pace=pace, queue_age_s=queue_age_s
+    )
+    return answered[0]
 
 
 def answer_batch(
@@ -235,17 +246,17 @@ def answer_batch(
     received: float | None = None,
     now: float | None = None,
     pace: deadline.Pace | None = None,
+    queue_age_s: float | None = None,
 ) -> tuple[list[Response], list[Headers]]:
     """``run_batch``, plus each request's timing headers (``handler.timings``), counted from
     ``received`` (the handler's ``time.perf_counter()`` when TorchServe handed it the batch).
     With ``pace``, a request that cannot end before its deadline is refused too, and the
-    batch's time is recorded in it."""
+    batch's time is recorded in it; ``queue_age_s``, see ``expire``."""
     received = time.perf_counter() if received is None else received
     began = time.time() if now is None else now
     try:
-        decoded = expire(
-            requests, [decode(request, settings) for request in requests], settings, began, pace
-        )
+        decoded = [decode(request, settings) for request in requests]
+        decoded = expire(requests, decoded, settings, began, pace, queue_age_s)
         outcomes, stats = classify_valid([d.request for d in decoded], classifier)
         owners = [index for (index, _), _ in valid_slots([d.request for d in decoded])]
     except Exception:
@@ -263,7 +274,20 @@ def answer_batch(
         respond(d.protocol, outcome, request.request_id)
         for d, outcome, request in zip(decoded, outcomes, requests, strict=True)
     ]
-    return responses, timing_headers(len(requests), owners, stats, received)
+    timings = timing_headers(len(requests), owners, stats, received)
+    return responses, [
+        headers + RETRY_LATER if _is_expired(outcome) else headers
+        for headers, outcome in zip(timings, outcomes, strict=True)
+    ]
+
+
+RETRY_LATER = (("Retry-After", "1"),)
+"""On a ``deadline_exceeded`` refusal: the queue was too long; a second is the least the
+header can say (whole seconds), and the client adds its own jittered backoff."""
+
+
+def _is_expired(outcome: Outcome) -> bool:
+    return isinstance(outcome, Rejected) and outcome.code == ErrorCode.DEADLINE_EXCEEDED
 
 
 def _log_batch(
@@ -274,7 +298,7 @@ def _log_batch(
         for r, o in zip(requests, outcomes, strict=True)
         if isinstance(o, Rejected)
     ]
-    expired = sum(code == ErrorCode.DEADLINE_EXCEEDED for _, code in rejected)
+    expired = sum(map(_is_expired, outcomes))
     logger.info(
         "batch_size=%d valid=%d rejected=%d sub_batches=%s real_tokens=%d padded_tokens=%d "
         "tokenize_ms=%.1f forward_ms=%.1f threads=%d expired=%d",

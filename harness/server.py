@@ -31,6 +31,7 @@ from typing import Any
 import psutil
 import requests
 
+from handler.queue_age import METRICS_URL_ENV
 from handler.thread_share import SPIN_ENV
 from harness.config import (
     BASE_CONFIG,
@@ -231,7 +232,8 @@ class Server:
     def environment(self) -> dict[str, str]:
         """The frontend's environment, which its workers inherit: the caller's, with lending's
         OpenMP setting unless the caller set its own (``handler.thread_share.SPIN_ENV``), and
-        this server's ``env`` over both."""
+        this server's ``env`` over both; and where the workers read the frontend's queue time
+        (``handler.queue_age``)."""
         return (
             SPIN_ENV
             | dict(os.environ)
@@ -242,7 +244,16 @@ class Server:
                 "LOG_LOCATION": str(self.state_dir / "logs"),
                 "METRICS_LOCATION": str(self.state_dir / "logs"),
             }
+            | self.frontend_metrics_env()
         )
+
+    def frontend_metrics_env(self) -> dict[str, str]:
+        """Where the workers read the frontend's queue time (``handler.queue_age``); nothing
+        when the config names no metrics address (the handler's default is TorchServe's)."""
+        address = self.properties.get("metrics_address")
+        if address is None:
+            return {}
+        return {METRICS_URL_ENV: address.replace("0.0.0.0", "127.0.0.1") + "/metrics"}
 
 
 def torchserve_command() -> str:

@@ -3,10 +3,10 @@
 One server with the default config; closed-loop levels one after another, as an outside load
 generator would send them: patient clients first, then 2x and 4x overload whose clients each
 give up after their deadline and send again 50 ms after a failure (the last level at once).
-Each level runs twice, once plain (what an outside generator sends: no stamps, so only the
-frontend's ``job_queue_size`` protects the server) and once stamped (``X-Request-Start`` and
-``X-Request-Timeout``, as ``bert_serve.Client`` sends, so the handler also refuses expired
-work). Then, that server stopped, LitServe out of the box (``harness.peer``) takes the plain
+Each level runs in three forms (``FORMS``): plain (what an outside generator sends: no
+deadline; the handler holds a request only to the server's queue budget, dated by the
+frontend's queue time), timeout (``X-Request-Timeout`` alone, as gRPC and Envoy clients send
+their wait) and stamped (``X-Request-Start`` as well, as ``bert_serve.Client`` sends). Then, that server stopped, LitServe out of the box (``harness.peer``) takes the plain
 levels, restarted for each (its unbounded queue takes minutes to drain). Reported per level: goodput (200s within the deadline per second), the other answers
 by status with their p50/p99, client timeouts, and the requests the handler expired (its batch
 log's ``expired=``); then a lone client's p50 before and after the spike, and ``spike.png``.
@@ -28,6 +28,7 @@ from typing import Any
 
 import requests
 
+from handler.deadline import TIMEOUT_HEADER
 from harness.archive import DEFAULT_MODEL_DIR
 from harness.batchlog import LogWindow
 from harness.chaos.common import REQUEST_TIMEOUT_S, Durations
@@ -69,6 +70,13 @@ class Level:
     clients: int
     deadline_s: float | None  # None: patient (REQUEST_TIMEOUT_S)
     pause_s: float = PAUSE_AFTER_FAILURE_S
+
+
+FORMS = ("plain", "timeout", "stamped")
+
+
+def level_key(level_name: str, form: str) -> str:
+    return level_name if form == "plain" else f"{level_name}_{form}"
 
 
 LEVELS = (
@@ -130,20 +138,23 @@ def settle(target: Target, text: str, limit_s: float = SETTLE_LIMIT_S) -> float:
 
 
 def run_level(
-    target: Target, level: Level, corpus: list[str], seconds: float, stamped: bool
+    target: Target, level: Level, corpus: list[str], seconds: float, form: str = "plain"
 ) -> dict[str, Any]:
     settle_s = settle(target, corpus[0])
     deadline_s = level.deadline_s or REQUEST_TIMEOUT_S
+    headers = target.headers
+    if form == "timeout":
+        headers = headers | {TIMEOUT_HEADER: f"{deadline_s:g}"}
     load = ClosedLoop(
         target.url,
-        target.headers,
+        headers,
         lambda i: json_job(corpus[i % len(corpus)]),
         level.clients,
         seconds,
         max_requests=int(seconds * 2000),
         request_timeout_s=deadline_s,
         pause_after_failure_s=level.pause_s,
-        stamped=stamped,
+        stamped=form == "stamped",
     )
     expired = frontend = None
     if target.model_log is None or target.access_log is None:
@@ -162,7 +173,7 @@ def run_level(
         "clients": level.clients,
         "deadline_s": level.deadline_s,
         "pause_after_failure_s": level.pause_s,
-        "stamped": stamped,
+        "form": form,
         "goodput_per_s": round(len(in_time) / load.elapsed, 1),
         "by_status": by_status,
         "frontend_ms_by_status": frontend,
@@ -173,15 +184,14 @@ def run_level(
 
 
 def run_levels(
-    target: Target, corpus: list[str], seconds: float, stamps: tuple[bool, ...]
+    target: Target, corpus: list[str], seconds: float, forms: tuple[str, ...]
 ) -> dict[str, Any]:
-    """Every level, plain and (if ``stamps`` says so) stamped; lone p50 before and after."""
+    """Every level in each of ``forms``; lone p50 before and after."""
     levels: dict[str, Any] = {}
     lone_before = warm_lone_p50_ms(target, corpus)
-    for stamped in stamps:
+    for form in forms:
         for level in LEVELS:
-            name = f"{level.name}{'_stamped' if stamped else ''}"
-            levels[name] = run_level(target, level, corpus, seconds, stamped)
+            levels[level_key(level.name, form)] = run_level(target, level, corpus, seconds, form)
     drain_after_s = settle(target, corpus[0])
     return {
         "levels": with_ratios(levels),
@@ -202,7 +212,7 @@ def run_peer_levels(corpus: list[str], seconds: float) -> dict[str, Any]:
             target = Target(peer.url)
             if lone_before is None:
                 lone_before = warm_lone_p50_ms(target, corpus)
-            levels[level.name] = run_level(target, level, corpus, seconds, stamped=False)
+            levels[level.name] = run_level(target, level, corpus, seconds)
     return {
         "levels": with_ratios(levels),
         "restarted_per_level": True,
@@ -217,10 +227,11 @@ def warm_lone_p50_ms(target: Target, corpus: list[str]) -> float:
 
 
 def with_ratios(levels: dict[str, Any]) -> dict[str, Any]:
-    """Each level's goodput as a share of the patient level's, added in place."""
-    patient = levels["patient_32"]["goodput_per_s"] or 1.0
+    """Each level's goodput as a share of the same form's patient level's, added in place."""
     for result in levels.values():
-        result["goodput_ratio_to_patient"] = round(result["goodput_per_s"] / patient, 2)
+        patient = levels[level_key(LEVELS[0].name, result.get("form", "plain"))]
+        share = result["goodput_per_s"] / (patient["goodput_per_s"] or 1.0)
+        result["goodput_ratio_to_patient"] = round(share, 2)
     return levels
 
 
@@ -235,8 +246,7 @@ def summary(result: dict[str, Any]) -> str:
 
 
 def plot(result: dict[str, Any], out: Path) -> None:
-    """``spike.png`` in ``out``: goodput per level, a bar per server and form (plain,
-    stamped)."""
+    """``spike.png`` in ``out``: goodput per level, a bar per server and form."""
     results = {"bert-serve": result}
     if "levels" in result["litserve"]:
         results["LitServe"] = result["litserve"]
@@ -244,17 +254,15 @@ def plot(result: dict[str, Any], out: Path) -> None:
     figure, axes = plt.subplots(figsize=(9, 4.5))
     names = [level.name for level in LEVELS]
     series = [
-        (f"{server}{' stamped' if stamped else ''}", server, stamped)
+        (server if form == "plain" else f"{server} {form}", server, form)
         for server in results
-        for stamped in (False, True)
-        if f"{names[0]}_stamped" in results[server]["levels"] or not stamped
+        for form in FORMS
+        if level_key(names[0], form) in results[server]["levels"]
     ]
     width = 0.8 / len(series)
-    for index, (label, server, stamped) in enumerate(series):
+    for index, (label, server, form) in enumerate(series):
         levels = results[server]["levels"]
-        values = [
-            levels[f"{name}{'_stamped' if stamped else ''}"]["goodput_per_s"] for name in names
-        ]
+        values = [levels[level_key(name, form)]["goodput_per_s"] for name in names]
         axes.bar([x + index * width for x in range(len(names))], values, width, label=label)
     axes.set_xticks([x + 0.4 - width / 2 for x in range(len(names))], names)
     axes.set_ylabel("answers within the deadline per second")
@@ -270,7 +278,7 @@ def run(d: Durations) -> dict[str, Any]:
     corpus = make_corpus()
     with running() as server:
         ours = Target(server.predict_url, server.headers(), server.model_log, server.access_log)
-        result_all = run_levels(ours, corpus, d.spike_s, (False, True))
+        result_all = run_levels(ours, corpus, d.spike_s, FORMS)
     litserve: dict[str, Any] = {"skipped": "litserve is not installed (the bench extra)"}
     if importlib.util.find_spec("litserve") is not None:
         litserve = run_peer_levels(corpus, d.spike_s)

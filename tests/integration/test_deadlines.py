@@ -84,3 +84,34 @@ def test_requests_queued_behind_a_stopped_worker_expire_unworked(tmp_path) -> No
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(stopped, signal.SIGCONT)  # the process this test stopped
+
+
+def test_requests_without_a_start_stamp_are_dated_by_the_frontends_queue_time(tmp_path) -> None:
+    """Requests that only say how long they wait (X-Request-Timeout: 0.3, no start stamp),
+    held 2 s behind a stopped worker: once an answered batch has shown the frontend's queue
+    time (handler.queue_age), the full batches behind it answer 504 unworked, with Retry-After;
+    every request is answered 200 or 504."""
+    small_batches = {"models": models_entry(batch_size=4, max_batch_delay=200, workers=1)}
+    with running(small_batches, state_dir=tmp_path / "state") as server:
+        assert post(server, "warm up").status_code == 200
+        stopped = server.worker_pid()
+        assert stopped is not None
+        try:
+            with ThreadPoolExecutor(12) as pool:
+                server.kill_worker(stopped, signal.SIGSTOP)
+                waiting = [
+                    pool.submit(post, server, f"says 0.3 s {i}", **{"X-Request-Timeout": "0.3"})
+                    for i in range(12)
+                ]
+                time.sleep(2)
+                server.kill_worker(stopped, signal.SIGCONT)
+                answers = [future.result() for future in waiting]
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(stopped, signal.SIGCONT)  # the process this test stopped
+        statuses = [answer.status_code for answer in answers]
+        assert set(statuses) <= {200, 504}, statuses
+        refused = [answer for answer in answers if answer.status_code == 504]
+        assert len(refused) >= 4, statuses
+        assert {answer.json()["error"]["code"] for answer in refused} == {"deadline_exceeded"}
+        assert {answer.headers.get("Retry-After") for answer in refused} == {"1"}

@@ -163,3 +163,12 @@ def test_compare_mars_reads_name_value_settings() -> None:
     }
     with pytest.raises(SystemExit, match="NAME=VALUE"):
         env_assignments(["GOMP_SPINCOUNT"])
+
+
+def test_the_workers_are_told_the_frontends_metrics_address(tmp_path: Path) -> None:
+    """handler.queue_age reads the queue time there; a test server's free port must reach it."""
+    from handler.queue_age import METRICS_URL_ENV
+
+    server = Server(tmp_path, {"metrics_address": "http://0.0.0.0:18082"})
+    assert server.environment()[METRICS_URL_ENV] == "http://127.0.0.1:18082/metrics"
+    assert METRICS_URL_ENV not in Server(tmp_path, {}).environment()

@@ -1,0 +1,89 @@
+"""How long the frontend's queue is holding requests now, for requests that carry no start stamp.
+
+TorchServe 0.12 tells the worker nothing of a request's arrival (``handler.deadline``), but its
+frontend records every answered request's time in the queue as the ``QueueTime`` gauge (ms,
+the latest answer's value) on its metrics endpoint. The queue is first in, first out, so a
+batch taken from a backlog has waited about as long as the batch answered just before it:
+that gauge is the estimate. It is read only for a full batch (TorchServe filled it at once, so
+a backlog stood behind it); a partial batch emptied the queue and had no backlog to wait in.
+
+The endpoint is TorchServe's metrics address, ``BERT_SERVE_FRONTEND_METRICS`` when set (the
+server tooling sets it from ``metrics_address``), else TorchServe's default. Where it cannot
+be read (another port, ``metrics_mode=log``, the gauge left out of the metrics config) there
+is no estimate, and unstamped requests have no deadline, as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+logger = logging.getLogger(__name__)
+
+METRICS_URL_ENV = "BERT_SERVE_FRONTEND_METRICS"
+DEFAULT_METRICS_URL = "http://127.0.0.1:8082/metrics"
+GAUGE = "QueueTime"
+GAUGE_LINE = re.compile(rf"^{GAUGE}(?:\{{[^}}]*\}})?\s+([0-9.eE+-]+)\s*$", re.MULTILINE)
+FETCH_TIMEOUT_S = 0.2
+FRESH_FOR_S = 0.005
+"""A reading this recent is reused: a run of small full batches (``batchSize`` 1) reads once."""
+RETRY_AFTER_FAILURE_S = 30.0
+
+Fetch = Callable[[str], str]
+
+
+def metrics_url() -> str:
+    """The ``QueueTime`` gauge's address: only that metric is asked for (a short answer)."""
+    base = os.environ.get(METRICS_URL_ENV) or DEFAULT_METRICS_URL
+    return f"{base}?name[]={GAUGE}"
+
+
+def queue_time_s(metrics_text: str) -> float | None:
+    """The gauge's value in seconds from a Prometheus text answer; None when absent."""
+    values = [float(match) for match in GAUGE_LINE.findall(metrics_text)]
+    return max(values) / 1e3 if values else None
+
+
+def fetch_text(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=FETCH_TIMEOUT_S) as response:  # noqa: S310
+        body: bytes = response.read()
+    return body.decode("utf-8", "replace")
+
+
+@dataclass
+class QueueAge:
+    """The frontend queue's recent wait, read at most every ``FRESH_FOR_S``; after a failed
+    read, none is tried for ``RETRY_AFTER_FAILURE_S`` (an unreachable endpoint must not cost
+    every batch a timeout)."""
+
+    url: str = field(default_factory=metrics_url)
+    fetch: Fetch = fetch_text
+    clock: Callable[[], float] = time.monotonic
+    _value: float | None = None
+    _read_at: float = float("-inf")
+    _failed_at: float = float("-inf")
+
+    def seconds(self) -> float | None:
+        now = self.clock()
+        if now - self._read_at < FRESH_FOR_S:
+            return self._value
+        if now - self._failed_at < RETRY_AFTER_FAILURE_S:
+            return None
+        try:
+            self._value = queue_time_s(self.fetch(self.url))
+        except Exception as error:  # an unreachable or odd endpoint only disables the estimate
+            if self._failed_at == float("-inf"):
+                logger.warning("frontend queue time unreadable at %s: %s", self.url, error)
+            self._failed_at, self._value = now, None
+            return None
+        self._read_at = now
+        return self._value
+
+    def of_batch(self, requests: int, batch_size: int) -> float | None:
+        """The estimated wait of a batch of ``requests``: only a full batch stood in a backlog."""
+        return self.seconds() if batch_size > 0 and requests >= batch_size else None
