@@ -117,12 +117,15 @@ class BertHandler(BaseHandler):  # type: ignore[misc]
     def handle(self, data: Any, context: Any) -> list[str]:
         received = time.perf_counter()
         batch = list(data or [])
-        queue_age_s = self.queue_age.of_batch(len(batch), self.batch_size)
         busy = self.thread_share.busy() if self.thread_share else contextlib.nullcontext()
         try:
             with busy:
+                requests = incoming_requests(batch, context)
+                queue_age_s = self.queue_age.of_batch(
+                    [request.headers for request in requests], self.batch_size
+                )
                 responses, headers = answer_batch(
-                    incoming_requests(batch, context),
+                    requests,
                     self.classify,
                     self.settings,
                     observe=self.metrics.emit,

@@ -5,7 +5,8 @@ frontend records every answered request's time in the queue as the ``QueueTime``
 the latest answer's value) on its metrics endpoint. The queue is first in, first out, so a
 batch taken from a backlog has waited about as long as the batch answered just before it:
 that gauge is the estimate. It is read only for a full batch (TorchServe filled it at once, so
-a backlog stood behind it); a partial batch emptied the queue and had no backlog to wait in.
+a backlog stood behind it); a partial batch emptied the queue and had no backlog to wait in. A batch whose requests all
+carry a start stamp needs no estimate and reads nothing.
 
 The endpoint is TorchServe's metrics address, ``BERT_SERVE_FRONTEND_METRICS`` when set (the
 server tooling sets it from ``metrics_address``), else TorchServe's default. Where it cannot
@@ -15,13 +16,17 @@ is no estimate, and unstamped requests have no deadline, as before.
 
 from __future__ import annotations
 
+import http.client
 import logging
 import os
 import re
 import time
-import urllib.request
-from collections.abc import Callable
+import urllib.parse
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+from handler.deadline import start_time
 
 logger = logging.getLogger(__name__)
 
@@ -49,10 +54,30 @@ def queue_time_s(metrics_text: str) -> float | None:
     return max(values) / 1e3 if values else None
 
 
-def fetch_text(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=FETCH_TIMEOUT_S) as response:  # noqa: S310
-        body: bytes = response.read()
-    return body.decode("utf-8", "replace")
+class KeptConnection:
+    """GET over one kept-alive connection (a new TCP connection per batch would cost more
+    than the read); a failed read drops it, and the next read connects again."""
+
+    def __init__(self) -> None:
+        self.connection: http.client.HTTPConnection | None = None
+
+    def __call__(self, url: str) -> str:
+        parts = urllib.parse.urlsplit(url)
+        if self.connection is None:
+            self.connection = http.client.HTTPConnection(
+                parts.hostname or "127.0.0.1", parts.port or 80, timeout=FETCH_TIMEOUT_S
+            )
+        try:
+            self.connection.request("GET", f"{parts.path}?{parts.query}")
+            response = self.connection.getresponse()
+            body = response.read()
+            if response.status != 200:
+                raise OSError(f"HTTP {response.status}")
+        except Exception:
+            self.connection.close()
+            self.connection = None
+            raise
+        return body.decode("utf-8", "replace")
 
 
 @dataclass
@@ -62,7 +87,7 @@ class QueueAge:
     every batch a timeout)."""
 
     url: str = field(default_factory=metrics_url)
-    fetch: Fetch = fetch_text
+    fetch: Fetch = field(default_factory=KeptConnection)
     clock: Callable[[], float] = time.monotonic
     _value: float | None = None
     _read_at: float = float("-inf")
@@ -84,6 +109,11 @@ class QueueAge:
         self._read_at = now
         return self._value
 
-    def of_batch(self, requests: int, batch_size: int) -> float | None:
-        """The estimated wait of a batch of ``requests``: only a full batch stood in a backlog."""
-        return self.seconds() if batch_size > 0 and requests >= batch_size else None
+    def of_batch(self, headers: Sequence[Mapping[str, Any]], batch_size: int) -> float | None:
+        """The estimated wait of a batch of requests with these headers: only a full batch
+        stood in a backlog, and only one with a request that carries no start needs it."""
+        if len(headers) < max(batch_size, 1):
+            return None
+        if all(start_time(one) is not None for one in headers):
+            return None
+        return self.seconds()

@@ -72,9 +72,11 @@ class HandlerSettings:
     multi_label_threshold: float = 0.5
     """Multi-label models: a label is given (in ``labels``) when its score is at least this."""
     queue_budget_ms: int = 500
-    """The longest a request with a start stamp but no wait of its own (``X-Request-Timeout``)
-    may wait before its batch begins; one that waited longer answers 504 ``deadline_exceeded``
-    unworked (``handler.deadline``). 0: no deadline for those. At most ``MAX_QUEUE_BUDGET_MS``."""
+    """The longest a request that states no wait of its own (``X-Request-Timeout``) may wait
+    before its batch begins, counted from its ``X-Request-Start`` or, without one, from the
+    start estimated from the frontend's queue time (``handler.queue_age``); one that waited
+    longer answers 504 ``deadline_exceeded`` unworked (``handler.deadline``). 0: no deadline
+    for those. At most ``MAX_QUEUE_BUDGET_MS``."""
 
     def __post_init__(self) -> None:
         _require(self.max_length >= 8, f"max_length must be at least 8, got {self.max_length}")

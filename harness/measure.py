@@ -226,20 +226,25 @@ def compare_stores(
     corpus: Sequence[str],
     loads: Loads,
     envs: Mapping[str, Mapping[str, str]] | None = None,
+    overrides: Mapping[str, Mapping[str, str]] | None = None,
 ) -> dict[str, dict[str, dict[str, Any]]]:
     """The same config served from each model store (e.g. the .mar of two commits), with
-    each name's environment variables from ``envs`` if any, measured interleaved at each
-    load: {name: {level: load summary}}."""
-    configs = {name: {"model_store": str(store)} for name, store in stores.items()}
+    each name's environment variables from ``envs`` and config.properties ``overrides`` if
+    any, measured interleaved at each load: {name: {level: load summary}}."""
+    configs = {
+        name: dict((overrides or {}).get(name, {})) | {"model_store": str(store)}
+        for name, store in stores.items()
+    }
     with servers(configs, envs) as started:
         points = [endpoint(name, item["server"]) for name, item in started.items()]
         return interleaved(points, corpus, loads)
 
 
 def env_assignments(items: list[str]) -> dict[str, str]:
-    """``NAME=VALUE`` arguments as a mapping; anything else is a usage error."""
+    """``NAME=VALUE`` arguments (environment variables or config.properties keys) as a
+    mapping; anything else is a usage error."""
     pairs = [item.partition("=") for item in items]
     bad = [item for item, (name, sign, _) in zip(items, pairs, strict=True) if not name or not sign]
     if bad:
-        raise SystemExit(f"environment settings must be NAME=VALUE, got {bad}")
+        raise SystemExit(f"settings must be NAME=VALUE, got {bad}")
     return {name: value for name, _, value in pairs}

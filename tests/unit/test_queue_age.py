@@ -43,29 +43,36 @@ class FakeEndpoint:
         return QueueAge(url="http://x/metrics", fetch=self.fetch, clock=lambda: self.now)
 
 
-def test_only_a_full_batch_reads_the_gauge_and_a_reading_is_reused_briefly() -> None:
+PLAIN: dict[str, str] = {}
+STAMPED = {"X-Request-Start": "t=1800000000"}
+
+
+def test_only_a_full_batch_with_an_unstamped_request_reads_the_gauge() -> None:
+    """A partial batch had no backlog; a fully stamped one needs no estimate; a reading is
+    reused only briefly."""
     endpoint = FakeEndpoint()
     age = endpoint.age()
-    assert age.of_batch(3, 16) is None
+    assert age.of_batch([PLAIN] * 3, 16) is None
+    assert age.of_batch([STAMPED] * 16, 16) is None
     assert endpoint.calls == 0
-    assert age.of_batch(16, 16) == pytest.approx(0.742)
-    assert age.of_batch(1, 1) == pytest.approx(0.742)
+    assert age.of_batch([STAMPED] * 15 + [PLAIN], 16) == pytest.approx(0.742)
+    assert age.of_batch([PLAIN], 1) == pytest.approx(0.742)
     assert endpoint.calls == 1
     endpoint.now += 2 * FRESH_FOR_S
-    age.of_batch(16, 16)
+    age.of_batch([PLAIN] * 16, 16)
     assert endpoint.calls == 2
 
 
 def test_an_unreadable_endpoint_gives_no_estimate_and_is_not_asked_every_batch() -> None:
     endpoint = FakeEndpoint(fails=True)
     age = endpoint.age()
-    assert age.of_batch(16, 16) is None
+    assert age.of_batch([PLAIN] * 16, 16) is None
     endpoint.now += RETRY_AFTER_FAILURE_S / 2
-    assert age.of_batch(16, 16) is None
+    assert age.of_batch([PLAIN] * 16, 16) is None
     assert endpoint.calls == 1
     endpoint.fails = False
     endpoint.now += RETRY_AFTER_FAILURE_S
-    assert age.of_batch(16, 16) == pytest.approx(0.742)
+    assert age.of_batch([PLAIN] * 16, 16) == pytest.approx(0.742)
 
 
 def test_the_queue_age_dates_requests_without_a_start_stamp_only() -> None:
@@ -108,3 +115,41 @@ def test_patient_load_within_the_budget_is_not_refused_for_its_batchs_own_time()
     )
     assert classifier.calls == [["plain"]]
     assert (answered.status, refused.status) == (200, 504)
+
+
+def test_the_gauge_is_read_over_one_kept_connection() -> None:
+    """A real HTTP endpoint: two reads, one TCP connection; a 404 is a failed read."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from handler.queue_age import KeptConnection
+
+    connections: set[int] = set()
+
+    class Metrics(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:  # noqa: N802
+            connections.add(self.client_address[1])
+            body = PROMETHEUS_TEXT.encode() if "QueueTime" in self.path else b"no"
+            self.send_response(200 if self.path.startswith("/metrics") else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        fetch = KeptConnection()
+        for _ in range(2):
+            assert queue_time_s(fetch(f"{base}/metrics?name[]=QueueTime")) == pytest.approx(0.742)
+        assert len(connections) == 1
+        with pytest.raises(OSError):
+            fetch(f"{base}/elsewhere?x=1")
+    finally:
+        server.shutdown()
+        server.server_close()
