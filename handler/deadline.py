@@ -27,6 +27,7 @@ refused for the time its own batch takes.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -95,6 +96,8 @@ def deadline(
 
 PACE_WEIGHT = 0.2
 """The weight of the newest batch in ``Pace``'s running estimate."""
+PACE_STALE_S = 1.0
+"""A pace not timed for this long may be kept up by one slow batch: time one batch again."""
 
 
 @dataclass
@@ -106,14 +109,20 @@ class Pace:
     little longer than they are: it errs toward refusing a request that would just make it."""
 
     seconds_per_text: float | None = None
+    timed_at: float = float("-inf")
+    """When a batch with texts was last timed (unix time)."""
 
     def expected_s(self, texts: int) -> float:
         """How long a batch of ``texts`` valid texts is expected to take; 0 when unknown."""
         return 0.0 if self.seconds_per_text is None else texts * self.seconds_per_text
 
-    def record(self, texts: int, seconds: float) -> None:
+    def is_stale(self, now: float) -> bool:
+        return now - self.timed_at >= PACE_STALE_S
+
+    def record(self, texts: int, seconds: float, at: float | None = None) -> None:
         if texts < 1 or seconds < 0:
             return
+        self.timed_at = time.time() if at is None else at
         newest = seconds / texts
         previous = self.seconds_per_text
         self.seconds_per_text = (

@@ -110,11 +110,14 @@ def expire(
         and not isinstance(d.request, Rejected)
         and deadline.client_wait(r.headers) is not None
     }
-    if late and not any(
-        index not in late and _has_texts(d.request) for index, d in enumerate(live)
+    if (
+        late
+        and pace.is_stale(now)
+        and not any(index not in late and _has_texts(d.request) for index, d in enumerate(live))
     ):
         # A batch that works on nothing times nothing: a pace inflated by one slow batch (the
-        # first, cold one) would never come down. The latest deadline is worked on.
+        # first, cold one) would never come down. Once it is stale, the latest deadline is
+        # worked on; more often would spend a forward pass on every refused batch of a spike.
         late.discard(max(late, key=lambda index: dues[index] or 0.0))
     return [
         _expired(d, f"would pass {ends - (dues[index] or 0.0):.3f} s before its batch could end")
@@ -266,7 +269,7 @@ def answer_batch(
         outcomes, stats, owners = [failure] * len(requests), BatchStats(), []
     stats.handler_ms = (time.perf_counter() - received) * 1000
     if pace is not None:
-        pace.record(len(owners), stats.handler_ms / 1000)
+        pace.record(len(owners), stats.handler_ms / 1000, at=began)
     _log_batch(requests, outcomes, stats)
     if observe is not None:
         observe(outcomes, stats)

@@ -252,3 +252,21 @@ def test_a_batch_the_pace_would_empty_still_works_on_its_latest_deadline() -> No
     assert classifier.calls == [["second"]]
     assert (refused.status, answered.status) == (504, 200)
     assert pace.seconds_per_text is not None and pace.seconds_per_text < 1.0
+
+
+def test_a_batch_the_pace_would_empty_is_refused_whole_while_the_pace_is_fresh() -> None:
+    """Under a spike most batches are refused whole: working on one request of each would
+    spend a forward pass per refused batch. Only a pace not timed for PACE_STALE_S is timed
+    again that way."""
+    from handler.deadline import PACE_STALE_S
+
+    stamps = {"X-Request-Start": f"t={NOW}", "X-Request-Timeout": "0.2"}
+    batch = [request("first", "a", **stamps), request("second", "b", **stamps)]
+    classifier = FakeClassifier()
+    fresh = Pace(1.0, timed_at=NOW - PACE_STALE_S / 2)
+    responses = run_batch(batch, classifier, HandlerSettings(), now=NOW, pace=fresh)
+    assert classifier.calls == []
+    assert [r.status for r in responses] == [504, 504]
+    stale = Pace(1.0, timed_at=NOW - PACE_STALE_S)
+    run_batch(batch, classifier, HandlerSettings(), now=NOW, pace=stale)
+    assert len(classifier.calls) == 1
