@@ -36,7 +36,7 @@ GAUGE = "QueueTime"
 GAUGE_LINE = re.compile(rf"^{GAUGE}(?:\{{[^}}]*\}})?\s+([0-9.eE+-]+)\s*$", re.MULTILINE)
 FETCH_TIMEOUT_S = 0.2
 FRESH_FOR_S = 0.005
-"""A reading this recent is reused: a run of small full batches (``batchSize`` 1) reads once."""
+"""A reading this recent is reused: a run of small full batches reads once."""
 RETRY_AFTER_FAILURE_S = 30.0
 
 Fetch = Callable[[str], str]
@@ -111,8 +111,9 @@ class QueueAge:
 
     def of_batch(self, headers: Sequence[Mapping[str, Any]], batch_size: int) -> float | None:
         """The estimated wait of a batch of requests with these headers: only a full batch
-        stood in a backlog, and only one with a request that carries no start needs it."""
-        if len(headers) < max(batch_size, 1):
+        stood in a backlog, and only one with a request that carries no start needs it. With
+        ``batchSize`` 1 every batch is full, so fullness says nothing: no estimate."""
+        if batch_size < 2 or len(headers) < batch_size:
             return None
         if all(start_time(one) is not None for one in headers):
             return None

@@ -48,16 +48,17 @@ STAMPED = {"X-Request-Start": "t=1800000000"}
 
 
 def test_only_a_full_batch_with_an_unstamped_request_reads_the_gauge() -> None:
-    """A partial batch had no backlog; a fully stamped one needs no estimate; a reading is
-    reused only briefly."""
+    """A partial batch had no backlog; a fully stamped one needs no estimate; with batch size
+    1 every batch is full, so none says anything; a reading is reused only briefly."""
     endpoint = FakeEndpoint()
     age = endpoint.age()
     assert age.of_batch([PLAIN] * 3, 16) is None
     assert age.of_batch([STAMPED] * 16, 16) is None
     assert endpoint.calls == 0
     assert age.of_batch([STAMPED] * 15 + [PLAIN], 16) == pytest.approx(0.742)
-    assert age.of_batch([PLAIN], 1) == pytest.approx(0.742)
+    assert age.of_batch([PLAIN, PLAIN], 2) == pytest.approx(0.742)
     assert endpoint.calls == 1
+    assert age.of_batch([PLAIN], 1) is None
     endpoint.now += 2 * FRESH_FOR_S
     age.of_batch([PLAIN] * 16, 16)
     assert endpoint.calls == 2
