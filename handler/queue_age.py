@@ -5,8 +5,9 @@ frontend records every answered request's time in the queue as the ``QueueTime``
 the latest answer's value) on its metrics endpoint. The queue is first in, first out, so a
 batch taken from a backlog has waited about as long as the batch answered just before it:
 that gauge is the estimate. It is read only for a full batch (TorchServe filled it at once, so
-a backlog stood behind it); a partial batch emptied the queue and had no backlog to wait in. A batch whose requests all
-carry a start stamp needs no estimate and reads nothing.
+a backlog stood behind it); a partial batch emptied the queue and had no backlog to wait in,
+and with ``batchSize`` 1 fullness says nothing. A batch whose requests all carry a start
+stamp needs no estimate and reads nothing.
 
 The endpoint is TorchServe's metrics address, ``BERT_SERVE_FRONTEND_METRICS`` when set (the
 server tooling sets it from ``metrics_address``), else TorchServe's default. Where it cannot
