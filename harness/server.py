@@ -54,6 +54,16 @@ class ServerError(RuntimeError):
     pass
 
 
+class FrontendExited(ServerError):
+    """The frontend died before it was ready: on free ports picked a moment earlier, most
+    likely a port taken in between (a busy machine's outgoing connections use the same
+    range), so ``running`` tries again on new ones."""
+
+
+START_ATTEMPTS = 3
+LOG_TAIL_LINES = 8
+
+
 @dataclass(frozen=True)
 class Worker:
     """One model worker as the management API lists it."""
@@ -343,12 +353,34 @@ def running(
     with ExitStack() as stack:
         if state_dir is None:
             state_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=prefix)))
-        overrides = local_port_overrides() | (overrides or {})
-        server = start(state_dir, overrides=overrides, base_config=base_config, env=env)
+        server = start_on_free_ports(state_dir, overrides or {}, base_config, env)
         try:
             yield server
         finally:
             stop(server)
+
+
+def start_on_free_ports(
+    state_dir: Path,
+    overrides: dict[str, str],
+    base_config: Path = BASE_CONFIG,
+    env: Mapping[str, str] | None = None,
+) -> Server:
+    """``start`` on free 127.0.0.1 ports (unless ``overrides`` name others), picked again
+    when the frontend exits during start (``FrontendExited``)."""
+    for attempt in range(1, START_ATTEMPTS + 1):
+        try:
+            return start(
+                state_dir,
+                overrides=local_port_overrides() | overrides,
+                base_config=base_config,
+                env=env,
+            )
+        except FrontendExited as error:
+            if attempt == START_ATTEMPTS:
+                raise
+            print(f"[server] {error}; trying again on new ports", file=sys.stderr)
+    raise AssertionError("unreachable")
 
 
 def start_or_reuse(state_dir: Path, overrides: dict[str, str] | None = None) -> Server:
@@ -422,7 +454,10 @@ def wait_ready(server: Server, timeout: float, log_start: int | None = None) -> 
     time.sleep(1)
     while time.monotonic() < deadline:
         if server.pid() is None:
-            raise ServerError(f"TorchServe exited during start; see {server.state_dir / 'logs'}")
+            raise FrontendExited(
+                f"TorchServe exited during start; see {server.state_dir / 'logs'}; "
+                f"its last lines: {log_tail(server)}"
+            )
         if log.is_file() and (error := worker_load_error(read_from(log, log_start))):
             raise ServerError(f"the model's worker failed to load: {error}; see {log}")
         try:
@@ -435,6 +470,17 @@ def wait_ready(server: Server, timeout: float, log_start: int | None = None) -> 
     raise ServerError(
         f"TorchServe was not ready within {timeout:.0f} s; see {server.state_dir / 'logs'}"
     )
+
+
+def log_tail(server: Server) -> str:
+    """The frontend's last console and log lines, for an error message that outlives a
+    temporary state folder."""
+    lines: list[str] = []
+    for name in ("console.log", "ts_log.log"):
+        path = server.state_dir / "logs" / name
+        if path.is_file():
+            lines += path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+    return " | ".join(line.strip() for line in lines if line.strip()) or "(no log lines)"
 
 
 def read_from(path: Path, offset: int) -> str:

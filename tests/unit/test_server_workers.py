@@ -172,3 +172,43 @@ def test_the_workers_are_told_the_frontends_metrics_address(tmp_path: Path) -> N
     server = Server(tmp_path, {"metrics_address": "http://0.0.0.0:18082"})
     assert server.environment()[METRICS_URL_ENV] == "http://127.0.0.1:18082/metrics"
     assert METRICS_URL_ENV not in Server(tmp_path, {}).environment()
+
+
+def test_a_frontend_that_exits_during_start_is_started_again_on_new_ports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A port picked free can be taken before TorchServe binds it (CI saw "TorchServe exited
+    during start"): the harness tries again on new ports, and says why when it gives up."""
+    from harness import server as server_module
+
+    tried: list[str] = []
+
+    def start(state_dir: Path, overrides: dict[str, str], **_: object) -> Server:
+        tried.append(overrides["inference_address"])
+        if len(tried) < server_module.START_ATTEMPTS:
+            raise server_module.FrontendExited("exited during start")
+        return Server(state_dir, overrides)
+
+    monkeypatch.setattr(server_module, "start", start)
+    started = server_module.start_on_free_ports(tmp_path, {})
+    assert len(set(tried)) == server_module.START_ATTEMPTS
+    assert started.properties["inference_address"] == tried[-1]
+
+    def never_starts(state_dir: Path, overrides: dict[str, str], **_: object) -> Server:
+        raise server_module.FrontendExited("exited during start")
+
+    monkeypatch.setattr(server_module, "start", never_starts)
+    with pytest.raises(server_module.FrontendExited):
+        server_module.start_on_free_ports(tmp_path, {})
+
+
+def test_the_log_tail_names_the_frontends_last_words(tmp_path: Path) -> None:
+    from harness.server import log_tail
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "console.log").write_text("Model server started.\n")
+    (logs / "ts_log.log").write_text("java.net.BindException: Address already in use\n")
+    tail = log_tail(Server(tmp_path, {}))
+    assert "Model server started." in tail and "BindException" in tail
+    assert log_tail(Server(tmp_path / "none", {})) == "(no log lines)"
