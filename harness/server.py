@@ -57,7 +57,7 @@ class ServerError(RuntimeError):
 class FrontendExited(ServerError):
     """The frontend died before it was ready: on free ports picked a moment earlier, most
     likely a port taken in between (a busy machine's outgoing connections use the same
-    range), so ``running`` tries again on new ones."""
+    range), so ``start_on_free_ports`` tries again on new ones."""
 
 
 START_ATTEMPTS = 3

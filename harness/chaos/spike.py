@@ -6,10 +6,12 @@ give up after their deadline and send again 50 ms after a failure (the last leve
 Each level runs in three forms (``FORMS``): plain (what an outside generator sends: no
 deadline; the handler holds a request only to the server's queue budget, dated by the
 frontend's queue time), timeout (``X-Request-Timeout`` alone, as gRPC and Envoy clients send
-their wait) and stamped (``X-Request-Start`` as well, as ``bert_serve.Client`` sends). Then, that server stopped, LitServe out of the box (``harness.peer``) takes the plain
-levels, restarted for each (its unbounded queue takes minutes to drain). Reported per level: goodput (200s within the deadline per second), the other answers
-by status with their p50/p99, client timeouts, and the requests the handler expired (its batch
-log's ``expired=``); then a lone client's p50 before and after the spike, and ``spike.png``.
+their wait) and stamped (``X-Request-Start`` as well, as ``bert_serve.Client`` sends). Then,
+that server stopped, LitServe out of the box (``harness.peer``) takes the plain levels,
+restarted for each (its unbounded queue takes minutes to drain). Reported per level: goodput
+(200s within the deadline per second), the other answers by status with their p50/p99,
+client timeouts, and the requests the handler expired (its batch log's ``expired=``); then a
+lone client's p50 before and after the spike, and ``spike.png``.
 
 The verdict checks only what must hold at any load: every request was answered or reached its
 own timeout (none lost), and no 5xx other than 503 (queue full) and 504 (deadline_exceeded).
