@@ -270,7 +270,7 @@ def answer_batch(
     stats.handler_ms = (time.perf_counter() - received) * 1000
     if pace is not None:
         pace.record(len(owners), stats.handler_ms / 1000, at=began)
-    _log_batch(requests, outcomes, stats)
+    _log_batch(requests, outcomes, stats, queue_age_s)
     if observe is not None:
         observe(outcomes, stats)
     responses = [
@@ -294,8 +294,13 @@ def _is_expired(outcome: Outcome) -> bool:
 
 
 def _log_batch(
-    requests: Sequence[IncomingRequest], outcomes: Sequence[Outcome], stats: BatchStats
+    requests: Sequence[IncomingRequest],
+    outcomes: Sequence[Outcome],
+    stats: BatchStats,
+    queue_age_s: float | None,
 ) -> None:
+    """One line per batch; ``queue_age_ms`` is the frontend queue time the batch was dated
+    by (``handler.queue_age``), ``-`` when it was not read."""
     rejected = [
         (r.request_id, o.code.value)
         for r, o in zip(requests, outcomes, strict=True)
@@ -304,7 +309,7 @@ def _log_batch(
     expired = sum(map(_is_expired, outcomes))
     logger.info(
         "batch_size=%d valid=%d rejected=%d sub_batches=%s real_tokens=%d padded_tokens=%d "
-        "tokenize_ms=%.1f forward_ms=%.1f threads=%d expired=%d",
+        "tokenize_ms=%.1f forward_ms=%.1f threads=%d expired=%d queue_age_ms=%s",
         len(requests),
         len(requests) - len(rejected),
         len(rejected),
@@ -315,6 +320,7 @@ def _log_batch(
         stats.forward_ms,
         stats.threads,
         expired,
+        "-" if queue_age_s is None else f"{queue_age_s * 1000:.0f}",
     )
     for request_id, code in rejected:
         logger.info("request %s rejected: %s", request_id, code)

@@ -10,6 +10,8 @@ loop is bounded in count and time.
     python scripts/chaos.py --out docs/chaos              # the full run (make chaos)
     python scripts/chaos.py --quick --out /tmp/chaos      # every duration a few seconds, 3 kills
     python scripts/chaos.py --only kill_runs kill_runs_long_delay --kills 50 --out docs/chaos
+    python scripts/chaos.py --only spike --forms stamped --no-peer --set job_queue_size=160 \
+        --out build/spike-queue160     # the spike under another config (or model_store=DIR)
 
 Writes ``chaos.json`` ({part: result}) and, with the spike part, ``spike.png`` into --out (with --only, the other parts already in it
 are kept), prints a summary table and a last line ``chaos: N passed, M failed``; exits 1 if
@@ -19,6 +21,7 @@ any part failed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -26,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.chaos import EXPERIMENTS, durations, run_part, spike, summary_table
+from harness.measure import env_assignments
 
 
 def previous_report(path: Path) -> dict[str, Any]:
@@ -41,8 +45,18 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="every duration a few seconds")
     parser.add_argument("--only", nargs="+", choices=EXPERIMENTS, help="run these parts only")
     parser.add_argument("--kills", type=int, help="worker kills per load level (50; quick: 3)")
+    parser.add_argument(
+        "--set", nargs="*", default=[], metavar="KEY=VALUE", help="spike: config overrides"
+    )
+    parser.add_argument("--forms", nargs="+", choices=spike.FORMS, default=list(spike.FORMS))
+    parser.add_argument("--no-peer", action="store_true", help="spike: without LitServe")
     args = parser.parse_args()
-    plan = durations(args.seconds, args.quick, args.kills)
+    plan = dataclasses.replace(
+        durations(args.seconds, args.quick, args.kills),
+        spike_set=env_assignments(args.set),
+        spike_forms=tuple(args.forms),
+        spike_peer=not args.no_peer,
+    )
     names = args.only or list(EXPERIMENTS)
     started = time.monotonic()
     report = {name: run_part(name, EXPERIMENTS[name], plan) for name in names}

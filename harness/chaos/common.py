@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import requests
@@ -16,6 +16,8 @@ from harness.server import REPLACE_LIMIT_S, Server
 FORM = "application/x-www-form-urlencoded"
 REQUEST_TIMEOUT_S = 30.0
 RECOVERY_LIMIT_S = REPLACE_LIMIT_S
+SPIKE_FORMS = ("plain", "timeout", "stamped")
+"""The spike's request forms (``harness.chaos.spike``)."""
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,11 @@ class Durations:
     overload_concurrency: int = 200
     kills: int = 50
     spike_s: float = 15.0
+    spike_set: dict[str, str] = field(default_factory=dict)
+    """config.properties overrides for the spike part's server (``--set``): to compare
+    configs or model stores (``model_store=...``) under the same spike."""
+    spike_forms: tuple[str, ...] = SPIKE_FORMS
+    spike_peer: bool = True
 
 
 def durations(seconds: float, quick: bool, kills: int | None = None) -> Durations:

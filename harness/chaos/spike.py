@@ -10,7 +10,8 @@ their wait) and stamped (``X-Request-Start`` as well, as ``bert_serve.Client`` s
 that server stopped, LitServe out of the box (``harness.peer``) takes the plain levels,
 restarted for each (its unbounded queue takes minutes to drain). Reported per level: goodput
 (200s within the deadline per second), the other answers by status with their p50/p99,
-client timeouts, and the requests the handler expired (its batch log's ``expired=``); then a
+client timeouts, the requests the handler expired and its batches' forward time and queue
+age (its batch log: ``handler_batches``); then a
 lone client's p50 before and after the spike, and ``spike.png``.
 
 The verdict checks only what must hold at any load: every request was answered or reached its
@@ -33,7 +34,7 @@ import requests
 from handler.deadline import TIMEOUT_HEADER
 from harness.archive import DEFAULT_MODEL_DIR
 from harness.batchlog import LogWindow
-from harness.chaos.common import REQUEST_TIMEOUT_S, Durations
+from harness.chaos.common import REQUEST_TIMEOUT_S, SPIKE_FORMS, Durations
 from harness.corpus import make_corpus
 from harness.load import ClosedLoop, Outcome, json_job, percentile, statuses
 from harness.peer import PEER_CONFIGS, litserve_peer
@@ -41,7 +42,7 @@ from harness.reports import pyplot
 from harness.server import running
 
 PAUSE_AFTER_FAILURE_S = 0.05
-EXPIRED = re.compile(r" expired=(\d+)")
+BATCH_LINE = re.compile(r" forward_ms=([\d.]+) threads=\d+ expired=(\d+)(?: queue_age_ms=(\d+|-))?")
 ACCESS = re.compile(r'"POST /predictions/\S+ HTTP/[\d.]+" (\d{3}) (\d+)$', re.MULTILINE)
 LONE_REQUESTS = 10
 SETTLE_LIMIT_S = 300.0
@@ -54,7 +55,7 @@ class Target:
     url: str
     headers: dict[str, str] = field(default_factory=dict)
     model_log: Path | None = None
-    """The handler's log, for its ``expired=`` count; None for the peer."""
+    """The handler's log, for its batch lines; None for the peer."""
     access_log: Path | None = None
     """The frontend's access log, for its own time per answer; None for the peer."""
 
@@ -74,7 +75,7 @@ class Level:
     pause_s: float = PAUSE_AFTER_FAILURE_S
 
 
-FORMS = ("plain", "timeout", "stamped")
+FORMS = SPIKE_FORMS
 
 
 def level_key(level_name: str, form: str) -> str:
@@ -112,6 +113,32 @@ def frontend_latency(access_lines: str) -> dict[str, dict[str, float | int]]:
             "p99_ms": percentile(values, 99),
         }
         for status, values in sorted(by_status.items())
+    }
+
+
+def handler_batches(model_lines: str) -> dict[str, Any]:
+    """From the handler's batch lines: how many, the requests it expired, the forward time of
+    the batches that forwarded texts, and the frontend queue time the batches were dated by
+    (``undated``: none was read). Under a spike the load generator shares the CPU, so the
+    forward time shows what is left for the model."""
+    forwards: list[float] = []
+    ages: list[float] = []
+    batches = expired = 0
+    for forward_ms, expired_count, age in BATCH_LINE.findall(model_lines):
+        batches += 1
+        expired += int(expired_count)
+        if float(forward_ms) > 0:
+            forwards.append(float(forward_ms))
+        if age.isdigit():
+            ages.append(float(age))
+    return {
+        "batches": batches,
+        "expired": expired,
+        "forward_ms_p50": round(percentile(forwards, 50), 1),
+        "forward_ms_p90": round(percentile(forwards, 90), 1),
+        "queue_age_ms_p50": percentile(ages, 50),
+        "queue_age_ms_p90": percentile(ages, 90),
+        "undated": batches - len(ages),
     }
 
 
@@ -158,13 +185,13 @@ def run_level(
         pause_after_failure_s=level.pause_s,
         stamped=form == "stamped",
     )
-    expired = frontend = None
+    batches = frontend = None
     if target.model_log is None or target.access_log is None:
         load.run()
     else:
         with LogWindow(target.model_log) as window, LogWindow(target.access_log) as access:
             load.run()
-            expired = sum(int(m.group(1)) for m in EXPIRED.finditer(window.read()))
+            batches = handler_batches(window.read())
             frontend = frontend_latency(access.read())
     in_time = [o for o in load.outcomes if o.status == "200" and o.ms <= deadline_s * 1000]
     by_status = {
@@ -179,7 +206,8 @@ def run_level(
         "goodput_per_s": round(len(in_time) / load.elapsed, 1),
         "by_status": by_status,
         "frontend_ms_by_status": frontend,
-        "expired_by_handler": expired,
+        "expired_by_handler": None if batches is None else batches["expired"],
+        "handler_batches": batches,
         "silently_lost": load.silently_lost,
         "drain_before_s": settle_s,
     }
@@ -276,13 +304,16 @@ def plot(result: dict[str, Any], out: Path) -> None:
 
 
 def run(d: Durations) -> dict[str, Any]:
-    """``d.spike_s`` seconds per level (``harness.chaos.common.Durations``)."""
+    """``d.spike_s`` seconds per level, in ``d.spike_forms``, on a server with ``d.spike_set``
+    over the config; then LitServe unless ``d.spike_peer`` is off."""
     corpus = make_corpus()
-    with running() as server:
+    with running(d.spike_set) as server:
         ours = Target(server.predict_url, server.headers(), server.model_log, server.access_log)
-        result_all = run_levels(ours, corpus, d.spike_s, FORMS)
+        result_all = run_levels(ours, corpus, d.spike_s, d.spike_forms)
     litserve: dict[str, Any] = {"skipped": "litserve is not installed (the bench extra)"}
-    if importlib.util.find_spec("litserve") is not None:
+    if not d.spike_peer:
+        litserve = {"skipped": "not asked for (--no-peer)"}
+    elif importlib.util.find_spec("litserve") is not None:
         litserve = run_peer_levels(corpus, d.spike_s)
     bad_5xx = {
         name: status
@@ -293,6 +324,7 @@ def run(d: Durations) -> dict[str, Any]:
     lost = sum(result["silently_lost"] for result in result_all["levels"].values())
     result_all |= {
         "seconds_per_level": d.spike_s,
+        "config_set": d.spike_set,
         "litserve": litserve,
         "other_5xx": bad_5xx,
         "passed": not bad_5xx and lost == 0,

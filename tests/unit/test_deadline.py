@@ -4,6 +4,7 @@ batch start (handler.deadline, handler.pipeline.expire)."""
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import pytest
@@ -270,3 +271,14 @@ def test_a_batch_the_pace_would_empty_is_refused_whole_while_the_pace_is_fresh()
     stale = Pace(1.0, timed_at=NOW - PACE_STALE_S)
     run_batch(batch, classifier, HandlerSettings(), now=NOW, pace=stale)
     assert len(classifier.calls) == 1
+
+
+def test_the_batch_log_line_says_what_queue_age_dated_the_batch(caplog) -> None:
+    """The estimate the batch was dated by is in its log line (ms), ``-`` when none was read,
+    so an operator can compare it with the frontend's own times."""
+    with caplog.at_level(logging.INFO, logger="handler.pipeline"):
+        run_batch([request("a", "a")], FakeClassifier(), HandlerSettings(), queue_age_s=0.3456)
+        run_batch([request("b", "b")], FakeClassifier(), HandlerSettings())
+    lines = [r.getMessage() for r in caplog.records if "batch_size=" in r.getMessage()]
+    assert lines[0].endswith(" expired=0 queue_age_ms=346")
+    assert lines[1].endswith(" expired=0 queue_age_ms=-")

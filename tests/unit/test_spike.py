@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from harness.chaos.spike import frontend_latency
+import pytest
+
+from harness.chaos.spike import frontend_latency, handler_batches
 
 ACCESS_LINES = """\
 2026-11-24T01:13:43,134 - /127.0.0.1:56342 "POST /predictions/bert HTTP/1.1" 503 0
@@ -21,3 +23,24 @@ def test_the_frontends_time_per_answer_is_read_by_status() -> None:
     assert by_status["503"]["count"] == 2
     assert by_status["503"]["p99_ms"] <= 2
     assert by_status["200"] == {"count": 1, "p50_ms": 310.0, "p99_ms": 310.0}
+
+
+MODEL_LINES = """\
+MODEL_LOG - batch_size=16 valid=16 rejected=0 sub_batches=[9, 7] real_tokens=1 padded_tokens=1 \
+tokenize_ms=9.9 forward_ms=568.9 threads=1 expired=0 queue_age_ms=-
+MODEL_LOG - batch_size=16 valid=0 rejected=16 sub_batches=[] real_tokens=0 padded_tokens=0 \
+tokenize_ms=0.0 forward_ms=0.0 threads=0 expired=16 queue_age_ms=812
+MODEL_LOG - batch_size=16 valid=12 rejected=4 sub_batches=[12] real_tokens=1 padded_tokens=1 \
+tokenize_ms=3.0 forward_ms=300.0 threads=1 expired=4 queue_age_ms=400
+MODEL_LOG - request 3f2a rejected: deadline_exceeded
+"""
+
+
+def test_the_handlers_batch_lines_give_expiries_forward_times_and_queue_ages() -> None:
+    """Expired requests are summed over every batch; forward times come from the batches that
+    forwarded texts, queue ages from the batches that were dated."""
+    summary = handler_batches(MODEL_LINES)
+    assert summary["batches"] == 3 and summary["expired"] == 20
+    assert summary["forward_ms_p50"] == pytest.approx(434.45, abs=0.1)
+    assert summary["queue_age_ms_p50"] == 606.0
+    assert summary["undated"] == 1
