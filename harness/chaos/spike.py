@@ -206,7 +206,6 @@ def run_level(
         "goodput_per_s": round(len(in_time) / load.elapsed, 1),
         "by_status": by_status,
         "frontend_ms_by_status": frontend,
-        "expired_by_handler": None if batches is None else batches["expired"],
         "handler_batches": batches,
         "silently_lost": load.silently_lost,
         "drain_before_s": settle_s,
