@@ -1,5 +1,6 @@
 """The handler's per-batch log lines (``batch_size=... valid=... sub_batches=[...] ...``),
-read over the window of a measurement: which batches formed and how much padding they carried."""
+read over the window of a measurement: which batches formed, how much padding they carried,
+and how long their forward passes took, what they expired and how old they were dated."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from harness.load import percentile
+
 BATCH_LINE = re.compile(
     r"batch_size=(\d+) valid=(\d+) rejected=(\d+) sub_batches=\[([^\]]*)\] "
     r"real_tokens=(\d+) padded_tokens=(\d+)"
 )
+TIMES_LINE = re.compile(r" forward_ms=([\d.]+) threads=\d+ expired=(\d+)(?: queue_age_ms=(\d+|-))?")
 
 
 def batch_summary(log_text: str) -> dict[str, Any]:
@@ -31,6 +35,32 @@ def batch_summary(log_text: str) -> dict[str, Any]:
         "batch_size_histogram": dict(sorted(histogram.items(), key=lambda item: int(item[0]))),
         "sub_batches_per_batch": round(sub_batches / len(sizes), 2) if sizes else 0.0,
         "padding_efficiency": round(real / padded, 3) if padded else None,
+    }
+
+
+def batch_times(log_text: str) -> dict[str, Any]:
+    """From the handler's batch lines: how many, the requests it expired, the forward time of
+    the batches that forwarded texts, and the frontend queue time the batches were dated by
+    (``undated``: none was read). Under a spike the load generator shares the CPU, so the
+    forward time shows what is left for the model."""
+    forwards: list[float] = []
+    ages: list[float] = []
+    batches = expired = 0
+    for forward_ms, expired_count, age in TIMES_LINE.findall(log_text):
+        batches += 1
+        expired += int(expired_count)
+        if float(forward_ms) > 0:
+            forwards.append(float(forward_ms))
+        if age.isdigit():
+            ages.append(float(age))
+    return {
+        "batches": batches,
+        "expired": expired,
+        "forward_ms_p50": round(percentile(forwards, 50), 1),
+        "forward_ms_p90": round(percentile(forwards, 90), 1),
+        "queue_age_ms_p50": percentile(ages, 50),
+        "queue_age_ms_p90": percentile(ages, 90),
+        "undated": batches - len(ages),
     }
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.chaos import EXPERIMENTS, durations, run_part, spike, summary_table
+from harness.chaos.common import SPIKE_FORMS
 from harness.measure import env_assignments
 
 
@@ -48,7 +49,7 @@ def main() -> int:
     parser.add_argument(
         "--set", nargs="*", default=[], metavar="KEY=VALUE", help="spike: config overrides"
     )
-    parser.add_argument("--forms", nargs="+", choices=spike.FORMS, default=list(spike.FORMS))
+    parser.add_argument("--forms", nargs="+", choices=SPIKE_FORMS, default=list(SPIKE_FORMS))
     parser.add_argument("--no-peer", action="store_true", help="spike: without LitServe")
     args = parser.parse_args()
     plan = dataclasses.replace(

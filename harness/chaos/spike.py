@@ -3,7 +3,7 @@
 One server with the default config; closed-loop levels one after another, as an outside load
 generator would send them: patient clients first, then 2x and 4x overload whose clients each
 give up after their deadline and send again 50 ms after a failure (the last level at once).
-Each level runs in three forms (``FORMS``): plain (what an outside generator sends: no
+Each level runs in three forms (``SPIKE_FORMS``): plain (what an outside generator sends: no
 deadline; the handler holds a request only to the server's queue budget, dated by the
 frontend's queue time), timeout (``X-Request-Timeout`` alone, as gRPC and Envoy clients send
 their wait) and stamped (``X-Request-Start`` as well, as ``bert_serve.Client`` sends). Then,
@@ -11,8 +11,8 @@ that server stopped, LitServe out of the box (``harness.peer``) takes the plain 
 restarted for each (its unbounded queue takes minutes to drain). Reported per level: goodput
 (200s within the deadline per second), the other answers by status with their p50/p99,
 client timeouts, the requests the handler expired and its batches' forward time and queue
-age (its batch log: ``handler_batches``); then a
-lone client's p50 before and after the spike, and ``spike.png``.
+age (its batch log: ``handler_batches``); then a lone client's p50 before and after the
+spike, and ``spike.png``.
 
 The verdict checks only what must hold at any load: every request was answered or reached its
 own timeout (none lost), and no 5xx other than 503 (queue full) and 504 (deadline_exceeded).
@@ -33,7 +33,7 @@ import requests
 
 from handler.deadline import TIMEOUT_HEADER
 from harness.archive import DEFAULT_MODEL_DIR
-from harness.batchlog import LogWindow
+from harness.batchlog import LogWindow, batch_times
 from harness.chaos.common import REQUEST_TIMEOUT_S, SPIKE_FORMS, Durations
 from harness.corpus import make_corpus
 from harness.load import ClosedLoop, Outcome, json_job, percentile, statuses
@@ -42,7 +42,6 @@ from harness.reports import pyplot
 from harness.server import running
 
 PAUSE_AFTER_FAILURE_S = 0.05
-BATCH_LINE = re.compile(r" forward_ms=([\d.]+) threads=\d+ expired=(\d+)(?: queue_age_ms=(\d+|-))?")
 ACCESS = re.compile(r'"POST /predictions/\S+ HTTP/[\d.]+" (\d{3}) (\d+)$', re.MULTILINE)
 LONE_REQUESTS = 10
 SETTLE_LIMIT_S = 300.0
@@ -73,9 +72,6 @@ class Level:
     clients: int
     deadline_s: float | None  # None: patient (REQUEST_TIMEOUT_S)
     pause_s: float = PAUSE_AFTER_FAILURE_S
-
-
-FORMS = SPIKE_FORMS
 
 
 def level_key(level_name: str, form: str) -> str:
@@ -113,32 +109,6 @@ def frontend_latency(access_lines: str) -> dict[str, dict[str, float | int]]:
             "p99_ms": percentile(values, 99),
         }
         for status, values in sorted(by_status.items())
-    }
-
-
-def handler_batches(model_lines: str) -> dict[str, Any]:
-    """From the handler's batch lines: how many, the requests it expired, the forward time of
-    the batches that forwarded texts, and the frontend queue time the batches were dated by
-    (``undated``: none was read). Under a spike the load generator shares the CPU, so the
-    forward time shows what is left for the model."""
-    forwards: list[float] = []
-    ages: list[float] = []
-    batches = expired = 0
-    for forward_ms, expired_count, age in BATCH_LINE.findall(model_lines):
-        batches += 1
-        expired += int(expired_count)
-        if float(forward_ms) > 0:
-            forwards.append(float(forward_ms))
-        if age.isdigit():
-            ages.append(float(age))
-    return {
-        "batches": batches,
-        "expired": expired,
-        "forward_ms_p50": round(percentile(forwards, 50), 1),
-        "forward_ms_p90": round(percentile(forwards, 90), 1),
-        "queue_age_ms_p50": percentile(ages, 50),
-        "queue_age_ms_p90": percentile(ages, 90),
-        "undated": batches - len(ages),
     }
 
 
@@ -191,7 +161,7 @@ def run_level(
     else:
         with LogWindow(target.model_log) as window, LogWindow(target.access_log) as access:
             load.run()
-            batches = handler_batches(window.read())
+            batches = batch_times(window.read())
             frontend = frontend_latency(access.read())
     in_time = [o for o in load.outcomes if o.status == "200" and o.ms <= deadline_s * 1000]
     by_status = {
@@ -285,7 +255,7 @@ def plot(result: dict[str, Any], out: Path) -> None:
     series = [
         (server if form == "plain" else f"{server} {form}", server, form)
         for server in results
-        for form in FORMS
+        for form in SPIKE_FORMS
         if level_key(names[0], form) in results[server]["levels"]
     ]
     width = 0.8 / len(series)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.chaos.spike import frontend_latency, handler_batches
+from harness.batchlog import batch_times
+from harness.chaos.spike import frontend_latency
 
 ACCESS_LINES = """\
 2026-11-24T01:13:43,134 - /127.0.0.1:56342 "POST /predictions/bert HTTP/1.1" 503 0
@@ -39,7 +40,7 @@ MODEL_LOG - request 3f2a rejected: deadline_exceeded
 def test_the_handlers_batch_lines_give_expiries_forward_times_and_queue_ages() -> None:
     """Expired requests are summed over every batch; forward times come from the batches that
     forwarded texts, queue ages from the batches that were dated."""
-    summary = handler_batches(MODEL_LINES)
+    summary = batch_times(MODEL_LINES)
     assert summary["batches"] == 3 and summary["expired"] == 20
     assert summary["forward_ms_p50"] == pytest.approx(434.45, abs=0.1)
     assert summary["queue_age_ms_p50"] == 606.0
