@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -94,6 +95,46 @@ def test_every_metric_is_declared_and_emitted(cache, caplog) -> None:
     ]:
         assert line in emitted, line
     assert "could not emit" not in caplog.text
+
+
+FRONTEND_METRIC_LINE = re.compile(r"^(INFO > )?(\[METRICS])(.*)")
+FRONTEND_METRIC = re.compile(
+    r"\s*([\w\s]+)\.([\w\s]+):([0-9\-,.e]+)\|#([^|]*)(\|#type:([^|,]+))?"
+    r"\|#hostname:([^,]+),([^,]+)(,(.*))?"
+)
+"""TorchServe 0.12's frontend reading a worker's stdout: ``WorkerLifeCycle.ReaderThread``'s
+METRIC_PATTERN picks a line, ``Metric.PATTERN`` parses it (Java's ``matches``: whole line)."""
+
+
+def test_a_batch_is_one_write_of_lines_the_frontend_parses(cache, caplog) -> None:
+    with caplog.at_level(logging.INFO):
+        MetricsEmitter(cache, "bert").emit(OUTCOMES, STATS)
+    (record,) = [r for r in caplog.records if "[METRICS]" in r.getMessage()]
+    lines = record.getMessage().split("\n")
+    rejections = len(rejections_by_reason(OUTCOMES))
+    observations = sum(map(len, batch_observations(OUTCOMES, STATS).values()))
+    assert len(lines) == len(BATCH_COUNTERS) + rejections + observations
+    parsed = []
+    for line in lines:
+        picked = FRONTEND_METRIC_LINE.fullmatch(line)
+        assert picked, line
+        fields = FRONTEND_METRIC.fullmatch(picked.group(3))
+        assert fields, line
+        parsed.append(fields.group(1, 2, 3, 4, 6))
+    assert (
+        "ItemsRejected",
+        "Count",
+        "1",
+        "Reason:invalid_json,ModelName:bert,Level:Model",
+        "COUNTER",
+    ) in parsed
+    assert (
+        "ForwardSeconds",
+        "Seconds",
+        "0.0075",
+        "ModelName:bert,Level:Model",
+        "HISTOGRAM",
+    ) in parsed
 
 
 def test_one_batch_observes_each_histogram_scaled_into_the_default_buckets() -> None:
