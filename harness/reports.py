@@ -108,15 +108,46 @@ def _fp32_default_bars(
     results: dict[str, Any],
     level: Callable[[str, int], dict[str, Any] | None],
 ) -> dict[str, Any]:
-    """The fp32 default at 32 clients against the in-process ceiling and each LitServe peer."""
-    ratio = _ratio(default["rps"], results["ceiling"]["texts_per_s"])
-    bars = {"default_vs_ceiling_at_32": _bar(ratio, ">= 0.8", ratio >= 0.8)}
+    """The fp32 default against the in-process ceiling and each LitServe peer: at 32 clients,
+    and at one client against LitServe out of the box (issue 20).
+
+    Issue 20 puts the 32-client default at >= 0.8 of the ceiling at the batch size the server
+    forms there and >= 0.75 of the best batch size; the benchmark issue's own bar is 0.8 of
+    the best."""
+    ceiling = results["ceiling"]
+    ratio = _ratio(default["rps"], ceiling["texts_per_s"])
+    bars = {
+        "default_vs_ceiling_at_32": _bar(ratio, ">= 0.8", ratio >= 0.8),
+        "default_vs_best_ceiling_at_32": _bar(ratio, ">= 0.75", ratio >= 0.75),
+    }
+    formed = default.get("mean_batch_size")
+    if formed:
+        at_formed = _ratio(default["rps"], ceiling_at(ceiling["by_batch_size"], formed))
+        bars["default_vs_ceiling_at_formed_batch_at_32"] = _bar(
+            at_formed, ">= 0.8", at_formed >= 0.8
+        )
     for peer in PEER_CONFIGS:
         at_32 = level(peer, 32)
         if at_32:
             ratio = _ratio(default["rps"], at_32["rps"])
             bars[f"default_vs_{peer}_at_32"] = _bar(ratio, "> 1", ratio > 1)
+    ours, peer_at_1 = level("torchserve_batched", 1), level("litserve", 1)
+    if ours and peer_at_1:
+        ratio = _ratio(ours["rps"], peer_at_1["rps"])
+        bars["default_vs_litserve_at_1"] = _bar(ratio, ">= 1.0", ratio >= 1.0)
     return bars
+
+
+def ceiling_at(by_batch_size: dict[str, dict[str, float]], batch: float) -> float:
+    """In-process texts/s at ``batch`` texts per batch: linear between the measured batch
+    sizes around it, the nearest measured one outside them."""
+    points = sorted((int(size), run["texts_per_s"]) for size, run in by_batch_size.items())
+    if batch <= points[0][0]:
+        return points[0][1]
+    for (low, low_rate), (high, high_rate) in zip(points, points[1:], strict=False):
+        if batch <= high:
+            return low_rate + (high_rate - low_rate) * (batch - low) / (high - low)
+    return points[-1][1]
 
 
 def _p99_bound(results: dict[str, Any]) -> dict[str, Any]:
