@@ -12,6 +12,7 @@ from handler.deadline import Pace, deadline
 from handler.pipeline import IncomingRequest, answer_batch, run_batch
 from handler.queue_age import FRESH_FOR_S, RETRY_AFTER_FAILURE_S, QueueAge, queue_time_s
 from handler.settings import HandlerSettings
+from tests.stub_http import stub_server
 from tests.unit.test_pipeline import FakeClassifier, body_of
 
 NOW = 1_800_000_000.0
@@ -120,37 +121,19 @@ def test_patient_load_within_the_budget_is_not_refused_for_its_batchs_own_time()
 
 def test_the_gauge_is_read_over_one_kept_connection() -> None:
     """A real HTTP endpoint: two reads, one TCP connection; a 404 is a failed read."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
     from handler.queue_age import KeptConnection
 
     connections: set[int] = set()
 
-    class Metrics(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+    def metrics(path: str, client_port: int) -> tuple[int, bytes]:
+        connections.add(client_port)
+        body = PROMETHEUS_TEXT.encode() if "QueueTime" in path else b"no"
+        return (200 if path.startswith("/metrics") else 404), body
 
-        def do_GET(self) -> None:  # noqa: N802
-            connections.add(self.client_address[1])
-            body = PROMETHEUS_TEXT.encode() if "QueueTime" in self.path else b"no"
-            self.send_response(200 if self.path.startswith("/metrics") else 404)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        base = f"http://127.0.0.1:{server.server_address[1]}"
+    with stub_server(metrics, keep_alive=True) as base:
         fetch = KeptConnection()
         for _ in range(2):
             assert queue_time_s(fetch(f"{base}/metrics?name[]=QueueTime")) == pytest.approx(0.742)
         assert len(connections) == 1
         with pytest.raises(OSError):
             fetch(f"{base}/elsewhere?x=1")
-    finally:
-        server.shutdown()
-        server.server_close()

@@ -9,13 +9,12 @@ import signal
 import subprocess
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from harness.server import Server, ServerError
+from tests.stub_http import stub_server
 
 
 class Listing:
@@ -40,33 +39,17 @@ def listing() -> Listing:
 
 @pytest.fixture
 def server(tmp_path: Path, listing: Listing) -> Iterator[Server]:
-    class Management(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-            workers = listing.next()
-            if workers is None:
-                self.send_response(500)
-                self.end_headers()
-                return
-            model = {"workers": [{"id": i, "pid": p, "status": s} for i, p, s in workers]}
-            data = json.dumps([model]).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    def management(path: str, client_port: int) -> tuple[int, bytes]:
+        workers = listing.next()
+        if workers is None:
+            return 500, b""
+        model = {"workers": [{"id": i, "pid": p, "status": s} for i, p, s in workers]}
+        return 200, json.dumps([model]).encode()
 
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    http = ThreadingHTTPServer(("127.0.0.1", 0), Management)
-    threading.Thread(target=http.serve_forever, daemon=True).start()
     (tmp_path / "tmp").mkdir()
     (tmp_path / "tmp" / ".model_server.pid").write_text(str(os.getpid()))
-    url = f"http://127.0.0.1:{http.server_address[1]}"
-    try:
+    with stub_server(management) as url:
         yield Server(tmp_path, {"management_address": url, "inference_address": url})
-    finally:
-        http.shutdown()
-        http.server_close()
 
 
 @pytest.fixture
