@@ -15,7 +15,14 @@ BATCH_LINE = re.compile(
     r"batch_size=(\d+) valid=(\d+) rejected=(\d+) sub_batches=\[([^\]]*)\] "
     r"real_tokens=(\d+) padded_tokens=(\d+)"
 )
-TIMES_LINE = re.compile(r" forward_ms=([\d.]+) threads=\d+ expired=(\d+)(?: queue_age_ms=(\d+|-))?")
+TIMES_LINE = re.compile(
+    r"sub_batches=\[([^\]]*)\] .*? forward_ms=([\d.]+) threads=\d+ expired=(\d+)"
+    r"(?: queue_age_ms=(\d+|-))?"
+)
+SMALL_BATCH_TEXTS = 4
+"""Batches of at most this many texts worked on, against full ones (``FULL_BATCH_TEXTS``):
+their forward time per text shows how much of a batch's time is fixed."""
+FULL_BATCH_TEXTS = 12
 
 
 def batch_summary(log_text: str) -> dict[str, Any]:
@@ -42,22 +49,36 @@ def batch_times(log_text: str) -> dict[str, Any]:
     """From the handler's batch lines: how many, the requests it expired, the forward time of
     the batches that forwarded texts, and the frontend queue time the batches were dated by
     (``undated``: none was read). Under a spike the load generator shares the CPU, so the
-    forward time shows what is left for the model."""
+    forward time shows what is left for the model. The forward time per text, of small and
+    of full batches, shows whether a batch's time is mostly fixed or mostly per text (what
+    ``handler.deadline.Pace`` assumes)."""
     forwards: list[float] = []
     ages: list[float] = []
-    batches = expired = 0
-    for forward_ms, expired_count, age in TIMES_LINE.findall(log_text):
+    per_text: dict[str, list[float]] = {"small": [], "full": []}
+    batches = expired = texts = 0
+    for sub_batches, forward_ms, expired_count, age in TIMES_LINE.findall(log_text):
         batches += 1
         expired += int(expired_count)
-        if float(forward_ms) > 0:
+        worked = sum(int(part) for part in sub_batches.split(",") if part.strip())
+        texts += worked
+        if float(forward_ms) > 0 and worked:
             forwards.append(float(forward_ms))
+            if worked <= SMALL_BATCH_TEXTS:
+                per_text["small"].append(float(forward_ms) / worked)
+            elif worked >= FULL_BATCH_TEXTS:
+                per_text["full"].append(float(forward_ms) / worked)
         if age.isdigit():
             ages.append(float(age))
     return {
         "batches": batches,
         "expired": expired,
+        "texts_forwarded": texts,
         "forward_ms_p50": round(percentile(forwards, 50), 1),
         "forward_ms_p90": round(percentile(forwards, 90), 1),
+        "forward_ms_per_text": {
+            kind: {"batches": len(values), "p50": round(percentile(values, 50), 1)}
+            for kind, values in per_text.items()
+        },
         "queue_age_ms_p50": percentile(ages, 50),
         "queue_age_ms_p90": percentile(ages, 90),
         "undated": batches - len(ages),

@@ -45,3 +45,19 @@ def test_the_handlers_batch_lines_give_expiries_forward_times_and_queue_ages() -
     assert summary["forward_ms_p50"] == pytest.approx(434.45, abs=0.1)
     assert summary["queue_age_ms_p50"] == 606.0
     assert summary["undated"] == 1
+
+
+def test_the_forward_time_per_text_is_split_between_small_and_full_batches() -> None:
+    """Texts forwarded are counted from the sub-batches; a batch of 16 texts in 568.9 ms is a
+    full one at 35.6 ms a text, one of 2 texts in 50 ms a small one at 25 ms a text, and the
+    batch of 12 is full too; a batch that forwarded nothing is in neither."""
+    small = (
+        "MODEL_LOG - batch_size=3 valid=2 rejected=1 sub_batches=[2] real_tokens=1 "
+        "padded_tokens=1 tokenize_ms=1.0 forward_ms=50.0 threads=2 expired=1 queue_age_ms=-\n"
+    )
+    summary = batch_times(MODEL_LINES + small)
+    assert summary["texts_forwarded"] == 16 + 12 + 2
+    per_text = summary["forward_ms_per_text"]
+    assert per_text["small"] == {"batches": 1, "p50": 25.0}
+    assert per_text["full"]["batches"] == 2
+    assert per_text["full"]["p50"] == pytest.approx((568.9 / 16 + 300.0 / 12) / 2, abs=0.1)
