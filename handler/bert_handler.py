@@ -132,6 +132,7 @@ class BertHandler(BaseHandler):  # type: ignore[misc]
                     received=received,
                     pace=self.pace,
                     queue_age_s=queue_age_s,
+                    overloaded=queue_age_s is not None and self.queue_age.overloaded(),
                 )
             for index, (response, timings) in enumerate(zip(responses, headers, strict=True)):
                 context.set_response_status(response.status, response.phrase, index)

@@ -85,12 +85,14 @@ def expire(
     now: float,
     pace: deadline.Pace | None = None,
     queue_age_s: float | None = None,
+    overloaded: bool = False,
 ) -> list[Decoded]:
     """The decoded requests, each replaced by its ``deadline_exceeded`` refusal when its
-    deadline passed before the batch began, or (for a client that said how long it waits)
-    falls before the batch is expected to end (``pace``, from the texts still to be worked
-    on): none of its texts is then tokenized or forwarded. ``queue_age_s`` dates the requests
-    that carry no start stamp (``handler.queue_age``)."""
+    deadline passed before the batch began, or (for a client that said how long it waits, or
+    for every request while the server is ``overloaded``: ``handler.queue_age``) falls before
+    the batch is expected to end (``pace``, from the texts still to be worked on): none of
+    its texts is then tokenized or forwarded. ``queue_age_s`` dates the requests that carry no
+    start stamp (``handler.queue_age``)."""
     budget_s = settings.queue_budget_ms / 1e3
     dues = [deadline.deadline(r.headers, budget_s, now, queue_age_s) for r in requests]
     live = [
@@ -108,7 +110,7 @@ def expire(
         if due is not None
         and due < ends
         and not isinstance(d.request, Rejected)
-        and deadline.client_wait(r.headers) is not None
+        and (overloaded or deadline.client_wait(r.headers) is not None)
     }
     if (
         late
@@ -227,16 +229,25 @@ def run_batch(
     now: float | None = None,
     pace: deadline.Pace | None = None,
     queue_age_s: float | None = None,
+    overloaded: bool = False,
 ) -> list[Response]:
     """One response per request, in order; an unexpected failure answers 500 to this batch only.
 
     ``observe`` sees every batch's outcomes and stats (the metrics); it must not raise.
     ``now`` is when the batch began (unix time; the clock by default), for the deadlines;
     ``pace``, the worker's recent batch times, for the deadlines that would pass during it;
-    ``queue_age_s``, the frontend queue's wait, for the requests without a start stamp.
+    ``queue_age_s``, the frontend queue's wait, for the requests without a start stamp;
+    ``overloaded``, whether the frontend is refusing for a full queue (``expire``).
     """
     answered = answer_batch(
-        requests, classifier, settings, observe, now=now, pace=pace, queue_age_s=queue_age_s
+        requests,
+        classifier,
+        settings,
+        observe,
+        now=now,
+        pace=pace,
+        queue_age_s=queue_age_s,
+        overloaded=overloaded,
     )
     return answered[0]
 
@@ -250,16 +261,17 @@ def answer_batch(
     now: float | None = None,
     pace: deadline.Pace | None = None,
     queue_age_s: float | None = None,
+    overloaded: bool = False,
 ) -> tuple[list[Response], list[Headers]]:
     """``run_batch``, plus each request's timing headers (``handler.timings``), counted from
     ``received`` (the handler's ``time.perf_counter()`` when TorchServe handed it the batch).
     With ``pace``, a request that cannot end before its deadline is refused too, and the
-    batch's time is recorded in it; ``queue_age_s``, see ``expire``."""
+    batch's time is recorded in it; ``queue_age_s`` and ``overloaded``, see ``expire``."""
     received = time.perf_counter() if received is None else received
     began = time.time() if now is None else now
     try:
         decoded = [decode(request, settings) for request in requests]
-        decoded = expire(requests, decoded, settings, began, pace, queue_age_s)
+        decoded = expire(requests, decoded, settings, began, pace, queue_age_s, overloaded)
         outcomes, stats = classify_valid([d.request for d in decoded], classifier)
         owners = [index for (index, _), _ in valid_slots([d.request for d in decoded])]
     except Exception:
@@ -270,7 +282,7 @@ def answer_batch(
     stats.handler_ms = (time.perf_counter() - received) * 1000
     if pace is not None:
         pace.record(len(owners), stats.handler_ms / 1000, at=began)
-    _log_batch(requests, outcomes, stats, queue_age_s)
+    _log_batch(requests, outcomes, stats, queue_age_s, overloaded)
     if observe is not None:
         observe(outcomes, stats)
     responses = [
@@ -298,9 +310,11 @@ def _log_batch(
     outcomes: Sequence[Outcome],
     stats: BatchStats,
     queue_age_s: float | None,
+    overloaded: bool = False,
 ) -> None:
     """One line per batch; ``queue_age_ms`` is the frontend queue time the batch was dated
-    by (``handler.queue_age``), ``-`` when it was not read."""
+    by (``handler.queue_age``), ``-`` when it was not read; ``overloaded=1`` while the
+    frontend refuses for a full queue."""
     rejected = [
         (r.request_id, o.code.value)
         for r, o in zip(requests, outcomes, strict=True)
@@ -309,7 +323,7 @@ def _log_batch(
     expired = sum(map(_is_expired, outcomes))
     logger.info(
         "batch_size=%d valid=%d rejected=%d sub_batches=%s real_tokens=%d padded_tokens=%d "
-        "tokenize_ms=%.1f forward_ms=%.1f threads=%d expired=%d queue_age_ms=%s",
+        "tokenize_ms=%.1f forward_ms=%.1f threads=%d expired=%d queue_age_ms=%s overloaded=%d",
         len(requests),
         len(requests) - len(rejected),
         len(rejected),
@@ -321,6 +335,7 @@ def _log_batch(
         stats.threads,
         expired,
         "-" if queue_age_s is None else f"{queue_age_s * 1000:.0f}",
+        overloaded,
     )
     for request_id, code in rejected:
         logger.info("request %s rejected: %s", request_id, code)

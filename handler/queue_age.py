@@ -13,6 +13,15 @@ The endpoint is TorchServe's metrics address, ``BERT_SERVE_FRONTEND_METRICS`` wh
 server tooling sets it from ``metrics_address``), else TorchServe's default. Where it cannot
 be read (another port, ``metrics_mode=log``, the gauge left out of the metrics config) there
 is no estimate, and unstamped requests have no deadline, as before.
+
+The same read tells whether the frontend is refusing for a full queue: its ``Requests5XX``
+counter counts every 5xx it wrote, and the handler's ``ItemsRejected{Reason="deadline_exceeded"}``
+the 504s the workers wrote among them; the rest are the frontend's own 503s (and the rare 500 or
+507 of a failed or dead worker). While those come faster than ``OVERLOAD_REFUSALS_PER_S``, the
+server is **overloaded**: its queue is full, so requests are refused anyway, and one that
+states no wait is held to the server's budget end to end, not only in the queue
+(``handler.pipeline.expire``). Patient load within the queue's size never fills it, so it
+never sees this.
 """
 
 from __future__ import annotations
@@ -35,6 +44,19 @@ METRICS_URL_ENV = "BERT_SERVE_FRONTEND_METRICS"
 DEFAULT_METRICS_URL = "http://127.0.0.1:8082/metrics"
 GAUGE = "QueueTime"
 GAUGE_LINE = re.compile(rf"^{GAUGE}(?:\{{[^}}]*\}})?\s+([0-9.eE+-]+)\s*$", re.MULTILINE)
+ERRORS = "Requests5XX"
+REJECTED = "ItemsRejected"
+SAMPLE = re.compile(r"^(\w+)(?:\{([^}]*)\})?\s+([0-9.eE+-]+)\s*$", re.MULTILINE)
+OVERLOAD_REFUSALS_PER_S = 50.0
+"""Frontend refusals a second that mean its queue is full: a spike on this project's 2-core
+machine brings 700 to 1,600 (docs/deadlines.md); patient load, none."""
+OVERLOAD_MIN_REFUSALS = 32
+"""...and at least this many between two readings: the workers' 504 count reaches the frontend
+through their log a little after the 504s themselves, up to a batch or two per worker."""
+OVERLOAD_WINDOW_S = 0.5
+"""Readings at least this far apart are compared."""
+OVERLOAD_HOLD_S = 2.0
+"""How long one comparison that found refusals keeps the server overloaded."""
 FETCH_TIMEOUT_S = 0.2
 FRESH_FOR_S = 0.005
 """A reading this recent is reused: a run of small full batches reads once."""
@@ -44,15 +66,28 @@ Fetch = Callable[[str], str]
 
 
 def metrics_url() -> str:
-    """The ``QueueTime`` gauge's address: only that metric is asked for (a short answer)."""
+    """The address of the gauge and the two counters: only those are asked for (a short answer)."""
     base = os.environ.get(METRICS_URL_ENV) or DEFAULT_METRICS_URL
-    return f"{base}?name[]={GAUGE}"
+    return f"{base}?name[]={GAUGE}&name[]={ERRORS}&name[]={REJECTED}"
 
 
 def queue_time_s(metrics_text: str) -> float | None:
     """The gauge's value in seconds from a Prometheus text answer; None when absent."""
     values = [float(match) for match in GAUGE_LINE.findall(metrics_text)]
     return max(values) / 1e3 if values else None
+
+
+def frontend_refusals(metrics_text: str) -> float | None:
+    """The 5xx answers the frontend wrote that were not the workers' 504s (its 503s for a full
+    queue, mostly), since it started; None when ``Requests5XX`` is absent."""
+    errors: float | None = None
+    ours = 0.0
+    for name, labels, value in SAMPLE.findall(metrics_text):
+        if name == ERRORS:
+            errors = (errors or 0.0) + float(value)
+        elif name == REJECTED and 'Reason="deadline_exceeded"' in labels:
+            ours += float(value)
+    return None if errors is None else errors - ours
 
 
 class KeptConnection:
@@ -93,6 +128,9 @@ class QueueAge:
     _value: float | None = None
     _read_at: float = float("-inf")
     _failed_at: float = float("-inf")
+    _refusals_seen: tuple[float, float] | None = None
+    """(when, how many) at the reading the next one is compared with."""
+    _overloaded_until: float = float("-inf")
 
     def seconds(self) -> float | None:
         now = self.clock()
@@ -101,14 +139,34 @@ class QueueAge:
         if now - self._failed_at < RETRY_AFTER_FAILURE_S:
             return None
         try:
-            self._value = queue_time_s(self.fetch(self.url))
+            text = self.fetch(self.url)
+            self._value = queue_time_s(text)
         except Exception as error:  # an unreachable or odd endpoint only disables the estimate
             if self._failed_at == float("-inf"):
                 logger.warning("frontend queue time unreadable at %s: %s", self.url, error)
             self._failed_at, self._value = now, None
             return None
         self._read_at = now
+        self._compare_refusals(now, frontend_refusals(text))
         return self._value
+
+    def _compare_refusals(self, now: float, refusals: float | None) -> None:
+        if refusals is None:
+            return
+        seen = self._refusals_seen
+        if seen is None or refusals < seen[1]:  # the first reading, or a restarted frontend
+            self._refusals_seen = (now, refusals)
+            return
+        elapsed, more = now - seen[0], refusals - seen[1]
+        if elapsed < OVERLOAD_WINDOW_S:
+            return
+        if more >= OVERLOAD_MIN_REFUSALS and more / elapsed >= OVERLOAD_REFUSALS_PER_S:
+            self._overloaded_until = now + OVERLOAD_HOLD_S
+        self._refusals_seen = (now, refusals)
+
+    def overloaded(self) -> bool:
+        """Whether a recent reading found the frontend refusing for a full queue."""
+        return self.clock() < self._overloaded_until
 
     def of_batch(self, headers: Sequence[Mapping[str, Any]], batch_size: int) -> float | None:
         """The estimated wait of a batch of requests with these headers: only a full batch

@@ -280,5 +280,5 @@ def test_the_batch_log_line_says_what_queue_age_dated_the_batch(caplog) -> None:
         run_batch([request("a", "a")], FakeClassifier(), HandlerSettings(), queue_age_s=0.3456)
         run_batch([request("b", "b")], FakeClassifier(), HandlerSettings())
     lines = [r.getMessage() for r in caplog.records if "batch_size=" in r.getMessage()]
-    assert lines[0].endswith(" expired=0 queue_age_ms=346")
-    assert lines[1].endswith(" expired=0 queue_age_ms=-")
+    assert lines[0].endswith(" expired=0 queue_age_ms=346 overloaded=0")
+    assert lines[1].endswith(" expired=0 queue_age_ms=- overloaded=0")

@@ -10,7 +10,15 @@ import pytest
 
 from handler.deadline import Pace, deadline
 from handler.pipeline import IncomingRequest, answer_batch, run_batch
-from handler.queue_age import FRESH_FOR_S, RETRY_AFTER_FAILURE_S, QueueAge, queue_time_s
+from handler.queue_age import (
+    FRESH_FOR_S,
+    OVERLOAD_HOLD_S,
+    OVERLOAD_WINDOW_S,
+    RETRY_AFTER_FAILURE_S,
+    QueueAge,
+    frontend_refusals,
+    queue_time_s,
+)
 from handler.settings import HandlerSettings
 from tests.stub_http import stub_server
 from tests.unit.test_pipeline import FakeClassifier, body_of
@@ -117,6 +125,81 @@ def test_patient_load_within_the_budget_is_not_refused_for_its_batchs_own_time()
     )
     assert classifier.calls == [["plain"]]
     assert (answered.status, refused.status) == (200, 504)
+
+
+def counters(errors_5xx: float, ours_504: float) -> str:
+    return (
+        PROMETHEUS_TEXT
+        + "# TYPE Requests5XX counter\n"
+        + f'Requests5XX{{Level="Host",Hostname="box",}} {errors_5xx}\n'
+        + 'ItemsRejected{Reason="empty_text",ModelName="bert",Level="Model",Hostname="box",} 7.0\n'
+        + 'ItemsRejected{Reason="deadline_exceeded",ModelName="bert",Level="Model",'
+        + f'Hostname="box",}} {ours_504}\n'
+    )
+
+
+def test_the_frontends_own_refusals_are_its_5xx_less_the_workers_504s() -> None:
+    assert frontend_refusals(counters(120.0, 20.0)) == 100.0
+    assert frontend_refusals(counters(5.0, 0.0)) == 5.0
+    assert frontend_refusals(PROMETHEUS_TEXT) is None
+
+
+def test_the_server_is_overloaded_while_the_frontend_refuses_fast() -> None:
+    """Readings half a second or more apart are compared: 90 refusals in 0.6 s (150/s) mean a
+    full queue, for OVERLOAD_HOLD_S; as many 5xx that were all the workers' 504s do not, nor
+    a handful, nor a counter that went back (a restarted frontend)."""
+    endpoint = FakeEndpoint(counters(10.0, 0.0))
+    age = endpoint.age()
+    age.seconds()
+    assert not age.overloaded()
+    endpoint.now += OVERLOAD_WINDOW_S / 2
+    endpoint.text = counters(300.0, 0.0)
+    age.seconds()
+    assert not age.overloaded(), "compared before the window"
+    endpoint.now += OVERLOAD_WINDOW_S
+    endpoint.text = counters(600.0, 590.0)
+    age.seconds()
+    assert not age.overloaded(), "every new 5xx was a worker's 504"
+    endpoint.now += 0.6
+    endpoint.text = counters(700.0, 600.0)
+    age.seconds()
+    assert age.overloaded()
+    endpoint.now += OVERLOAD_HOLD_S - 0.1
+    assert age.overloaded()
+    endpoint.now += 0.2
+    assert not age.overloaded()
+    endpoint.text = counters(705.0, 600.0)
+    age.seconds()
+    assert not age.overloaded(), "5 refusals"
+    endpoint.now += 1.0
+    endpoint.text = counters(100.0, 0.0)
+    age.seconds()
+    endpoint.now += 1.0
+    endpoint.text = counters(110.0, 0.0)
+    age.seconds()
+    assert not age.overloaded(), "compared with the restarted frontend's count"
+
+
+def test_overloaded_a_plain_request_is_held_to_the_budget_end_to_end() -> None:
+    """0.3 s queued and a batch expected to take 0.4 s: past the 0.5 s budget by the batch's
+    end. Normally a plain request is held to the budget in the queue only and is worked on;
+    while the frontend refuses for a full queue it is refused unworked, and a batch-mate whose
+    stated wait covers the batch is still answered."""
+    plain = request("plain", "p")
+    says = request("says", "s", **{"X-Request-Timeout": "5"})
+    classifier = FakeClassifier()
+    refused, answered = run_batch(
+        [plain, says],
+        classifier,
+        HandlerSettings(),
+        now=NOW,
+        pace=Pace(0.2),
+        queue_age_s=0.3,
+        overloaded=True,
+    )
+    assert classifier.calls == [["says"]]
+    assert (refused.status, answered.status) == (504, 200)
+    assert body_of(refused)["error"]["code"] == "deadline_exceeded"
 
 
 def test_the_gauge_is_read_over_one_kept_connection() -> None:
