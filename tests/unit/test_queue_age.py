@@ -150,34 +150,24 @@ def test_the_server_is_overloaded_while_the_frontend_refuses_fast() -> None:
     a handful, nor a counter that went back (a restarted frontend)."""
     endpoint = FakeEndpoint(counters(10.0, 0.0))
     age = endpoint.age()
-    age.seconds()
-    assert not age.overloaded()
-    endpoint.now += OVERLOAD_WINDOW_S / 2
-    endpoint.text = counters(300.0, 0.0)
-    age.seconds()
-    assert not age.overloaded(), "compared before the window"
-    endpoint.now += OVERLOAD_WINDOW_S
-    endpoint.text = counters(600.0, 590.0)
-    age.seconds()
-    assert not age.overloaded(), "every new 5xx was a worker's 504"
-    endpoint.now += 0.6
-    endpoint.text = counters(700.0, 600.0)
-    age.seconds()
-    assert age.overloaded()
+
+    def read_after(seconds: float, errors_5xx: float, ours_504: float) -> bool:
+        endpoint.now += seconds
+        endpoint.text = counters(errors_5xx, ours_504)
+        age.seconds()
+        return age.overloaded()
+
+    assert not read_after(0.0, 10.0, 0.0)
+    assert not read_after(OVERLOAD_WINDOW_S / 2, 300.0, 0.0), "compared before the window"
+    assert not read_after(OVERLOAD_WINDOW_S, 600.0, 590.0), "every new 5xx was a worker's 504"
+    assert read_after(0.6, 700.0, 600.0)
     endpoint.now += OVERLOAD_HOLD_S - 0.1
     assert age.overloaded()
     endpoint.now += 0.2
     assert not age.overloaded()
-    endpoint.text = counters(705.0, 600.0)
-    age.seconds()
-    assert not age.overloaded(), "5 refusals"
-    endpoint.now += 1.0
-    endpoint.text = counters(100.0, 0.0)
-    age.seconds()
-    endpoint.now += 1.0
-    endpoint.text = counters(110.0, 0.0)
-    age.seconds()
-    assert not age.overloaded(), "compared with the restarted frontend's count"
+    assert not read_after(0.0, 705.0, 600.0), "5 refusals"
+    read_after(1.0, 100.0, 0.0)
+    assert not read_after(1.0, 110.0, 0.0), "compared with the restarted frontend's count"
 
 
 def test_overloaded_a_plain_request_is_held_to_the_budget_end_to_end() -> None:
