@@ -77,17 +77,17 @@ def queue_time_s(metrics_text: str) -> float | None:
     return max(values) / 1e3 if values else None
 
 
-def frontend_refusals(metrics_text: str) -> float | None:
+def frontend_refusals(metrics_text: str) -> float:
     """The 5xx answers the frontend wrote that were not the workers' 504s (its 503s for a full
-    queue, mostly), since it started; None when ``Requests5XX`` is absent."""
-    errors: float | None = None
-    ours = 0.0
+    queue, mostly), since it started. A counter the frontend has not incremented yet is not in
+    its answer: it counts as 0, so the first refusals are measured against that."""
+    errors = ours = 0.0
     for name, labels, value in SAMPLE.findall(metrics_text):
         if name == ERRORS:
-            errors = (errors or 0.0) + float(value)
+            errors += float(value)
         elif name == REJECTED and 'Reason="deadline_exceeded"' in labels:
             ours += float(value)
-    return None if errors is None else errors - ours
+    return errors - ours
 
 
 class KeptConnection:
@@ -150,9 +150,7 @@ class QueueAge:
         self._compare_refusals(now, frontend_refusals(text))
         return self._value
 
-    def _compare_refusals(self, now: float, refusals: float | None) -> None:
-        if refusals is None:
-            return
+    def _compare_refusals(self, now: float, refusals: float) -> None:
         seen = self._refusals_seen
         if seen is None or refusals < seen[1]:  # the first reading, or a restarted frontend
             self._refusals_seen = (now, refusals)

@@ -115,3 +115,44 @@ def test_requests_without_a_start_stamp_are_dated_by_the_frontends_queue_time(tm
         assert len(refused) >= 4, statuses
         assert {answer.json()["error"]["code"] for answer in refused} == {"deadline_exceeded"}
         assert {answer.headers.get("Retry-After") for answer in refused} == {"1"}
+
+
+def test_a_frontend_refusing_for_a_full_queue_puts_the_workers_in_overload_mode(tmp_path) -> None:
+    """A queue of 8, its worker stopped, 300 plain requests: the frontend refuses the excess
+    with 503. The next full batch's read of the metrics endpoint sees those refusals (its
+    ``Requests5XX`` against the workers' 504s) and the batch runs overloaded (its log line
+    says ``overloaded=1``); every request is answered 200, 503 or 504."""
+    config = {
+        "models": models_entry(batch_size=4, max_batch_delay=200, workers=1),
+        "job_queue_size": "8",
+    }
+    with running(config, state_dir=tmp_path / "state") as server:
+        with ThreadPoolExecutor(64) as pool:
+            with LogWindow(server.model_log) as warm_log:
+                for _ in range(10):  # until a full batch has read the counters once before
+                    warm = [pool.submit(post, server, f"warm up {i}") for i in range(4)]
+                    assert [f.result().status_code for f in warm] == [200] * 4
+                    time.sleep(0.3)
+                    if re.search(r"queue_age_ms=\d", warm_log.read()):
+                        break
+            time.sleep(0.6)  # readings closer than OVERLOAD_WINDOW_S are not compared
+            stopped = server.worker_pid()
+            assert stopped is not None
+            try:
+                with LogWindow(server.model_log) as window:
+                    server.kill_worker(stopped, signal.SIGSTOP)
+                    flood = [pool.submit(post, server, f"flood {i}") for i in range(300)]
+                    time.sleep(0.5)
+                    server.kill_worker(stopped, signal.SIGCONT)
+                    statuses = [future.result().status_code for future in flood]
+                    deadline = time.monotonic() + 10
+                    log = window.read()
+                    while "overloaded=1" not in log and time.monotonic() < deadline:
+                        time.sleep(0.2)
+                        log = window.read()
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(stopped, signal.SIGCONT)  # the process this test stopped
+    assert set(statuses) <= {200, 503, 504}, statuses
+    assert statuses.count(503) >= 200, statuses
+    assert "overloaded=1" in log, log[-2000:]

@@ -141,7 +141,19 @@ def counters(errors_5xx: float, ours_504: float) -> str:
 def test_the_frontends_own_refusals_are_its_5xx_less_the_workers_504s() -> None:
     assert frontend_refusals(counters(120.0, 20.0)) == 100.0
     assert frontend_refusals(counters(5.0, 0.0)) == 5.0
-    assert frontend_refusals(PROMETHEUS_TEXT) is None
+    assert frontend_refusals(PROMETHEUS_TEXT) == 0.0, "no 5xx yet: the counter is not listed"
+
+
+def test_the_first_refusals_are_measured_against_none_listed() -> None:
+    """Before its first 5xx the frontend does not list ``Requests5XX``: a reading then is the
+    zero the first refusals are compared with."""
+    endpoint = FakeEndpoint(PROMETHEUS_TEXT)
+    age = endpoint.age()
+    age.seconds()
+    endpoint.now += 1.0
+    endpoint.text = counters(300.0, 0.0)
+    age.seconds()
+    assert age.overloaded()
 
 
 def test_the_server_is_overloaded_while_the_frontend_refuses_fast() -> None:
