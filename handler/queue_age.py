@@ -43,10 +43,10 @@ logger = logging.getLogger(__name__)
 METRICS_URL_ENV = "BERT_SERVE_FRONTEND_METRICS"
 DEFAULT_METRICS_URL = "http://127.0.0.1:8082/metrics"
 GAUGE = "QueueTime"
-GAUGE_LINE = re.compile(rf"^{GAUGE}(?:\{{[^}}]*\}})?\s+([0-9.eE+-]+)\s*$", re.MULTILINE)
 ERRORS = "Requests5XX"
 REJECTED = "ItemsRejected"
 SAMPLE = re.compile(r"^(\w+)(?:\{([^}]*)\})?\s+([0-9.eE+-]+)\s*$", re.MULTILINE)
+"""One Prometheus sample line: name, labels, value."""
 OVERLOAD_REFUSALS_PER_S = 50.0
 """Frontend refusals a second that mean its queue is full: a spike on this project's 2-core
 machine brings 700 to 1,600 (docs/deadlines.md); patient load, none."""
@@ -73,7 +73,7 @@ def metrics_url() -> str:
 
 def queue_time_s(metrics_text: str) -> float | None:
     """The gauge's value in seconds from a Prometheus text answer; None when absent."""
-    values = [float(match) for match in GAUGE_LINE.findall(metrics_text)]
+    values = [float(value) for name, _, value in SAMPLE.findall(metrics_text) if name == GAUGE]
     return max(values) / 1e3 if values else None
 
 
