@@ -7,8 +7,10 @@ name="${*: -1}"
 engine=("${@:1:$#-1}")
 mirror="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 root="$(mktemp -d "${TMPDIR:-/tmp}/bookworm-rootfs.XXXXXX")"
-trap 'rm -rf "$root"' EXIT
-debootstrap --variant=minbase bookworm "$root" "$mirror"
+# --one-file-system: a debootstrap cut short can leave the host's proc, sys or dev mounted
+# inside the rootfs; removing it must never reach through them.
+trap 'rm -rf --one-file-system "$root"' EXIT
+timeout 900 debootstrap --variant=minbase bookworm "$root" "$mirror"
 # As debian:bookworm-slim: no apt lists, caches, docs or man pages kept in the layer.
 chroot "$root" apt-get clean
 rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/*.bin "$root"/usr/share/doc/* \

@@ -3,4 +3,4 @@
 # real torchserve on free local ports, and the curl smoke script against that server.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec .venv/bin/python -m pytest -ra "$@"
+exec .venv/bin/python -m pytest -ra --durations=12 "$@"

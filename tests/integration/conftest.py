@@ -1,6 +1,9 @@
 """One real TorchServe for the whole session, on free 127.0.0.1 ports, always stopped.
 
 Every test under tests/integration/ is marked ``integration`` (``make unit`` leaves them out).
+Tests marked ``runs_last`` (the container image build) run after all others: they load the
+machine for minutes and write outside the checkout, so whatever they leave behind cannot touch
+another test's fixtures.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if INTEGRATION_DIR in Path(item.path).resolve().parents:
             item.add_marker(pytest.mark.integration)
+    items.sort(key=lambda item: item.get_closest_marker("runs_last") is not None)
 
 
 @pytest.fixture(scope="session")
