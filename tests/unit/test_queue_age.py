@@ -204,6 +204,82 @@ def test_overloaded_a_plain_request_is_held_to_the_budget_end_to_end() -> None:
     assert body_of(refused)["error"]["code"] == "deadline_exceeded"
 
 
+def fitted(overloaded: bool, queue_age_s: float, pace: Pace) -> tuple[list[int], list[list[str]]]:
+    """Four plain one-text requests, then one that states a long wait, in one batch."""
+    batch = [request(f"p{i}", f"p{i}") for i in range(4)]
+    batch.append(request("says", "s", **{"X-Request-Timeout": "5"}))
+    classifier = FakeClassifier()
+    responses = run_batch(
+        batch,
+        classifier,
+        HandlerSettings(),
+        now=NOW,
+        pace=pace,
+        queue_age_s=queue_age_s,
+        overloaded=overloaded,
+    )
+    return [response.status for response in responses], classifier.calls
+
+
+def test_overloaded_the_batch_is_cut_to_what_ends_in_time() -> None:
+    """0.1 s queued, 0.04 s a text: each request is held to half its wait, 0.25 s for the
+    plain ones (half the 0.5 s budget), so the batch may end 0.15 s from now: three texts (0.12
+    s), first come first kept. The fourth plain request is refused unworked, and so is the last
+    one, whose own 5 s wait would have allowed it: its text would end the batch after the
+    target of the three kept before it."""
+    statuses, calls = fitted(True, 0.1, Pace(0.04, timed_at=NOW))
+    assert calls == [["p0", "p1", "p2"]]
+    assert statuses == [200, 200, 200, 504, 504]
+
+
+def test_overloaded_a_stated_wait_is_held_to_half_of_it() -> None:
+    """A batch of one-text requests that state 0.4 s, 0.1 s queued (the frontend's estimate),
+    0.04 s a text: half the wait leaves 0.1 s from now, two texts."""
+    batch = [request(f"t{i}", f"t{i}", **{"X-Request-Timeout": "0.4"}) for i in range(4)]
+    classifier = FakeClassifier()
+    responses = run_batch(
+        batch,
+        classifier,
+        HandlerSettings(),
+        now=NOW,
+        pace=Pace(0.04, timed_at=NOW),
+        queue_age_s=0.1,
+        overloaded=True,
+    )
+    assert classifier.calls == [["t0", "t1"]]
+    assert [r.status for r in responses] == [200, 200, 504, 504]
+
+
+def test_not_overloaded_the_same_batch_is_worked_on_whole() -> None:
+    statuses, calls = fitted(False, 0.1, Pace(0.04, timed_at=NOW))
+    assert calls == [["p0", "p1", "p2", "p3", "says"]]
+    assert statuses == [200] * 5
+
+
+def test_overloaded_plain_requests_past_the_target_are_all_refused_unless_the_pace_is_stale() -> (
+    None
+):
+    """0.3 s queued is past the 0.25 s target before any work: every plain request is refused.
+    Alone in the batch, with a pace not timed for a while, the first one is worked on anyway,
+    so that one slow batch cannot keep the pace (and the refusals) up for good."""
+    batch = [request(f"p{i}", f"p{i}") for i in range(3)]
+    for timed_at, worked_on in ((NOW, []), (NOW - 60, [["p0"]])):
+        classifier = FakeClassifier()
+        responses = run_batch(
+            batch,
+            classifier,
+            HandlerSettings(),
+            now=NOW,
+            pace=Pace(0.04, timed_at=timed_at),
+            queue_age_s=0.3,
+            overloaded=True,
+        )
+        assert classifier.calls == worked_on
+        refused = [r for r in responses if r.status == 504]
+        assert len(refused) == 3 - len(worked_on)
+        assert all("overloaded" in body_of(r)["error"]["message"] for r in refused)
+
+
 def test_the_gauge_is_read_over_one_kept_connection() -> None:
     """A real HTTP endpoint: two reads, one TCP connection; a 404 is a failed read."""
     from handler.queue_age import KeptConnection
