@@ -10,6 +10,7 @@ import pytest
 
 from handler.deadline import Pace, deadline
 from handler.pipeline import IncomingRequest, answer_batch, run_batch
+from handler.protocol import Response
 from handler.queue_age import (
     FRESH_FOR_S,
     OVERLOAD_HOLD_S,
@@ -204,10 +205,10 @@ def test_overloaded_a_plain_request_is_held_to_the_budget_end_to_end() -> None:
     assert body_of(refused)["error"]["code"] == "deadline_exceeded"
 
 
-def fitted(overloaded: bool, queue_age_s: float, pace: Pace) -> tuple[list[int], list[list[str]]]:
-    """Four plain one-text requests, then one that states a long wait, in one batch."""
-    batch = [request(f"p{i}", f"p{i}") for i in range(4)]
-    batch.append(request("says", "s", **{"X-Request-Timeout": "5"}))
+def batch_of(
+    batch: list[IncomingRequest], overloaded: bool, queue_age_s: float, pace: Pace
+) -> tuple[list[Response], list[list[str]]]:
+    """The batch's responses, and the texts the classifier was given."""
     classifier = FakeClassifier()
     responses = run_batch(
         batch,
@@ -218,7 +219,13 @@ def fitted(overloaded: bool, queue_age_s: float, pace: Pace) -> tuple[list[int],
         queue_age_s=queue_age_s,
         overloaded=overloaded,
     )
-    return [response.status for response in responses], classifier.calls
+    return responses, classifier.calls
+
+
+def plain_then_patient() -> list[IncomingRequest]:
+    """Four plain one-text requests, then one that states a long wait."""
+    batch = [request(f"p{i}", f"p{i}") for i in range(4)]
+    return [*batch, request("says", "s", **{"X-Request-Timeout": "5"})]
 
 
 def test_overloaded_the_batch_is_cut_to_what_ends_in_time() -> None:
@@ -227,33 +234,24 @@ def test_overloaded_the_batch_is_cut_to_what_ends_in_time() -> None:
     s), first come first kept. The fourth plain request is refused unworked, and so is the last
     one, whose own 5 s wait would have allowed it: its text would end the batch after the
     target of the three kept before it."""
-    statuses, calls = fitted(True, 0.1, Pace(0.04, timed_at=NOW))
+    responses, calls = batch_of(plain_then_patient(), True, 0.1, Pace(0.04, timed_at=NOW))
     assert calls == [["p0", "p1", "p2"]]
-    assert statuses == [200, 200, 200, 504, 504]
+    assert [r.status for r in responses] == [200, 200, 200, 504, 504]
+
+
+def test_not_overloaded_the_same_batch_is_worked_on_whole() -> None:
+    responses, calls = batch_of(plain_then_patient(), False, 0.1, Pace(0.04, timed_at=NOW))
+    assert calls == [["p0", "p1", "p2", "p3", "says"]]
+    assert [r.status for r in responses] == [200] * 5
 
 
 def test_overloaded_a_stated_wait_is_held_to_half_of_it() -> None:
     """A batch of one-text requests that state 0.4 s, 0.1 s queued (the frontend's estimate),
     0.04 s a text: half the wait leaves 0.1 s from now, two texts."""
     batch = [request(f"t{i}", f"t{i}", **{"X-Request-Timeout": "0.4"}) for i in range(4)]
-    classifier = FakeClassifier()
-    responses = run_batch(
-        batch,
-        classifier,
-        HandlerSettings(),
-        now=NOW,
-        pace=Pace(0.04, timed_at=NOW),
-        queue_age_s=0.1,
-        overloaded=True,
-    )
-    assert classifier.calls == [["t0", "t1"]]
+    responses, calls = batch_of(batch, True, 0.1, Pace(0.04, timed_at=NOW))
+    assert calls == [["t0", "t1"]]
     assert [r.status for r in responses] == [200, 200, 504, 504]
-
-
-def test_not_overloaded_the_same_batch_is_worked_on_whole() -> None:
-    statuses, calls = fitted(False, 0.1, Pace(0.04, timed_at=NOW))
-    assert calls == [["p0", "p1", "p2", "p3", "says"]]
-    assert statuses == [200] * 5
 
 
 def test_overloaded_plain_requests_past_the_target_are_all_refused_unless_the_pace_is_stale() -> (
@@ -264,17 +262,8 @@ def test_overloaded_plain_requests_past_the_target_are_all_refused_unless_the_pa
     so that one slow batch cannot keep the pace (and the refusals) up for good."""
     batch = [request(f"p{i}", f"p{i}") for i in range(3)]
     for timed_at, worked_on in ((NOW, []), (NOW - 60, [["p0"]])):
-        classifier = FakeClassifier()
-        responses = run_batch(
-            batch,
-            classifier,
-            HandlerSettings(),
-            now=NOW,
-            pace=Pace(0.04, timed_at=timed_at),
-            queue_age_s=0.3,
-            overloaded=True,
-        )
-        assert classifier.calls == worked_on
+        responses, calls = batch_of(batch, True, 0.3, Pace(0.04, timed_at=timed_at))
+        assert calls == worked_on
         refused = [r for r in responses if r.status == 504]
         assert len(refused) == 3 - len(worked_on)
         assert all("overloaded" in body_of(r)["error"]["message"] for r in refused)
