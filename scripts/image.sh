@@ -5,6 +5,8 @@
 #   IMAGE       the tag (default bert-serve:0.1.0)
 #   BASE_IMAGE  default debian:bookworm-slim; when it is neither present nor pullable (no
 #               registry), a debootstrap'd bookworm minbase (scripts/image_base.sh) is used
+#   DEBIAN_MIRROR the Debian archive probed first, and the one a debootstrap'd base is made
+#               from (default http://deb.debian.org/debian)
 #   TORCH_INDEX an extra index for torch (a CUDA one for the GPU variant); empty: pip's own
 #               config finds the CPU build (here /opt/wheels; elsewhere .../whl/cpu)
 set -euo pipefail
@@ -15,12 +17,26 @@ python="${PYTHON:-.venv/bin/python}"
 engine_line="$(bash scripts/container_engine.sh)"
 read -ra engine <<<"$engine_line"
 
+# The stages that fetch from a package archive (Debian's, PyPI or pip's configured index) fail
+# with this line when they cannot: the network's failure, not the project's, which the image
+# test reports as a skip (tests/integration/test_image.py).
+archive_unreachable() {
+    echo "image: a package archive could not be reached ($1); no image built" >&2
+    exit 75
+}
+mirror="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+if command -v curl >/dev/null; then
+    curl -fsS --max-time 30 -o /dev/null "$mirror/dists/bookworm/Release" \
+        || archive_unreachable "$mirror"
+fi
+
 if ! "${engine[@]}" image inspect "$base" >/dev/null 2>&1 \
     && ! timeout 120 "${engine[@]}" pull "$base" >/dev/null 2>&1; then
     echo "$base cannot be pulled here: using a debootstrap'd bookworm minbase"
     base=localhost/bookworm-minbase:12
     "${engine[@]}" image inspect "$base" >/dev/null 2>&1 \
-        || bash scripts/image_base.sh "${engine[@]}" "$base"
+        || DEBIAN_MIRROR="$mirror" bash scripts/image_base.sh "${engine[@]}" "$base" \
+        || archive_unreachable "debootstrap from $mirror"
 fi
 
 context=build/image/context
@@ -30,7 +46,8 @@ cp deploy/entrypoint.sh "$context/entrypoint.sh"
 # Their dependencies at the versions of this venv too (the tested ones); torch as required.
 "$python" -m pip freeze --exclude-editable | grep -v "^torch==" >build/image/constraints.txt
 "$python" -m pip download -qq --dest "$wheels" ${TORCH_INDEX:+--extra-index-url "$TORCH_INDEX"} \
-    -r "$context/requirements.txt" -c build/image/constraints.txt
+    -r "$context/requirements.txt" -c build/image/constraints.txt \
+    || archive_unreachable "pip download"
 # Only the wheels this requirements.txt resolves to go into the context.
 "$python" -m pip download -qq --no-index --find-links "$wheels" --dest "$context/wheels" \
     -r "$context/requirements.txt" -c build/image/constraints.txt

@@ -3,7 +3,9 @@ scripts/image_test.py: READY, the README's requests, a list, a pair, v2, /metric
 health check, memory, SIGTERM within the grace period; the container is always removed).
 
 Skips, saying why, where no container engine works (scripts/container_engine.sh): no podman,
-or a docker client without an engine. Where one works, a failed build is a failure.
+or a docker client without an engine, and where a package archive the build fetches from
+(Debian's mirror, PyPI) cannot be reached (scripts/image.sh says so). Otherwise a failed build
+is a failure.
 
 It runs after every other test (``runs_last``), and the build runs in its own process group,
 killed whole when it runs past TIMEOUT_S, so a hung build leaves nothing running behind it.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 
@@ -24,6 +27,7 @@ from tests.conftest import ROOT
 # From nothing (debootstrap base + first build + run) 7 to 12 min on a loaded machine of this
 # project; a rebuild with nothing changed plus the run, 2.5 min (deploy/README.md).
 TIMEOUT_S = 30 * 60
+ARCHIVE_UNREACHABLE = re.compile(r"image: a package archive could not be reached.*")
 
 
 def run_process_group(command: list[str], timeout_s: float) -> tuple[int, str]:
@@ -57,6 +61,9 @@ def test_image_builds_answers_and_stops_cleanly() -> None:
              f"IMAGE_TEST_OUT={out}"],
             TIMEOUT_S,
         )  # fmt: skip
+        unreachable = ARCHIVE_UNREACHABLE.search(output)
+        if returncode != 0 and unreachable:
+            pytest.skip(unreachable.group(0))
         assert returncode == 0, output[-6000:]
         result = json.loads(out.read_text())
         assert result["ready_s"] > 0 and result["stop_s"] < result["grace_s"]
