@@ -88,12 +88,13 @@ def expire(
     overloaded: bool = False,
 ) -> list[Decoded]:
     """The decoded requests, each replaced by its ``deadline_exceeded`` refusal when its
-    deadline passed before the batch began, or (for a client that said how long it waits, or
-    for every request while the server is ``overloaded``: ``handler.queue_age``) falls before
-    the batch is expected to end (``pace``, from the texts still to be worked on): none of
-    its texts is then tokenized or forwarded. While overloaded the batch is first cut to what
-    ends within half of each kept request's wait (``_fit_to_overload``). ``queue_age_s`` dates
-    the requests that carry no start stamp (``handler.queue_age``)."""
+    deadline passed before the batch began, or (for a client that said how long it waits)
+    falls before the batch is expected to end (``pace``, from the texts still to be worked
+    on): none of its texts is then tokenized or forwarded. While the server is ``overloaded``
+    (``handler.queue_age``) the batch is first cut to what ends within half of each kept
+    request's wait, whether stated or the budget (``_fit_to_overload``), which holds every
+    request with a deadline to it end to end. ``queue_age_s`` dates the requests that carry no
+    start stamp (``handler.queue_age``)."""
     budget_s = settings.queue_budget_ms / 1e3
     dues = [deadline.deadline(r.headers, budget_s, now, queue_age_s) for r in requests]
     live = [
@@ -113,7 +114,7 @@ def expire(
         if due is not None
         and due < ends
         and not isinstance(d.request, Rejected)
-        and (overloaded or deadline.client_wait(r.headers) is not None)
+        and deadline.client_wait(r.headers) is not None
     }
     if (
         late

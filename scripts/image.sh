@@ -36,7 +36,7 @@ if ! "${engine[@]}" image inspect "$base" >/dev/null 2>&1 \
     base=localhost/bookworm-minbase:12
     "${engine[@]}" image inspect "$base" >/dev/null 2>&1 \
         || DEBIAN_MIRROR="$mirror" bash scripts/image_base.sh "${engine[@]}" "$base" \
-        || archive_unreachable "debootstrap from $mirror"
+        || { [ $? = 75 ] && archive_unreachable "debootstrap from $mirror"; exit 1; }
 fi
 
 context=build/image/context

@@ -10,7 +10,8 @@ root="$(mktemp -d "${TMPDIR:-/tmp}/bookworm-rootfs.XXXXXX")"
 # --one-file-system: a debootstrap cut short can leave the host's proc, sys or dev mounted
 # inside the rootfs; removing it must never reach through them.
 trap 'rm -rf --one-file-system "$root"' EXIT
-timeout 900 debootstrap --variant=minbase bookworm "$root" "$mirror"
+# Exit 75 when debootstrap fails: the archive could not be reached (scripts/image.sh).
+timeout 900 debootstrap --variant=minbase bookworm "$root" "$mirror" || exit 75
 # As debian:bookworm-slim: no apt lists, caches, docs or man pages kept in the layer.
 chroot "$root" apt-get clean
 rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/*.bin "$root"/usr/share/doc/* \
