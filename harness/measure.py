@@ -6,6 +6,7 @@ TorchServe) the batches the handler formed meanwhile, read from its log.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -101,20 +102,40 @@ def frontend_cost(
         }
 
 
+def server_processes(server: Server) -> dict[str, int]:
+    """The pids of the frontend, of each worker and of this process (the load generator, which
+    shares the machine)."""
+    pids = {"load_generator": os.getpid()}
+    frontend = server.pid()
+    if frontend is not None:
+        pids["frontend"] = frontend
+    return pids | {f"worker_{n}": worker.pid for n, worker in enumerate(server.workers())}
+
+
+@contextmanager
+def cores_used(pids: Mapping[str, int]) -> Iterator[dict[str, float]]:
+    """The cores each named process used while the block ran (its CPU seconds over the wall
+    seconds), filled in when the block ends; a process not running at both ends is left out."""
+    cores: dict[str, float] = {}
+    before: dict[str, float] = {}
+    for name, pid in pids.items():
+        with contextlib.suppress(psutil.Error):
+            before[name] = process_cpu_s(pid)
+    began = time.monotonic()
+    yield cores
+    elapsed = max(time.monotonic() - began, 1e-9)
+    for name, cpu_s in before.items():
+        with contextlib.suppress(psutil.Error):
+            cores[name] = round((process_cpu_s(pids[name]) - cpu_s) / elapsed, 3)
+
+
 def cpu_split(server: Server, corpus: Sequence[str], level: int, loads: Loads) -> dict[str, Any]:
     """Where the CPU goes while ``server`` answers ``level`` clients: cores used by the
     frontend, by each worker and by this load generator (it shares the machine)."""
     url, headers = server.predict_url, server.headers()
     run_texts(url, headers, corpus, level, loads.warmup, "cpu split warm-up")
-    pids = {"frontend": server.pid() or 0, "load_generator": os.getpid()}
-    pids |= {f"worker_{n}": worker.pid for n, worker in enumerate(server.workers())}
-    before = {name: process_cpu_s(pid) for name, pid in pids.items()}
-    began = time.monotonic()
-    result = run_texts(url, headers, corpus, level, loads.seconds, "cpu split")
-    elapsed = time.monotonic() - began
-    cores = {
-        name: round((process_cpu_s(pid) - before[name]) / elapsed, 3) for name, pid in pids.items()
-    }
+    with cores_used(server_processes(server)) as cores:
+        result = run_texts(url, headers, corpus, level, loads.seconds, "cpu split")
     return {
         "concurrency": level,
         "rps": result["rps"],

@@ -25,6 +25,7 @@ from __future__ import annotations
 import importlib.util
 import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from harness.batchlog import LogWindow, batch_times
 from harness.chaos.common import REQUEST_TIMEOUT_S, SPIKE_FORMS, Durations
 from harness.corpus import make_corpus
 from harness.load import ClosedLoop, Outcome, json_job, percentile, statuses
+from harness.measure import cores_used, server_processes
 from harness.peer import PEER_CONFIGS, litserve_peer
 from harness.reports import pyplot
 from harness.server import running
@@ -57,6 +59,9 @@ class Target:
     """The handler's log, for its batch lines; None for the peer."""
     access_log: Path | None = None
     """The frontend's access log, for its own time per answer; None for the peer."""
+    processes: Mapping[str, int] = field(default_factory=dict)
+    """The server's pids and the load generator's (``server_processes``), for the cores each
+    used; empty for the peer."""
 
     def predict(self, text: str) -> None:
         """One request, raising ``requests.HTTPError`` for an answer other than 2xx."""
@@ -156,13 +161,14 @@ def run_level(
         stamped=form == "stamped",
     )
     batches = frontend = None
-    if target.model_log is None or target.access_log is None:
-        load.run()
-    else:
-        with LogWindow(target.model_log) as window, LogWindow(target.access_log) as access:
+    with cores_used(target.processes) as cores:
+        if target.model_log is None or target.access_log is None:
             load.run()
-            batches = batch_times(window.read())
-            frontend = frontend_latency(access.read())
+        else:
+            with LogWindow(target.model_log) as window, LogWindow(target.access_log) as access:
+                load.run()
+                batches = batch_times(window.read())
+                frontend = frontend_latency(access.read())
     in_time = [o for o in load.outcomes if o.status == "200" and o.ms <= deadline_s * 1000]
     by_status = {
         status: latency([o for o in load.outcomes if o.status == status])
@@ -177,9 +183,19 @@ def run_level(
         "by_status": by_status,
         "frontend_ms_by_status": frontend,
         "handler_batches": batches,
+        "cores": cores_by_role(cores) if cores else None,
         "silently_lost": load.silently_lost,
         "drain_before_s": settle_s,
     }
+
+
+def cores_by_role(cores: Mapping[str, float]) -> dict[str, float]:
+    """The cores used by the load generator, the frontend and the workers together."""
+    roles = {"load_generator": 0.0, "frontend": 0.0, "workers": 0.0}
+    for name, used in cores.items():
+        role = "workers" if name.startswith("worker_") else name
+        roles[role] = round(roles.get(role, 0.0) + used, 3)
+    return roles
 
 
 def run_levels(
@@ -277,7 +293,13 @@ def run(d: Durations) -> dict[str, Any]:
     over the config; then LitServe unless ``d.spike_peer`` is off."""
     corpus = make_corpus()
     with running(d.spike_set) as server:
-        ours = Target(server.predict_url, server.headers(), server.model_log, server.access_log)
+        ours = Target(
+            server.predict_url,
+            server.headers(),
+            server.model_log,
+            server.access_log,
+            server_processes(server),
+        )
         result_all = run_levels(ours, corpus, d.spike_s, d.spike_forms)
     litserve: dict[str, Any] = {"skipped": "litserve is not installed (the bench extra)"}
     if not d.spike_peer:

@@ -1,11 +1,18 @@
-"""The spike part's reading of TorchServe's access log (harness.chaos.spike)."""
+"""The spike part's reading of TorchServe's access log and batch lines, and the cores each
+process used (harness.chaos.spike, harness.measure)."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
 
 import pytest
 
 from harness.batchlog import batch_times
-from harness.chaos.spike import frontend_latency
+from harness.chaos.spike import cores_by_role, frontend_latency
+from harness.measure import cores_used
 
 ACCESS_LINES = """\
 2026-11-24T01:13:43,134 - /127.0.0.1:56342 "POST /predictions/bert HTTP/1.1" 503 0
@@ -61,3 +68,21 @@ def test_the_forward_time_per_text_is_split_between_small_and_full_batches() -> 
     assert per_text["small"] == {"batches": 1, "p50": 25.0}
     assert per_text["full"]["batches"] == 2
     assert per_text["full"]["p50"] == pytest.approx((568.9 / 16 + 300.0 / 12) / 2, abs=0.1)
+
+
+def test_the_cores_used_are_summed_by_role() -> None:
+    cores = {"load_generator": 0.5, "frontend": 0.25, "worker_0": 0.625, "worker_1": 0.5}
+    assert cores_by_role(cores) == {"load_generator": 0.5, "frontend": 0.25, "workers": 1.125}
+
+
+def test_the_cores_a_process_used_are_measured_and_a_gone_one_is_left_out() -> None:
+    """A busy loop of this process uses about one core; a process that has ended (a reaped
+    child) cannot be measured and is not reported as 0."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    with cores_used({"this": os.getpid(), "gone": child.pid}) as cores:
+        ends = time.process_time() + 0.3
+        while time.process_time() < ends:
+            pass
+    assert sorted(cores) == ["this"]
+    assert 0.3 < cores["this"] <= 1.2
