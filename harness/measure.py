@@ -6,13 +6,12 @@ TorchServe) the batches the handler formed meanwhile, read from its log.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import signal
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -119,13 +118,13 @@ def cores_used(pids: Mapping[str, int]) -> Iterator[dict[str, float]]:
     cores: dict[str, float] = {}
     before: dict[str, float] = {}
     for name, pid in pids.items():
-        with contextlib.suppress(psutil.Error):
+        with suppress(psutil.Error):
             before[name] = process_cpu_s(pid)
     began = time.monotonic()
     yield cores
     elapsed = max(time.monotonic() - began, 1e-9)
     for name, cpu_s in before.items():
-        with contextlib.suppress(psutil.Error):
+        with suppress(psutil.Error):
             cores[name] = round((process_cpu_s(pids[name]) - cpu_s) / elapsed, 3)
 
 
