@@ -43,6 +43,9 @@ context=build/image/context
 wheels=build/image/wheels
 "$python" scripts/deploy_layout.py --out "$context" >/dev/null
 cp deploy/entrypoint.sh "$context/entrypoint.sh"
+mkdir -p "$context/lib/harness"
+cp harness/config.py harness/sizing.py "$context/lib/harness/"
+: >"$context/lib/harness/__init__.py"
 # Their dependencies at the versions of this venv too (the tested ones); torch as required.
 "$python" -m pip freeze --exclude-editable | grep -v "^torch==" >build/image/constraints.txt
 "$python" -m pip download -qq --dest "$wheels" ${TORCH_INDEX:+--extra-index-url "$TORCH_INDEX"} \

@@ -182,6 +182,9 @@ def test_dockerfile_copies_what_the_layout_contains(
         if source == "entrypoint.sh":
             assert (DEPLOY / source).is_file()
             continue
+        if source == "lib":
+            assert "harness/sizing.py" in (ROOT / "scripts" / "image.sh").read_text()
+            continue
         assert (layout / source).exists(), f"COPY {source}: not in the layout"
         if source != "requirements.txt":
             assert destination == f"{deploy_layout.MOUNT}/{source}"
