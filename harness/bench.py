@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from handler.precision import cpu_has_native_bf16
-from harness import inprocess
+from harness import inprocess, sizing
 from harness.archive import package_variant
 from harness.compare import compare_precision, config_settings
-from harness.config import configured_model, models_entry
+from harness.config import models_entry
 from harness.measure import Endpoint, Loads, client_lists, cpu_split, endpoint, interleaved, servers
 from harness.peer import PEER_CONFIGS, litserve_peer
 from harness.server import Server
@@ -146,7 +146,7 @@ def in_process(plan: Plan, corpus: list[str]) -> dict[str, Any]:
 
 def run(plan: Plan, corpus: list[str]) -> dict[str, Any]:
     """The experiments, in order: ceiling, in-process comparisons, served, ceiling again."""
-    workers = configured_model()["minWorkers"]
+    workers = sizing.workers_on_this_machine(plan.model_dir)
 
     def ceiling() -> dict[str, Any]:
         return inprocess.ceiling(

@@ -409,7 +409,9 @@ def start_or_reuse(state_dir: Path, overrides: dict[str, str] | None = None) -> 
         if pid is not None:
             started = (server.tmp_dir / ".model_server.pid").stat().st_mtime
             archive = Path(server.properties["model_store"]) / f"{MODEL_NAME}.mar"
-            if server.sizing()["source"] != effective_properties(overrides):
+            if not server.sizing_file.is_file() or server.sizing()[
+                "source"
+            ] != effective_properties(overrides):
                 print("config.properties changed since TorchServe started: restarting")
             elif archive.stat().st_mtime > started:
                 print(f"{archive.name} changed since TorchServe started: restarting")

@@ -112,6 +112,13 @@ def workers_for(machine: Machine, worker_bytes: int) -> tuple[int, list[str]]:
     return workers, reasons
 
 
+def workers_on_this_machine(model_dir: Path) -> int:
+    """The workers the default config gets here, for a model folder (the benchmark's
+    in-process ceiling runs as many processes)."""
+    weights = sum(path.stat().st_size for path in model_dir.glob("*.safetensors"))
+    return workers_for(read_machine(gpu_count()), weights + WORKER_OVERHEAD_BYTES)[0]
+
+
 def threads_for(machine: Machine, workers: int) -> int:
     """The cores shared among the workers, at least one torch thread each."""
     return max(1, math.floor(machine.cores) // workers)

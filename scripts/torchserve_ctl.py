@@ -32,8 +32,24 @@ def start(state_dir: Path) -> int:
     print(
         f"TorchServe is ready on {server.inference_url} (pid {server.pid()}, state in {state_dir})"
     )
+    print_sizing(server)
     print(curl_example(server))
     return 0
+
+
+def print_sizing(server: Server) -> None:
+    """The values that follow the machine, as in force, and why (``harness.sizing``)."""
+    chosen = server.sizing()["in_force"]
+    for name, versions in chosen["models"].items():
+        for version, entry in versions.items():
+            settings = ", ".join(f"{key} {value}" for key, value in entry.items())
+            print(f"model {name} {version}: {settings}")
+    print(
+        f"job_queue_size {chosen['job_queue_size']}; torch threads per worker {chosen['torch_threads']}"
+    )
+    print(f"vmargs {chosen['vmargs']}")
+    for reason in chosen["why"]:
+        print(f"  why: {reason}")
 
 
 def query(command: str, server: Server, kind: str) -> int:
@@ -44,6 +60,8 @@ def query(command: str, server: Server, kind: str) -> int:
     elif command == "status":
         pid = server.pid()
         print(f"running, pid {pid}, {server.inference_url}" if pid else "not running")
+        if pid:
+            print_sizing(server)
         return 0 if pid else 1
     elif command == "url":
         print(server.inference_url)

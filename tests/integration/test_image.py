@@ -21,7 +21,7 @@ import subprocess
 
 import pytest
 
-from harness.config import BASE_CONFIG, read_properties
+from harness import sizing
 from tests.conftest import ROOT
 
 # From nothing (debootstrap base + first build + run) 7 to 12 min on a loaded machine of this
@@ -67,10 +67,13 @@ def test_image_builds_answers_and_stops_cleanly() -> None:
         assert returncode == 0, output[-6000:]
         result = json.loads(out.read_text())
         assert result["ready_s"] > 0 and result["stop_s"] < result["grace_s"]
-        (model,) = json.loads(read_properties(BASE_CONFIG)["models"])["bert"].values()
         roles = [process["role"] for process in result["processes"]]
         assert roles.count("frontend") == 1, roles
-        assert roles.count("worker") == model["minWorkers"], roles
+        # the entrypoint sized the workers for the container: one per core here (no CPU limit)
+        cores = sizing.read_machine(gpus=0).cores
+        assert roles.count("worker") == sizing.workers_for(sizing.Machine(cores, 2**40, 0), 1)[0], (
+            roles
+        )
     finally:
         subprocess.run(
             [*engine.stdout.split(), "rmi", "--force", image], capture_output=True, timeout=120

@@ -92,7 +92,8 @@ def test_layout_serves_the_configured_batching(layout_server: Server) -> None:
     expected = configured_model()
     assert model["batchSize"] == expected["batchSize"]
     assert model["maxBatchDelay"] == expected["maxBatchDelay"]
-    assert len(model["workers"]) == expected["minWorkers"]
+    (in_force,) = layout_server.sizing()["in_force"]["models"]["bert"].values()
+    assert len(model["workers"]) == in_force["minWorkers"]
 
 
 def test_metrics_endpoint_has_the_autoscaling_counters(

@@ -10,8 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
+from harness import sizing
 from harness.config import configured_model
-from tests.conftest import ROOT
+from tests.conftest import MAR_PATH, ROOT
 from tests.integration.conftest import model_log
 
 FORM = "application/x-www-form-urlencoded"
@@ -98,17 +99,25 @@ def test_inference_requires_the_token(server, predict_url) -> None:
     assert "Token" in response.text
 
 
-def test_batch_settings_come_from_config_properties(server) -> None:
-    """batchSize/maxBatchDelay/workers from config.properties, timeouts from the model config."""
+def test_batch_settings_come_from_config_properties_and_workers_from_the_machine(server) -> None:
+    """batchSize/maxBatchDelay from config.properties, timeouts from the model config, and
+    one worker per core of this machine (harness/sizing.py), as `make status` reports them."""
     response = requests.get(
         f"{server.management_url}/models/bert", headers=server.headers("management"), timeout=30
     )
     model = response.json()[0]
     configured = configured_model()
-    keys = ("batchSize", "maxBatchDelay", "minWorkers", "maxWorkers")
-    assert {key: model[key] for key in keys} == {key: configured[key] for key in keys}
+    assert {key: model[key] for key in ("batchSize", "maxBatchDelay")} == {
+        key: configured[key] for key in ("batchSize", "maxBatchDelay")
+    }
     assert configured["batchSize"] > 1, "the default config batches"
     assert model["responseTimeout"] == 60
+    machine = sizing.read_machine(gpus=0)
+    workers, _ = sizing.workers_for(machine, MAR_PATH.stat().st_size + sizing.WORKER_OVERHEAD_BYTES)
+    assert model["minWorkers"] == model["maxWorkers"] == workers == len(model["workers"])
+    (in_force,) = server.sizing()["in_force"]["models"]["bert"].values()
+    assert in_force["minWorkers"] == workers
+    assert int(server.properties["job_queue_size"]) >= workers
 
 
 BAD_ITEMS = [
