@@ -7,7 +7,6 @@ the unit tests do. This module must define exactly one class: TorchServe looks i
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import re
 import time
@@ -31,14 +30,11 @@ from handler.protocol import (
     header_value,
     route_content_type,
 )
-from handler.queue_age import QueueAge
 from handler.settings import HandlerSettings
-from handler.thread_share import ThreadShare, open_thread_share
 
 logger = logging.getLogger(__name__)
 
 MODEL_SUBDIR = "model"
-THREAD_SHARE_SUBDIR = ".thread-share"
 SANE_REQUEST_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}")
 
 
@@ -91,18 +87,8 @@ class BertHandler(BaseHandler):  # type: ignore[misc]
         gpu_id = properties.get("gpu_id")
         gpu_id = int(gpu_id) if gpu_id is not None and int(gpu_id) >= 0 else None
         self.loaded: LoadedModel = load_model(model_dir, self.settings, gpu_id)
-        self.thread_share: ThreadShare | None = None
-        if self.settings.share_idle_threads and self.settings.torch_threads >= 1:
-            if self.loaded.device.type == "cpu":
-                self.thread_share = open_thread_share(
-                    archive_dir / THREAD_SHARE_SUBDIR,
-                    self.settings.torch_threads,
-                    self.settings.borrow_from_ms,
-                )
         self.metrics = MetricsEmitter(context.metrics, context.model_name)
         self.pace = Pace()
-        self.queue_age = QueueAge()
-        self.batch_size = int(properties.get("batch_size") or 1)
         self.initialized = True
 
     def classify(self, texts: Sequence[TextInput]) -> tuple[list[Prediction], BatchStats]:
@@ -111,29 +97,20 @@ class BertHandler(BaseHandler):  # type: ignore[misc]
             texts,
             self.settings.max_length,
             self.settings.max_batch_tokens,
-            self.thread_share,
         )
 
     def handle(self, data: Any, context: Any) -> list[str]:
         received = time.perf_counter()
         batch = list(data or [])
-        busy = self.thread_share.busy() if self.thread_share else contextlib.nullcontext()
         try:
-            with busy:
-                requests = incoming_requests(batch, context)
-                queue_age_s = self.queue_age.of_batch(
-                    [request.headers for request in requests], self.batch_size
-                )
-                responses, headers = answer_batch(
-                    requests,
-                    self.classify,
-                    self.settings,
-                    observe=self.metrics.emit,
-                    received=received,
-                    pace=self.pace,
-                    queue_age_s=queue_age_s,
-                    overloaded=queue_age_s is not None and self.queue_age.overloaded(),
-                )
+            responses, headers = answer_batch(
+                incoming_requests(batch, context),
+                self.classify,
+                self.settings,
+                observe=self.metrics.emit,
+                received=received,
+                pace=self.pace,
+            )
             for index, (response, timings) in enumerate(zip(responses, headers, strict=True)):
                 context.set_response_status(response.status, response.phrase, index)
                 context.set_response_content_type(index, JSON_MEDIA)

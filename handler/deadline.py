@@ -11,17 +11,14 @@ known exactly only from a stamp the request carries, set by its client or by a p
     grpc-timeout                    <digits><H|M|S|m|u|n>, e.g. 400m     the same, gRPC's spelling
     x-envoy-expected-rq-timeout-ms  milliseconds                         the same, Envoy's
 
-The deadline is start + the client's wait, or start + ``queue_budget_ms`` (the server's
-default budget, a handler setting) when the request says no wait: a client that says it waits
-longer (a bulk job whose queue is long by design) is not cut short. A start stamp from the
-future (clock skew) counts as now. Without a start stamp, the start is estimated from the
-frontend queue's recent wait (``handler.queue_age``) when the batch came from a backlog; with
-no backlog the request has no deadline, and a relative wait alone says nothing.
+The deadline is start + the client's wait. A request that states no wait is patient: the
+server cannot know a wait nobody stated, so it sets none. A relative wait without a start
+stamp says nothing either (the worker cannot see when the request arrived). A start stamp
+from the future (clock skew) counts as now.
 
-A request whose client said how long it waits is not worked on either when that wait ends
-before its batch can: ``Pace`` estimates how long the batch will take from the worker's recent
-batches. The server's budget bounds the time in the queue only, so that patient load is never
-refused for the time its own batch takes.
+A request with a deadline is not worked on when it passed before its batch began, nor when
+it falls before the batch can end: ``Pace`` estimates how long the batch will take from the
+worker's recent batches.
 """
 
 from __future__ import annotations
@@ -74,24 +71,12 @@ def client_wait(headers: Mapping[str, Any]) -> float | None:
     return None
 
 
-def deadline(
-    headers: Mapping[str, Any], queue_budget_s: float, now: float, queue_age_s: float | None = None
-) -> float | None:
-    """The unix time after which the request is not worked on; None when it cannot be known.
-
-    ``queue_budget_s`` is the wait of a request that states none; 0: no deadline for those.
-    ``queue_age_s`` is how long the frontend's queue held the batch (``handler.queue_age``),
-    the start of a request that carries no stamp; None: unknown.
-    """
+def deadline(headers: Mapping[str, Any], now: float) -> float | None:
+    """The unix time after which the request is not worked on: its start plus the wait its
+    client states; None when it states no wait or carries no start stamp."""
     start = start_time(headers)
-    if start is None:
-        if queue_age_s is None:
-            return None
-        start = now - queue_age_s
-    wait = client_wait(headers)
-    if wait is None:
-        wait = queue_budget_s or None
-    return None if wait is None else min(start, now) + wait
+    wait = None if start is None else client_wait(headers)
+    return None if start is None or wait is None else min(start, now) + wait
 
 
 PACE_WEIGHT = 0.2

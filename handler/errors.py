@@ -9,10 +9,9 @@
     invalid_option     400     "top_k" or "raw_scores" has a value the API does not accept
     payload_too_large  413     the text (or text_pair) has more characters than max_chars
     internal_error     500     the model failed on this batch; a bug or a resource problem
-    deadline_exceeded  504     the request's deadline (its client's wait, else the server's
-                               queue_budget_ms) passed before its batch began, or a stated
-                               wait would end before the batch can: it was not tokenized or
-                               forwarded (handler.deadline); answered with Retry-After
+    deadline_exceeded  504     the wait its client stated (from its start stamp) ended before
+                               its batch began, or would end before the batch can: it was not
+                               tokenized or forwarded (handler.deadline); with Retry-After
 
 Every error answers the same body shape, built by ``error_body``.
 """

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -19,7 +19,6 @@ import torch
 
 from handler.model import LoadedModel
 from handler.scoring import ScoreOptions, apply_score_function
-from handler.thread_share import ThreadShare
 
 TextInput = str | tuple[str, str]
 """One item to classify: a text, or a (text, text_pair) pair tokenized as one input."""
@@ -55,7 +54,7 @@ class BatchStats:
     tokenize_ms: float = 0.0
     forward_ms: float = 0.0
     threads: int = 0
-    """The most torch threads one of its forward passes ran with (borrowed ones included)."""
+    """The torch threads its forward passes ran with."""
     forward_started: list[float] = field(default_factory=list)
     """Each sub-batch's forward start, ``time.perf_counter()`` seconds."""
     sub_batch_forward_ms: list[float] = field(default_factory=list)
@@ -211,34 +210,17 @@ def model_inputs(
     return input_ids, attention_mask, token_type_ids
 
 
-@contextlib.contextmanager
-def forward_threads(share: ThreadShare | None, tokens: int) -> Iterator[int]:
-    """Around one forward pass of ``tokens`` padded tokens: torch runs with this worker's
-    threads plus any that idle sibling workers lend when the pass is long enough to gain from
-    them (``handler.thread_share``), and the pass is timed for that estimate; without a share,
-    torch's setting."""
-    if share is None:
-        yield torch.get_num_threads()
-        return
-    with share.borrowed(tokens) as threads:
-        if threads != torch.get_num_threads():
-            torch.set_num_threads(threads)
-        started = time.perf_counter()
-        yield threads
-        share.record_pass(tokens, (time.perf_counter() - started) * 1000, threads)
-
-
 def classify(
     loaded: LoadedModel,
     texts: Sequence[TextInput],
     max_length: int,
     max_batch_tokens: int,
-    thread_share: ThreadShare | None = None,
 ) -> tuple[list[Prediction], BatchStats]:
     """Predictions in the order of ``texts``; may raise if the model fails."""
     stats = BatchStats(texts=len(texts))
     if not texts:
         return [], stats
+    stats.threads = torch.get_num_threads()
     started = time.perf_counter()
     tokenized = tokenize(loaded.tokenizer, texts, max_length)
     stats.tokenize_ms = (time.perf_counter() - started) * 1000
@@ -251,13 +233,11 @@ def classify(
         input_ids, attention_mask, token_type_ids = model_inputs(
             loaded, [tokenized[i] for i in group]
         )
-        with forward_threads(thread_share, input_ids.numel()) as threads:
-            forward_started = time.perf_counter()
-            group_logits = forward(loaded, input_ids, attention_mask, token_type_ids)
-            stats.sub_batch_forward_ms.append((time.perf_counter() - forward_started) * 1000)
+        forward_started = time.perf_counter()
+        group_logits = forward(loaded, input_ids, attention_mask, token_type_ids)
+        stats.sub_batch_forward_ms.append((time.perf_counter() - forward_started) * 1000)
         stats.forward_started.append(forward_started)
         stats.sub_batch_padded_tokens.append(input_ids.numel())
-        stats.threads = max(stats.threads, threads)
         group_scores = apply_score_function(loaded.score_function, group_logits)
         for index, raw, scored in zip(
             group, group_logits.tolist(), group_scores.tolist(), strict=True

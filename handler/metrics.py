@@ -1,4 +1,4 @@
-"""Per-batch serving metrics, declared in TorchServe's metrics cache and written in one block.
+"""Per-batch serving metrics, declared in TorchServe's metrics file, updated through its API.
 
 Every name here must be declared under ``model_metrics`` in ``config/metrics.yaml`` with the
 same dimensions in the same order, or TorchServe drops it. A server started with another
@@ -16,7 +16,8 @@ are sums, so an operator derives rates and means in Prometheus, e.g. mean formed
     ItemsAccepted     ModelName, Level           texts classified (each text of a list counts)
     ItemsRejected     Reason, ModelName, Level   requests or texts rejected, by error code;
                                                  Reason=deadline_exceeded counts the requests
-                                                 whose deadline passed before their batch began
+                                                 whose stated deadline passed before their
+                                                 batch began or would pass before it ends
                                                  (none of their texts was forwarded)
     ItemsTruncated    ModelName, Level           texts cut at max_length
     RealTokens        ModelName, Level           tokens of the texts
@@ -40,17 +41,14 @@ gets its answer when the batch ends, so HandlerSeconds counts batches, not reque
     BatchSizeHundreds     ModelName, Level    requests in the batch / 100
     BatchTokensThousands  ModelName, Level    tokens its forward passes computed (padded) / 1000
 
-A batch's metric lines leave in one log record (one write to the worker's stdout), in the
-line format of TorchServe's own ``CachingMetric``, which the frontend parses. Through its
-``add_or_update``, one record and one write per update, a batch's 14 or so lines took 140 µs
-of the worker's time in-process; as one record, 34 µs (docs/bench/README.md, "The floor").
+Each update goes through TorchServe's metrics API: the declared metric from
+``context.metrics.get_metric`` and its ``add_or_update(value, dimension_values)``, which writes
+the line the frontend reads.
 """
 
 from __future__ import annotations
 
 import logging
-import socket
-import time
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -60,8 +58,6 @@ from handler.pipeline import ListOutcome, Outcome
 from handler.protocol import ItemOutcome, Rejected
 
 logger = logging.getLogger(__name__)
-metric_lines = logging.getLogger("ts.metrics.caching_metric")
-"""The logger TorchServe writes its own metric lines with, so a logging setup treats ours alike."""
 
 LEVEL = "Model"
 DIMENSIONS = ["ModelName", "Level"]
@@ -148,12 +144,11 @@ def declared_metrics(cache: Any) -> tuple[dict[str, Any], list[str]]:
 
 
 class MetricsEmitter:
-    """Writes one batch's metric lines: only the metrics TorchServe's cache declares, checked
-    once here; a metrics failure never fails a batch."""
+    """Updates one batch's metrics: only those TorchServe's cache declares, checked once
+    here; a metrics failure never fails a batch."""
 
     def __init__(self, cache: Any, model_name: str) -> None:
         self.model_name = model_name
-        self.hostname = socket.gethostname()
         self.counters: dict[str, Any] = {}
         self.histograms: dict[str, Any] = {}
         missing = [*COUNTER_DIMENSIONS, *HISTOGRAMS]
@@ -174,18 +169,17 @@ class MetricsEmitter:
             )
 
     def emit(self, outcomes: Sequence[Outcome], stats: BatchStats) -> None:
-        if not self.counters and not self.histograms:
-            return
         try:
-            lines = self.lines(outcomes, stats, int(time.time()))
-            if lines:
-                metric_lines.info("\n".join(lines))
+            for metric, value, dimension_values in self.updates(outcomes, stats):
+                metric.add_or_update(value, dimension_values)
         except Exception:
             logger.warning("could not emit batch metrics; this is a bug", exc_info=True)
 
-    def lines(self, outcomes: Sequence[Outcome], stats: BatchStats, timestamp: int) -> list[str]:
-        """The batch's metric lines: each declared counter's increment, each rejection
-        reason's count, each histogram observation."""
+    def updates(
+        self, outcomes: Sequence[Outcome], stats: BatchStats
+    ) -> list[tuple[Any, float, list[str]]]:
+        """The batch's updates, (declared metric, value, dimension values): each counter's
+        increment, each rejection reason's count, each histogram observation."""
         dimensions = [self.model_name, LEVEL]
         updates: list[tuple[Any, float, list[str]]] = []
         for name, value in batch_metrics(outcomes, stats).items():
@@ -197,22 +191,4 @@ class MetricsEmitter:
         for name, values in batch_observations(outcomes, stats).items():
             if name in self.histograms:
                 updates += [(self.histograms[name], value, dimensions) for value in values]
-        return [
-            metric_line(metric, value, dimension_values, self.hostname, timestamp)
-            for metric, value, dimension_values in updates
-        ]
-
-
-def metric_line(
-    metric: Any, value: float, dimension_values: Sequence[str], hostname: str, timestamp: int
-) -> str:
-    """One update of a declared metric as TorchServe 0.12's ``CachingMetric`` writes it:
-    ``[METRICS]Name.Unit:value|#Dim:value,...|#type:TYPE|#hostname:host,timestamp``."""
-    dimensions = ",".join(
-        f"{name}:{dimension}"
-        for name, dimension in zip(metric.dimension_names, dimension_values, strict=True)
-    )
-    return (
-        f"[METRICS]{metric.metric_name}.{metric.unit}:{value}|#{dimensions}"
-        f"|#type:{metric.metric_type.name}|#hostname:{hostname},{timestamp}"
-    )
+        return updates

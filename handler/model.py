@@ -4,7 +4,6 @@ servable: weights from safetensors only, a fast tokenizer, the attention the mod
 from __future__ import annotations
 
 import logging
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,8 +76,8 @@ def load_model(model_dir: Path, settings: HandlerSettings, gpu_id: int | None) -
         raise ModelRefused(model_dir, inspection.problems)
     tokenizer, attention = inspection.tokenizer, inspection.attention
     logger.info("attention %s: %s", attention.implementation, attention.reason)
-    model = load_classifier(model_dir, settings, device, precision.weights, attention)
-    if precision == Plan(torch.float32, None) and not settings.quantize_int8:
+    model = load_classifier(model_dir, device, precision.weights, attention)
+    if precision == Plan(torch.float32, None):
         moved = padding_difference(model, tokenizer, device)
         if moved > PADDING_TOLERANCE:
             raise ModelRefused(
@@ -122,7 +121,6 @@ def load_model(model_dir: Path, settings: HandlerSettings, gpu_id: int | None) -
 
 def load_classifier(
     model_dir: Path,
-    settings: HandlerSettings,
     device: torch.device,
     weights: torch.dtype,
     attention: Attention,
@@ -134,16 +132,4 @@ def load_classifier(
         use_safetensors=True,
         attn_implementation=attention.implementation,
     )
-    model.to(device=device, dtype=weights).eval()
-    if settings.quantize_int8 and device.type == "cpu":
-        model = quantize_linear_int8(model)
-    return model
-
-
-def quantize_linear_int8(model: Any) -> Any:
-    """CPU dynamic int8 quantization of the Linear layers (weights int8, activations float)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from torch.ao.quantization import quantize_dynamic
-
-        return quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)  # type: ignore[no-untyped-call]
+    return model.to(device=device, dtype=weights).eval()

@@ -1,6 +1,6 @@
 """The batch as a whole: decode each request, classify every valid text together, answer each.
 
-``run_batch`` is what the TorchServe handler calls; it never raises. Each request gets
+``answer_batch`` is what the TorchServe handler calls; it never raises. Each request gets
 exactly one ``Response``, at its own index, whatever its batch-mates sent. The wire protocols
 (``handler.protocol``) decode and render; this module only flattens their texts, classifies
 them and puts each outcome back at its place.
@@ -81,22 +81,14 @@ def decode(request: IncomingRequest, settings: HandlerSettings) -> Decoded:
 def expire(
     requests: Sequence[IncomingRequest],
     decoded: Sequence[Decoded],
-    settings: HandlerSettings,
     now: float,
     pace: deadline.Pace | None = None,
-    queue_age_s: float | None = None,
-    overloaded: bool = False,
 ) -> list[Decoded]:
-    """The decoded requests, each replaced by its ``deadline_exceeded`` refusal when its
-    deadline passed before the batch began, or (for a client that said how long it waits)
-    falls before the batch is expected to end (``pace``, from the texts still to be worked
-    on): none of its texts is then tokenized or forwarded. While the server is ``overloaded``
-    (``handler.queue_age``) the batch is first cut to what ends within half of each kept
-    request's wait, whether stated or the budget (``_fit_to_overload``), which holds every
-    request with a deadline to it end to end. ``queue_age_s`` dates the requests that carry no
-    start stamp (``handler.queue_age``)."""
-    budget_s = settings.queue_budget_ms / 1e3
-    dues = [deadline.deadline(r.headers, budget_s, now, queue_age_s) for r in requests]
+    """The decoded requests, each replaced by its ``deadline_exceeded`` refusal when the
+    deadline its client stated (``handler.deadline``) passed before the batch began or, with
+    a ``pace``, falls before the batch is expected to end (from the texts still to be worked
+    on): none of its texts is then tokenized or forwarded. Each deadline is read once."""
+    dues = [deadline.deadline(request.headers, now) for request in requests]
     live = [
         _expired(d, f"passed {now - due:.3f} s before its batch began")
         if due is not None and due < now
@@ -105,22 +97,14 @@ def expire(
     ]
     if pace is None:
         return live
-    if overloaded:
-        live = _fit_to_overload(requests, live, dues, budget_s, now, pace)
-    ends = now + pace.expected_s(len(valid_slots([d.request for d in live])))
+    texts = [_valid_count(d.request) for d in live]
+    ends = now + pace.expected_s(sum(texts))
     late = {
         index
-        for index, (d, due, r) in enumerate(zip(live, dues, requests, strict=True))
-        if due is not None
-        and due < ends
-        and not isinstance(d.request, Rejected)
-        and deadline.client_wait(r.headers) is not None
+        for index, (d, due) in enumerate(zip(live, dues, strict=True))
+        if due is not None and due < ends and not isinstance(d.request, Rejected)
     }
-    if (
-        late
-        and pace.is_stale(now)
-        and not any(index not in late and _has_texts(d.request) for index, d in enumerate(live))
-    ):
+    if late and pace.is_stale(now) and not any(n for i, n in enumerate(texts) if i not in late):
         # A batch that works on nothing times nothing: a pace inflated by one slow batch (the
         # first, cold one) would never come down. Once it is stale, the latest deadline is
         # worked on; more often would spend a forward pass on every refused batch of a spike.
@@ -133,55 +117,10 @@ def expire(
     ]
 
 
-OVERLOAD_TARGET_SHARE = 0.5
-"""While overloaded, a request is planned to be answered within this share of its wait (its
-client's stated wait, else ``queue_budget_ms``) after it arrived. The answer still has to cross
-the frontend to a client on a loaded machine, and the budget may be longer than an unstated
-client waits (a spike's clients gave up after 0.4 s against the 0.5 s default). On a CPU a
-smaller batch costs little more per text, so a batch cut short loses little throughput. Chosen
-by measurement (0.5 against 0.6, 0.7 and none: docs/deadlines.md)."""
-
-
-def _fit_to_overload(
-    requests: Sequence[IncomingRequest],
-    live: list[Decoded],
-    dues: Sequence[float | None],
-    budget_s: float,
-    now: float,
-    pace: deadline.Pace,
-) -> list[Decoded]:
-    """While overloaded, the batch is cut to what can end in time: first come, first kept,
-    each request with a deadline kept while the batch with it (``pace``) ends within
-    ``OVERLOAD_TARGET_SHARE`` of its wait after the arrival of every request kept so far; the
-    rest are refused unworked. A pace not timed for a while keeps the first, as ``expire``
-    does, when nothing else would be worked on."""
-    texts = [len(valid_slots([d.request])) for d in live]
-    waits = [deadline.client_wait(request.headers) for request in requests]
-    candidates = [index for index, due in enumerate(dues) if due is not None and texts[index]]
-    batch_texts = sum(texts) - sum(texts[index] for index in candidates)
-    ends_by = float("inf")
-    refused: list[int] = []
-    for index in candidates:
-        stated = waits[index]
-        wait = budget_s if stated is None else stated
-        arrived = (dues[index] or 0.0) - wait
-        by = min(ends_by, arrived + OVERLOAD_TARGET_SHARE * wait)
-        if now + pace.expected_s(batch_texts + texts[index]) <= by:
-            batch_texts += texts[index]
-            ends_by = by
-        else:
-            refused.append(index)
-    if refused and batch_texts == 0 and pace.is_stale(now):
-        refused.pop(0)
-    held_to = (
-        "would pass before its batch could end (the server is overloaded: a request is held to"
-        f" {OVERLOAD_TARGET_SHARE:.0%} of its wait, {budget_s * 1000:.0f} ms when it states none)"
-    )
-    return [_expired(d, held_to) if index in refused else d for index, d in enumerate(live)]
-
-
-def _has_texts(request: Texts | Rejected) -> bool:
-    return bool(valid_slots([request]))
+def _valid_count(request: Texts | Rejected) -> int:
+    if isinstance(request, Rejected):
+        return 0
+    return sum(isinstance(item, ValidText) for item in request.items)
 
 
 def _expired(decoded: Decoded, when: str) -> Decoded:
@@ -233,9 +172,9 @@ def _answered(valid: ValidText, result: ItemOutcome | None) -> ItemOutcome:
 
 def classify_valid(
     requests: Sequence[Texts | Rejected], classifier: Classifier
-) -> tuple[list[Outcome], BatchStats]:
+) -> tuple[list[Outcome], BatchStats, list[int]]:
     """Run every valid text of the batch (of every request and protocol) in one call and put
-    each result back at its own place."""
+    each result back at its own place; also the request index of each text run."""
     slots = valid_slots(requests)
     texts = [text for _, text in slots]
     results: dict[Slot, ItemOutcome] = {}
@@ -257,7 +196,8 @@ def classify_valid(
             )
             results = {slot: failure for slot, _ in slots}
             stats = BatchStats(texts=len(texts))
-    return [assemble(index, request, results) for index, request in enumerate(requests)], stats
+    outcomes = [assemble(index, request, results) for index, request in enumerate(requests)]
+    return outcomes, stats, [index for (index, _), _ in slots]
 
 
 def respond(protocol: WireProtocol[Any], outcome: Outcome, request_id: str) -> Response:
@@ -279,28 +219,9 @@ def run_batch(
     observe: BatchObserver | None = None,
     now: float | None = None,
     pace: deadline.Pace | None = None,
-    queue_age_s: float | None = None,
-    overloaded: bool = False,
 ) -> list[Response]:
-    """One response per request, in order; an unexpected failure answers 500 to this batch only.
-
-    ``observe`` sees every batch's outcomes and stats (the metrics); it must not raise.
-    ``now`` is when the batch began (unix time; the clock by default), for the deadlines;
-    ``pace``, the worker's recent batch times, for the deadlines that would pass during it;
-    ``queue_age_s``, the frontend queue's wait, for the requests without a start stamp;
-    ``overloaded``, whether the frontend is refusing for a full queue (``expire``).
-    """
-    answered = answer_batch(
-        requests,
-        classifier,
-        settings,
-        observe,
-        now=now,
-        pace=pace,
-        queue_age_s=queue_age_s,
-        overloaded=overloaded,
-    )
-    return answered[0]
+    """``answer_batch`` without the timing headers."""
+    return answer_batch(requests, classifier, settings, observe, now=now, pace=pace)[0]
 
 
 def answer_batch(
@@ -311,20 +232,22 @@ def answer_batch(
     received: float | None = None,
     now: float | None = None,
     pace: deadline.Pace | None = None,
-    queue_age_s: float | None = None,
-    overloaded: bool = False,
 ) -> tuple[list[Response], list[Headers]]:
-    """``run_batch``, plus each request's timing headers (``handler.timings``), counted from
-    ``received`` (the handler's ``time.perf_counter()`` when TorchServe handed it the batch).
-    With ``pace``, a request that cannot end before its deadline is refused too, and the
-    batch's time is recorded in it; ``queue_age_s`` and ``overloaded``, see ``expire``."""
+    """One response per request, in order, and each request's timing headers
+    (``handler.timings``); an unexpected failure answers 500 to this batch only.
+
+    ``observe`` sees every batch's outcomes and stats (the metrics); it must not raise.
+    ``received`` is the handler's ``time.perf_counter()`` when TorchServe handed it the batch;
+    ``now`` when the batch began (unix time; the clock by default), for the deadlines;
+    ``pace``, the worker's recent batch times, for the deadlines that would pass during it
+    (``expire``); the batch's time is recorded in it.
+    """
     received = time.perf_counter() if received is None else received
     began = time.time() if now is None else now
     try:
         decoded = [decode(request, settings) for request in requests]
-        decoded = expire(requests, decoded, settings, began, pace, queue_age_s, overloaded)
-        outcomes, stats = classify_valid([d.request for d in decoded], classifier)
-        owners = [index for (index, _), _ in valid_slots([d.request for d in decoded])]
+        decoded = expire(requests, decoded, began, pace)
+        outcomes, stats, owners = classify_valid([d.request for d in decoded], classifier)
     except Exception:
         logger.exception("batch of %d failed unexpectedly; this is a bug", len(requests))
         failure = Rejected(ErrorCode.INTERNAL_ERROR, "the batch failed (server bug)")
@@ -333,7 +256,7 @@ def answer_batch(
     stats.handler_ms = (time.perf_counter() - received) * 1000
     if pace is not None:
         pace.record(len(owners), stats.handler_ms / 1000, at=began)
-    _log_batch(requests, outcomes, stats, queue_age_s, overloaded)
+    _log_batch(requests, outcomes, stats)
     if observe is not None:
         observe(outcomes, stats)
     responses = [
@@ -357,15 +280,9 @@ def _is_expired(outcome: Outcome) -> bool:
 
 
 def _log_batch(
-    requests: Sequence[IncomingRequest],
-    outcomes: Sequence[Outcome],
-    stats: BatchStats,
-    queue_age_s: float | None,
-    overloaded: bool = False,
+    requests: Sequence[IncomingRequest], outcomes: Sequence[Outcome], stats: BatchStats
 ) -> None:
-    """One line per batch; ``queue_age_ms`` is the frontend queue time the batch was dated
-    by (``handler.queue_age``), ``-`` when it was not read; ``overloaded=1`` while the
-    frontend refuses for a full queue."""
+    """One line per batch (read back by ``harness.batchlog``)."""
     rejected = [
         (r.request_id, o.code.value)
         for r, o in zip(requests, outcomes, strict=True)
@@ -374,7 +291,7 @@ def _log_batch(
     expired = sum(map(_is_expired, outcomes))
     logger.info(
         "batch_size=%d valid=%d rejected=%d sub_batches=%s real_tokens=%d padded_tokens=%d "
-        "tokenize_ms=%.1f forward_ms=%.1f threads=%d expired=%d queue_age_ms=%s overloaded=%d",
+        "tokenize_ms=%.1f forward_ms=%.1f threads=%d expired=%d",
         len(requests),
         len(requests) - len(rejected),
         len(rejected),
@@ -385,8 +302,6 @@ def _log_batch(
         stats.forward_ms,
         stats.threads,
         expired,
-        "-" if queue_age_s is None else f"{queue_age_s * 1000:.0f}",
-        overloaded,
     )
     for request_id, code in rejected:
         logger.info("request %s rejected: %s", request_id, code)

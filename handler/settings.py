@@ -12,16 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from handler.thread_share import DEFAULT_BORROW_FROM_MS
-
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 SCORE_FUNCTION_CHOICES = ("auto", "softmax", "sigmoid", "none")
 ATTENTION_CHOICES = ("auto", "sdpa", "eager")
 PRECISION_CHOICES = ("fp32", "bf16", "fp16")
-# responseTimeout (config/model-config.yaml) in ms: a budget past it would never be reached.
-MAX_QUEUE_BUDGET_MS = 60_000
-# responseTimeout too: a pass that long on its own threads could never be answered in time.
-MAX_BORROW_FROM_MS = 60_000.0
 CHOICES = {
     "device": DEVICE_CHOICES,
     "attention": ATTENTION_CHOICES,
@@ -46,13 +40,6 @@ class HandlerSettings:
     """``auto`` takes the GPU TorchServe assigned when there is one, else the CPU."""
     torch_threads: int = 0
     """Intra-op threads per worker; 0 keeps torch's default."""
-    share_idle_threads: bool = True
-    """CPU with ``torch_threads`` set: a forward pass also runs on the threads of this
-    model's workers that are idle (``handler.thread_share``); false keeps each to its own."""
-    borrow_from_ms: float = DEFAULT_BORROW_FROM_MS
-    """With ``share_idle_threads``: borrow only for a forward pass expected to take at least
-    this long on the worker's own threads (estimated from its recent passes); a shorter pass
-    loses more to waking the lent threads than it gains. 0: borrow for every pass."""
     labels: tuple[str, ...] = ()
     """Label names by class index; empty means ``id2label`` of the model config."""
     attention: str = "auto"
@@ -64,19 +51,11 @@ class HandlerSettings:
     (CUDA); one the hardware cannot run fails at worker start (``handler.precision``)."""
     pin_memory: bool = True
     """CUDA only: pin host tensors so the copy to the GPU is asynchronous."""
-    quantize_int8: bool = False
-    """CPU only: dynamic int8 quantization of the Linear layers (see README for its cost)."""
     score_function: str = "auto"
     """``auto`` follows the model config like transformers' pipeline; ``softmax``,
     ``sigmoid`` or ``none`` pick the function for a model whose config has no problem_type."""
     multi_label_threshold: float = 0.5
     """Multi-label models: a label is given (in ``labels``) when its score is at least this."""
-    queue_budget_ms: int = 500
-    """The longest a request that states no wait of its own (``X-Request-Timeout``) may wait
-    before its batch begins, counted from its ``X-Request-Start`` or, without one, from the
-    start estimated from the frontend's queue time (``handler.queue_age``); one that waited
-    longer answers 504 ``deadline_exceeded`` unworked (``handler.deadline``). 0: no deadline
-    for those. At most ``MAX_QUEUE_BUDGET_MS``."""
 
     def __post_init__(self) -> None:
         _require(self.max_length >= 8, f"max_length must be at least 8, got {self.max_length}")
@@ -93,24 +72,10 @@ class HandlerSettings:
         for name, choices in CHOICES.items():
             value = getattr(self, name)
             _require(value in choices, f"{name} must be one of {choices}, got {value!r}")
-        _require(
-            not (self.quantize_int8 and self.precision != "fp32"),
-            f"quantize_int8 runs fp32 activations; it cannot be combined with "
-            f"precision {self.precision!r}",
-        )
         _require(self.torch_threads >= 0, f"torch_threads must be >= 0, got {self.torch_threads}")
-        _require(
-            0.0 <= self.borrow_from_ms <= MAX_BORROW_FROM_MS,
-            f"borrow_from_ms must be between 0 and {MAX_BORROW_FROM_MS}, got {self.borrow_from_ms}",
-        )
         _require(
             len(set(self.labels)) == len(self.labels),
             f"labels must be unique, got {list(self.labels)}",
-        )
-        _require(
-            0 <= self.queue_budget_ms <= MAX_QUEUE_BUDGET_MS,
-            f"queue_budget_ms must be between 0 and {MAX_QUEUE_BUDGET_MS}, "
-            f"got {self.queue_budget_ms}",
         )
         _require(
             0.0 <= self.multi_label_threshold <= 1.0,

@@ -1,6 +1,6 @@
 """The handler's per-batch log lines (``batch_size=... valid=... sub_batches=[...] ...``),
 read over the window of a measurement: which batches formed, how much padding they carried,
-and how long their forward passes took, what they expired and how old they were dated."""
+and how long their forward passes took, and what they expired."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ BATCH_LINE = re.compile(
 )
 TIMES_LINE = re.compile(
     r"sub_batches=\[([^\]]*)\] .*? forward_ms=([\d.]+) threads=\d+ expired=(\d+)"
-    r"(?: queue_age_ms=(\d+|-))?"
 )
 SMALL_BATCH_TEXTS = 4
 """Batches of at most this many texts worked on, against full ones (``FULL_BATCH_TEXTS``):
@@ -46,17 +45,15 @@ def batch_summary(log_text: str) -> dict[str, Any]:
 
 
 def batch_times(log_text: str) -> dict[str, Any]:
-    """From the handler's batch lines: how many, the requests it expired, the forward time of
-    the batches that forwarded texts, and the frontend queue time the batches were dated by
-    (``undated``: none was read). Under a spike the load generator shares the CPU, so the
+    """From the handler's batch lines: how many, the requests it expired, and the forward time
+    of the batches that forwarded texts. Under a spike the load generator shares the CPU, so the
     forward time shows what is left for the model. The forward time per text, of small and
     of full batches, shows whether a batch's time is mostly fixed or mostly per text (what
     ``handler.deadline.Pace`` assumes)."""
     forwards: list[float] = []
-    ages: list[float] = []
     per_text: dict[str, list[float]] = {"small": [], "full": []}
     batches = expired = texts = 0
-    for sub_batches, forward_ms, expired_count, age in TIMES_LINE.findall(log_text):
+    for sub_batches, forward_ms, expired_count in TIMES_LINE.findall(log_text):
         batches += 1
         expired += int(expired_count)
         worked = sum(int(part) for part in sub_batches.split(",") if part.strip())
@@ -67,8 +64,6 @@ def batch_times(log_text: str) -> dict[str, Any]:
                 per_text["small"].append(float(forward_ms) / worked)
             elif worked >= FULL_BATCH_TEXTS:
                 per_text["full"].append(float(forward_ms) / worked)
-        if age.isdigit():
-            ages.append(float(age))
     return {
         "batches": batches,
         "expired": expired,
@@ -79,9 +74,6 @@ def batch_times(log_text: str) -> dict[str, Any]:
             kind: {"batches": len(values), "p50": round(percentile(values, 50), 1)}
             for kind, values in per_text.items()
         },
-        "queue_age_ms_p50": percentile(ages, 50),
-        "queue_age_ms_p90": percentile(ages, 90),
-        "undated": batches - len(ages),
     }
 
 

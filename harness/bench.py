@@ -4,7 +4,7 @@
   the default config has workers, at each batch size with length grouping, once before and
   once after the served runs (the better of the two per batch size);
 - ``execution_options``, ``budget_sweep``, ``precision``: in-process comparisons (attention
-  kernels, int8, bf16; max_batch_tokens; fp32 against bf16 through the handler's classify);
+  kernels, bf16; max_batch_tokens; fp32 against bf16 through the handler's classify);
 - ``scenarios``: every served mode measured in turn at each load (``served``), then the CPU
   split and the client's list requests on the default server.
 

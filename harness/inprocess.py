@@ -153,7 +153,7 @@ def budget_sweep(
 
 
 def execution_loaders(model_dir: Path) -> dict[str, Callable[[], LoadedModel]]:
-    """The options compared: attention kernels, int8, and where this CPU has native bf16 the
+    """The options compared: attention kernels, and where this CPU has native bf16 the
     two ways to run bf16: the handler's (weights cast to bf16) and autocast over fp32 weights
     (not a setting; measured to show why the handler casts)."""
 
@@ -168,7 +168,6 @@ def execution_loaders(model_dir: Path) -> dict[str, Callable[[], LoadedModel]]:
     options = {
         "sdpa": loader(one),
         "eager": loader(replace(one, attention="eager")),
-        "sdpa_int8": loader(replace(one, quantize_int8=True)),
     }
     if cpu_has_native_bf16():
         options["sdpa_bf16"] = loader(replace(one, precision="bf16"))
@@ -179,7 +178,7 @@ def execution_loaders(model_dir: Path) -> dict[str, Callable[[], LoadedModel]]:
 
 
 def execution_options(model_dir: Path, corpus: Sequence[str], seconds: float) -> dict[str, Any]:
-    """Attention kernel, CPU int8 quantization and bf16: speed at batch 16 on one thread (a
+    """Attention kernel and bf16: speed at batch 16 on one thread (a
     worker's), and what each costs in held-out accuracy and in scores against float32."""
     _, held_out = split(read_reviews(DATA_FILE), held_out=0.2, seed=13)
     texts, labels = [text for text, _ in held_out], [label for _, label in held_out]
@@ -205,10 +204,6 @@ def execution_options(model_dir: Path, corpus: Sequence[str], seconds: float) ->
             ),
         }
         print(f"  {name}: {out[name]}", file=sys.stderr)
-    out["int8_speedup"] = round(out["sdpa_int8"]["texts_per_s"] / out["sdpa"]["texts_per_s"], 2)
-    out["int8_accuracy_change_points"] = round(
-        100 * (out["sdpa_int8"]["held_out_accuracy"] - out["sdpa"]["held_out_accuracy"]), 1
-    )
     if "sdpa_bf16" in out:
         out["bf16_speedup"] = round(out["sdpa_bf16"]["texts_per_s"] / out["sdpa"]["texts_per_s"], 2)
         out["bf16_autocast_speedup"] = round(

@@ -246,8 +246,7 @@ def tune_snippet(best: dict[str, Any], loads: list[int]) -> str:
         f"# {best['name']}, at least {best['worst_ratio']:.2f}x the best config's requests/s at every load",
         "# Paste into config/config.properties (replacing the models= line).",
         f"models={models_entry(config['batch_size'], config['delay_ms'], config['workers'])}",
-        f"# and in config/model-config.yaml: handler.torch_threads: {config['threads']}, "
-        f"handler.share_idle_threads: {'true' if config.get('share', 1) else 'false'} "
+        f"# and in config/model-config.yaml: handler.torch_threads: {config['threads']} "
         "(then make package)",
     ]
     return "\n".join(lines) + "\n"

@@ -31,8 +31,6 @@ from typing import Any
 import psutil
 import requests
 
-from handler.queue_age import METRICS_URL_ENV
-from handler.thread_share import SPIN_ENV
 from harness import sizing
 from harness.config import (
     BASE_CONFIG,
@@ -251,13 +249,10 @@ class Server:
         return Memory(rss_mb(self.pid()), workers)
 
     def environment(self) -> dict[str, str]:
-        """The frontend's environment, which its workers inherit: the caller's, with lending's
-        OpenMP setting unless the caller set its own (``handler.thread_share.SPIN_ENV``), and
-        this server's ``env`` over both; and where the workers read the frontend's queue time
-        (``handler.queue_age``)."""
+        """The frontend's environment, which its workers inherit: the caller's, with this
+        server's ``env`` over it; its state folder decides where temporary files and logs go."""
         return (
-            SPIN_ENV
-            | dict(os.environ)
+            dict(os.environ)
             | dict(self.env)
             | {
                 "TMPDIR": str(self.tmp_dir),
@@ -265,16 +260,7 @@ class Server:
                 "LOG_LOCATION": str(self.state_dir / "logs"),
                 "METRICS_LOCATION": str(self.state_dir / "logs"),
             }
-            | self.frontend_metrics_env()
         )
-
-    def frontend_metrics_env(self) -> dict[str, str]:
-        """Where the workers read the frontend's queue time (``handler.queue_age``); nothing
-        when the config names no metrics address (the handler's default is TorchServe's)."""
-        address = self.properties.get("metrics_address")
-        if address is None:
-            return {}
-        return {METRICS_URL_ENV: address.replace("0.0.0.0", "127.0.0.1") + "/metrics"}
 
 
 def torchserve_command() -> str:

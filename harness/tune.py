@@ -15,13 +15,11 @@ from harness.config import models_entry
 from harness.measure import Loads, endpoint, frontend_cost, interleaved, servers
 from harness.reports import recommend_across_loads
 
-CANDIDATE = re.compile(r"b(\d+)d(\d+)w(\d+)t(\d+)(-own)?")
+CANDIDATE = re.compile(r"b(\d+)d(\d+)w(\d+)t(\d+)")
 DEFAULT_CANDIDATES = [
-    "b1d0w2t1-own",
     "b1d0w2t1",
     "b4d1w2t1",
     "b8d1w2t1",
-    "b16d1w2t1-own",
     "b16d1w2t1",
     "b16d2w2t1",
     "b32d2w2t1",
@@ -30,30 +28,20 @@ DEFAULT_CANDIDATES = [
 
 
 def parse_candidate(name: str) -> dict[str, int]:
-    """``b16d2w2t1``: batch size 16, maxBatchDelay 2 ms, 2 workers x 1 torch thread, idle
-    workers lending their threads; ``b16d2w2t1-own``: each worker keeps to its own thread."""
+    """``b16d2w2t1``: batch size 16, maxBatchDelay 2 ms, 2 workers x 1 torch thread."""
     match = CANDIDATE.fullmatch(name)
     if not match:
-        raise ValueError(f"{name!r} is not like b16d2w2t1 or b16d2w2t1-own")
-    batch_size, delay_ms, workers, threads = map(int, match.groups()[:4])
-    return {
-        "batch_size": batch_size,
-        "delay_ms": delay_ms,
-        "workers": workers,
-        "threads": threads,
-        "share": int(match.group(5) is None),
-    }
+        raise ValueError(f"{name!r} is not like b16d2w2t1")
+    batch_size, delay_ms, workers, threads = map(int, match.groups())
+    return {"batch_size": batch_size, "delay_ms": delay_ms, "workers": workers, "threads": threads}
 
 
 def candidate_name(config: dict[str, int]) -> str:
-    own = "" if config["share"] else "-own"
-    return (
-        f"b{config['batch_size']}d{config['delay_ms']}w{config['workers']}t{config['threads']}{own}"
-    )
+    return f"b{config['batch_size']}d{config['delay_ms']}w{config['workers']}t{config['threads']}"
 
 
 def store_name(config: dict[str, int]) -> str:
-    return f"threads{config['threads']}share{config['share']}"
+    return f"threads{config['threads']}"
 
 
 def sweep(configs: list[dict[str, int]], corpus: list[str], loads: Loads) -> list[dict[str, Any]]:
@@ -63,10 +51,7 @@ def sweep(configs: list[dict[str, int]], corpus: list[str], loads: Loads) -> lis
         for config in {store_name(config): config for config in configs}.values():
             package_variant(
                 Path(stores) / store_name(config),
-                handler_changes={
-                    "torch_threads": config["threads"],
-                    "share_idle_threads": bool(config["share"]),
-                },
+                handler_changes={"torch_threads": config["threads"]},
             )
         overrides = {
             candidate_name(config): {

@@ -7,11 +7,10 @@ on one machine.
         --model-dir ../main/build/bert-sentiment --export-path /tmp/before)
     python scripts/compare_mars.py --before /tmp/before --after model_store --out build/ab.json
 
-An environment setting (one .mar, two servers), e.g. libgomp's default spinning against the
-GOMP_SPINCOUNT=1000 the server tooling sets:
+An environment setting (one .mar, two servers), e.g. OpenMP's waiting threads:
 
     python scripts/compare_mars.py --before model_store --after model_store \
-        --before-env GOMP_SPINCOUNT=300000 --out build/gomp-ab.json
+        --after-env OMP_WAIT_POLICY=PASSIVE --out build/omp-ab.json
 
 A TorchServe setting (config.properties keys over config/config.properties), e.g. its Netty
 threads:

@@ -4,14 +4,15 @@ One server with the default config; closed-loop levels one after another, as an 
 generator would send them: patient clients first, then 2x and 4x overload whose clients each
 give up after their deadline and send again 50 ms after a failure (the last level at once).
 Each level runs in three forms (``SPIKE_FORMS``): plain (what an outside generator sends: no
-deadline; the handler holds a request only to the server's queue budget, dated by the
-frontend's queue time), timeout (``X-Request-Timeout`` alone, as gRPC and Envoy clients send
-their wait) and stamped (``X-Request-Start`` as well, as ``bert_serve.Client`` sends). Then,
+deadline, so the handler works on every request it is given), timeout (``X-Request-Timeout``
+alone, as gRPC and Envoy clients send their wait; without a start stamp the handler cannot
+date it, so it is patient too) and stamped (``X-Request-Start`` as well, as
+``bert_serve.Client`` sends). Then,
 that server stopped, LitServe out of the box (``harness.peer``) takes the plain levels,
 restarted for each (its unbounded queue takes minutes to drain). Reported per level: goodput
 (200s within the deadline per second), the other answers by status with their p50/p99,
-client timeouts, the requests the handler expired and its batches' forward time and queue
-age (its batch log: ``handler_batches``); then a lone client's p50 before and after the
+client timeouts, the requests the handler expired and its batches' forward time (its batch
+log: ``handler_batches``); then a lone client's p50 before and after the
 spike, and ``spike.png``.
 
 The verdict checks only what must hold at any load: every request was answered or reached its

@@ -70,26 +70,25 @@ def test_no_or_malformed_wait_is_none(headers: dict[str, str]) -> None:
     assert client_wait(headers) is None
 
 
-def test_the_deadline_is_the_start_plus_the_clients_wait_else_the_budget() -> None:
-    """The wait a client states wins both ways; the budget is the default for those without."""
+def test_the_deadline_is_the_start_plus_the_clients_wait() -> None:
+    """A stated wait, short or long, is the deadline; a request that states none is patient."""
     start = {"X-Request-Start": f"t={NOW - 1}"}
-    assert deadline({**start, "X-Request-Timeout": "0.4"}, 0.5, NOW) == pytest.approx(NOW - 0.6)
-    assert deadline({**start, "X-Request-Timeout": "30"}, 0.5, NOW) == pytest.approx(NOW + 29)
-    assert deadline(start, 0.5, NOW) == pytest.approx(NOW - 0.5)
-    assert deadline({**start, "X-Request-Timeout": "30"}, 0, NOW) == pytest.approx(NOW + 29)
-    assert deadline(start, 0, NOW) is None
+    assert deadline({**start, "X-Request-Timeout": "0.4"}, NOW) == pytest.approx(NOW - 0.6)
+    assert deadline({**start, "X-Request-Timeout": "30"}, NOW) == pytest.approx(NOW + 29)
+    assert deadline({**start, "grpc-timeout": "400m"}, NOW) == pytest.approx(NOW - 0.6)
+    assert deadline(start, NOW) is None
 
 
 def test_without_a_start_stamp_there_is_no_deadline() -> None:
     """The worker cannot see when a request arrived: a relative wait alone decides nothing."""
-    assert deadline({"X-Request-Timeout": "0.001"}, 0.5, NOW) is None
-    assert deadline({}, 0.5, NOW) is None
+    assert deadline({"X-Request-Timeout": "0.001"}, NOW) is None
+    assert deadline({}, NOW) is None
 
 
 def test_a_start_stamp_from_the_future_counts_as_now() -> None:
     """A client clock ahead of the server's must not stretch its request's deadline."""
     ahead = {"X-Request-Start": f"t={NOW + 100}", "X-Request-Timeout": "0.4"}
-    assert deadline(ahead, 0.5, NOW) == pytest.approx(NOW + 0.4)
+    assert deadline(ahead, NOW) == pytest.approx(NOW + 0.4)
 
 
 def request(text: str, request_id: str, **headers: str) -> IncomingRequest:
@@ -100,7 +99,9 @@ def request(text: str, request_id: str, **headers: str) -> IncomingRequest:
 def test_an_expired_request_is_not_forwarded_and_its_batch_mate_is_answered_as_alone() -> None:
     """The expired text never reaches the classifier; the fresh one's answer equals alone."""
     settings = HandlerSettings()
-    expired = request("a stale text", "late", **{"X-Request-Start": f"t={NOW - 2}"})
+    expired = request(
+        "a stale text", "late", **{"X-Request-Start": f"t={NOW - 2}", "X-Request-Timeout": "1"}
+    )
     fresh = request(
         "a fresh text", "fresh", **{"X-Request-Start": f"t={NOW - 0.1}", "X-Request-Timeout": "1"}
     )
@@ -120,8 +121,8 @@ def test_an_expired_request_is_not_forwarded_and_its_batch_mate_is_answered_as_a
     assert plain.status == 200
 
 
-def test_the_clients_shorter_wait_expires_a_request_within_the_server_budget() -> None:
-    """0.3 s waited of a stated 0.2 s: expired, though the default budget (0.5 s) is not spent."""
+def test_a_stated_wait_that_ended_in_the_queue_expires_the_request() -> None:
+    """0.3 s waited of a stated 0.2 s: expired, not forwarded."""
     client_says = {"X-Request-Start": f"t={NOW - 0.3}", "X-Request-Timeout": "0.2"}
     classifier = FakeClassifier()
     (response,) = run_batch(
@@ -132,7 +133,7 @@ def test_the_clients_shorter_wait_expires_a_request_within_the_server_budget() -
 
 
 def test_a_list_request_expires_whole_and_an_open_inference_one_in_its_own_shape() -> None:
-    stamp = {"X-Request-Start": f"t={NOW - 5}"}
+    stamp = {"X-Request-Start": f"t={NOW - 5}", "X-Request-Timeout": "1"}
     texts = IncomingRequest(
         {"body": json.dumps({"texts": ["a", "b"]}).encode()},
         "application/json",
@@ -154,14 +155,16 @@ def test_a_list_request_expires_whole_and_an_open_inference_one_in_its_own_shape
     assert "deadline" in json.dumps(body_of(infer))
 
 
-def test_a_budget_of_zero_sets_no_default_deadline() -> None:
+def test_a_request_that_states_no_wait_is_patient() -> None:
+    """Stamped an hour ago but stating no wait: the server guesses none and answers it."""
     stamp = {"X-Request-Start": f"t={NOW - 3600}"}
     classifier = FakeClassifier()
     (response,) = run_batch(
         [request("old but patient", "r", **stamp)],
         classifier,
-        HandlerSettings(queue_budget_ms=0),
+        HandlerSettings(),
         now=NOW,
+        pace=Pace(1.0),
     )
     assert response.status == 200
     assert classifier.calls == [["old but patient"]]
@@ -172,7 +175,7 @@ def test_expired_requests_are_counted_by_reason_in_the_metrics() -> None:
     from handler.metrics import batch_metrics, rejections_by_reason
 
     seen: list[Any] = []
-    stamp = {"X-Request-Start": f"t={NOW - 5}"}
+    stamp = {"X-Request-Start": f"t={NOW - 5}", "X-Request-Timeout": "1"}
     batch = [request("a", "1", **stamp), request("b", "2", **stamp), request("c", "3")]
     run_batch(
         batch, FakeClassifier(), HandlerSettings(), observe=lambda *a: seen.append(a), now=NOW
@@ -182,7 +185,7 @@ def test_expired_requests_are_counted_by_reason_in_the_metrics() -> None:
     assert batch_metrics(outcomes, stats)["ItemsAccepted"] == 1
 
 
-def test_a_client_that_says_it_waits_longer_than_the_budget_is_not_cut_short() -> None:
+def test_a_client_that_says_it_waits_long_is_not_cut_short() -> None:
     """A bulk client (bert_serve.Client sends its 70 s timeout) queued 2 s is still answered."""
     patient = {"X-Request-Start": f"t={NOW - 2}", "X-Request-Timeout": "70"}
     classifier = FakeClassifier()
@@ -273,12 +276,15 @@ def test_a_batch_the_pace_would_empty_is_refused_whole_while_the_pace_is_fresh()
     assert len(classifier.calls) == 1
 
 
-def test_the_batch_log_line_says_what_queue_age_dated_the_batch(caplog) -> None:
-    """The estimate the batch was dated by is in its log line (ms), ``-`` when none was read,
-    so an operator can compare it with the frontend's own times."""
+def test_the_batch_log_line_counts_the_expired_requests(caplog) -> None:
+    late = {"X-Request-Start": f"t={NOW - 5}", "X-Request-Timeout": "1"}
     with caplog.at_level(logging.INFO, logger="handler.pipeline"):
-        run_batch([request("a", "a")], FakeClassifier(), HandlerSettings(), queue_age_s=0.3456)
-        run_batch([request("b", "b")], FakeClassifier(), HandlerSettings())
-    lines = [r.getMessage() for r in caplog.records if "batch_size=" in r.getMessage()]
-    assert lines[0].endswith(" expired=0 queue_age_ms=346 overloaded=0")
-    assert lines[1].endswith(" expired=0 queue_age_ms=- overloaded=0")
+        run_batch(
+            [request("a", "a", **late), request("b", "b")],
+            FakeClassifier(),
+            HandlerSettings(),
+            now=NOW,
+        )
+    (line,) = [r.getMessage() for r in caplog.records if "batch_size=" in r.getMessage()]
+    assert line.startswith("batch_size=2 valid=1 rejected=1 ")
+    assert line.endswith(" expired=1")

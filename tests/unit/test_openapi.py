@@ -127,7 +127,7 @@ def test_a_model_failure_conforms_too() -> None:
 @pytest.mark.parametrize("body", [b'{"text": "fine"}', b'{"texts": ["a", "b"]}', infer("a")])
 def test_an_expired_request_conforms_too(body: bytes) -> None:
     """504 deadline_exceeded, in our shape and in the Open Inference one."""
-    stamp = {"X-Request-Start": "t=1000", "explain": "False"}
+    stamp = {"X-Request-Start": "t=1000", "X-Request-Timeout": "1", "explain": "False"}
     (response,) = run_batch(
         [IncomingRequest({"body": body}, "application/json", "r-1", headers=stamp)],
         FakeClassifier(),

@@ -205,8 +205,9 @@ def test_classify_valid_puts_results_back_at_their_indices() -> None:
     rejected = Rejected(ErrorCode.EMPTY_TEXT, "text is empty or only white space")
     decoded = [rejected, ValidText("odd"), rejected, ValidText("even"), ValidText("x")]
     classifier = FakeClassifier()
-    outcomes, stats = classify_valid(decoded, classifier)
+    outcomes, stats, owners = classify_valid(decoded, classifier)
     assert classifier.calls == [["odd", "even", "x"]]
+    assert owners == [1, 3, 4]
     assert outcomes == [
         rejected,
         ListOutcome(decoded[1], (fake_prediction("odd"),)),
@@ -221,8 +222,8 @@ def test_classify_valid_without_valid_items() -> None:
     """Only rejections: outcomes are the rejections, stats are empty, no call is made."""
     rejected = Rejected(ErrorCode.INVALID_JSON, "bad")
     classifier = FakeClassifier()
-    outcomes, stats = classify_valid([rejected, rejected], classifier)
-    assert outcomes == [rejected, rejected]
+    outcomes, stats, owners = classify_valid([rejected, rejected], classifier)
+    assert outcomes == [rejected, rejected] and owners == []
     assert stats == BatchStats()
     assert classifier.calls == []
 
@@ -230,7 +231,7 @@ def test_classify_valid_without_valid_items() -> None:
 def test_classify_valid_classifier_failure() -> None:
     """A raising classifier turns the valid items into internal_error and counts them."""
     rejected = Rejected(ErrorCode.EMPTY_TEXT, "empty")
-    outcomes, stats = classify_valid(
+    outcomes, stats, _ = classify_valid(
         [ValidText("a"), rejected, ValidText("b")], FakeClassifier(error=RuntimeError("boom"))
     )
     first, second, third = outcomes

@@ -110,51 +110,29 @@ def test_memory_is_in_mb_per_worker_id(
     assert memory.workers_rss_mb == ours.rss_mb
 
 
-def test_the_server_starts_its_workers_with_lendings_spin_setting(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Workers inherit the frontend's environment; a caller's own value wins."""
-    from handler.thread_share import SPIN_ENV
-
-    server = Server(tmp_path, {})
-    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
-    assert server.environment()["GOMP_SPINCOUNT"] == SPIN_ENV["GOMP_SPINCOUNT"]
-    monkeypatch.setenv("GOMP_SPINCOUNT", "50")
-    assert server.environment()["GOMP_SPINCOUNT"] == "50"
-
-
 def test_a_servers_own_environment_wins_over_the_callers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The A/B of an environment setting: one server gets its own value, its state folder
     still decides where temporary files and logs go."""
-    monkeypatch.setenv("GOMP_SPINCOUNT", "50")
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     env = Server(
-        tmp_path, {}, env={"GOMP_SPINCOUNT": "300000", "TMPDIR": "/elsewhere"}
+        tmp_path, {}, env={"OMP_WAIT_POLICY": "PASSIVE", "TMPDIR": "/elsewhere"}
     ).environment()
-    assert env["GOMP_SPINCOUNT"] == "300000"
+    assert env["OMP_WAIT_POLICY"] == "PASSIVE"
     assert env["TMPDIR"] == str(tmp_path / "tmp")
 
 
 def test_compare_mars_reads_name_value_settings() -> None:
     from harness.measure import env_assignments
 
-    assert env_assignments(["GOMP_SPINCOUNT=1000", "OMP_WAIT_POLICY=PASSIVE", "EMPTY="]) == {
-        "GOMP_SPINCOUNT": "1000",
+    assert env_assignments(["OMP_NUM_THREADS=2", "OMP_WAIT_POLICY=PASSIVE", "EMPTY="]) == {
+        "OMP_NUM_THREADS": "2",
         "OMP_WAIT_POLICY": "PASSIVE",
         "EMPTY": "",
     }
     with pytest.raises(SystemExit, match="NAME=VALUE"):
-        env_assignments(["GOMP_SPINCOUNT"])
-
-
-def test_the_workers_are_told_the_frontends_metrics_address(tmp_path: Path) -> None:
-    """handler.queue_age reads the queue time there; a test server's free port must reach it."""
-    from handler.queue_age import METRICS_URL_ENV
-
-    server = Server(tmp_path, {"metrics_address": "http://0.0.0.0:18082"})
-    assert server.environment()[METRICS_URL_ENV] == "http://127.0.0.1:18082/metrics"
-    assert METRICS_URL_ENV not in Server(tmp_path, {}).environment()
+        env_assignments(["OMP_WAIT_POLICY"])
 
 
 def test_a_frontend_that_exits_during_start_is_started_again_on_new_ports(

@@ -35,23 +35,21 @@ def test_the_frontends_time_per_answer_is_read_by_status() -> None:
 
 MODEL_LINES = """\
 MODEL_LOG - batch_size=16 valid=16 rejected=0 sub_batches=[9, 7] real_tokens=1 padded_tokens=1 \
-tokenize_ms=9.9 forward_ms=568.9 threads=1 expired=0 queue_age_ms=-
+tokenize_ms=9.9 forward_ms=568.9 threads=1 expired=0
 MODEL_LOG - batch_size=16 valid=0 rejected=16 sub_batches=[] real_tokens=0 padded_tokens=0 \
-tokenize_ms=0.0 forward_ms=0.0 threads=0 expired=16 queue_age_ms=812
+tokenize_ms=0.0 forward_ms=0.0 threads=0 expired=16
 MODEL_LOG - batch_size=16 valid=12 rejected=4 sub_batches=[12] real_tokens=1 padded_tokens=1 \
-tokenize_ms=3.0 forward_ms=300.0 threads=1 expired=4 queue_age_ms=400
+tokenize_ms=3.0 forward_ms=300.0 threads=1 expired=4
 MODEL_LOG - request 3f2a rejected: deadline_exceeded
 """
 
 
-def test_the_handlers_batch_lines_give_expiries_forward_times_and_queue_ages() -> None:
+def test_the_handlers_batch_lines_give_expiries_and_forward_times() -> None:
     """Expired requests are summed over every batch; forward times come from the batches that
-    forwarded texts, queue ages from the batches that were dated."""
+    forwarded texts."""
     summary = batch_times(MODEL_LINES)
     assert summary["batches"] == 3 and summary["expired"] == 20
     assert summary["forward_ms_p50"] == pytest.approx(434.45, abs=0.1)
-    assert summary["queue_age_ms_p50"] == 606.0
-    assert summary["undated"] == 1
 
 
 def test_the_forward_time_per_text_is_split_between_small_and_full_batches() -> None:
@@ -60,7 +58,7 @@ def test_the_forward_time_per_text_is_split_between_small_and_full_batches() -> 
     batch of 12 is full too; a batch that forwarded nothing is in neither."""
     small = (
         "MODEL_LOG - batch_size=3 valid=2 rejected=1 sub_batches=[2] real_tokens=1 "
-        "padded_tokens=1 tokenize_ms=1.0 forward_ms=50.0 threads=2 expired=1 queue_age_ms=-\n"
+        "padded_tokens=1 tokenize_ms=1.0 forward_ms=50.0 threads=2 expired=1\n"
     )
     summary = batch_times(MODEL_LINES + small)
     assert summary["texts_forwarded"] == 16 + 12 + 2
