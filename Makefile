@@ -14,7 +14,7 @@ STATE_DIR ?= .run
 
 BENCH     := $(VENV)/.bench-installed
 
-.PHONY: install model package serve stop status metrics smoke test unit check bench floor tune compare-precision chaos soak fuzz deploy-layout image image-test clean distclean FORCE
+.PHONY: install model package serve stop status metrics smoke test test-client unit check bench floor tune compare-precision chaos soak fuzz deploy-layout image image-test clean distclean FORCE
 
 install: $(STAMP)
 
@@ -65,6 +65,11 @@ smoke:
 ## test: the whole suite: unit, integration (a real torchserve on free ports) and curl smoke
 test: $(MAR)
 	bash scripts/test.sh
+
+## test-client: the client's unit tests on every Python it supports (3.9 to 3.13), each in
+##        a clean venv with `pip install .` (PYTHONS="3.9 3.12" for some)
+test-client:
+	bash scripts/test_client_pythons.sh
 
 $(BENCH): $(STAMP) pyproject.toml
 	$(PY) -m pip install --quiet -e ".[server,dev,bench]"
@@ -126,6 +131,8 @@ check: $(STAMP)
 	$(VENV)/bin/ruff check handler bert_serve harness scripts tests
 	$(VENV)/bin/ruff format --check handler bert_serve harness scripts tests
 	$(VENV)/bin/mypy
+	@# The client supports 3.9: mypy checks it as far back as mypy goes (test-client runs it on 3.9).
+	$(VENV)/bin/mypy --python-version 3.10 bert_serve
 	@echo "pip-audit (packages it could not look up are listed as skipped, not as safe):"
 	$(VENV)/bin/pip-audit --skip-editable --progress-spinner off
 
