@@ -28,7 +28,7 @@ fi
 # torch_constraints PYTHON FILE: write requirements/server.lock as constraints for this build
 # (harness.environment.with_torch_build), with any Python of 3.9 or later.
 torch_constraints() {
-    PYTHONPATH="$PWD" "$1" -c 'import sys
+    PYTHONPATH="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)" "$1" -c 'import sys
 from harness.environment import LOCK, with_torch_build
 sys.stdout.write(with_torch_build(LOCK.read_text(), sys.argv[1]))' "$torch_build" >"$2"
 }
