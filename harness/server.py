@@ -33,6 +33,7 @@ import requests
 
 from handler.queue_age import METRICS_URL_ENV
 from handler.thread_share import SPIN_ENV
+from harness import sizing
 from harness.config import (
     BASE_CONFIG,
     MODEL_NAME,
@@ -48,6 +49,8 @@ DEFAULT_STATE_DIR = ROOT / ".run"
 CTL_SCRIPT = ROOT / "scripts" / "torchserve_ctl.py"
 MB = 10**6
 REPLACE_LIMIT_S = 60.0
+THREADS_ENV = "OMP_NUM_THREADS"
+"""How a worker's torch learns its thread count (``harness.sizing``); a caller's own wins."""
 
 
 class ServerError(RuntimeError):
@@ -137,6 +140,14 @@ class Server:
     @property
     def metrics_url(self) -> str:
         return self.properties["metrics_address"]
+
+    @property
+    def sizing_file(self) -> Path:
+        """The config before ``harness.sizing`` filled it in, and what it chose and why."""
+        return self.state_dir / "sizing.json"
+
+    def sizing(self) -> dict[str, Any]:
+        return dict(json.loads(self.sizing_file.read_text()))
 
     @property
     def tmp_dir(self) -> Path:
@@ -327,11 +338,18 @@ def start(
     (the container layout of ``layout.write_layout``, for its test); ``env``, see ``Server``.
     """
     state_dir = state_dir.resolve()
-    properties = effective_properties(overrides, base_config)
-    server = Server(state_dir=state_dir, properties=properties, env=dict(env or {}))
-    check_startable(server)
+    source = effective_properties(overrides, base_config)
+    check_startable(Server(state_dir=state_dir, properties=source))
+    resolved = sizing.resolve(source)
+    threads = {} if THREADS_ENV in os.environ else {THREADS_ENV: str(resolved.torch_threads)}
+    server = Server(
+        state_dir=state_dir, properties=resolved.properties, env=threads | dict(env or {})
+    )
     log_start = server.model_log.stat().st_size if server.model_log.is_file() else 0
     launch(server)
+    server.sizing_file.write_text(
+        json.dumps({"source": source, "in_force": sizing.report(resolved)}, indent=2)
+    )
     try:
         wait_ready(server, ready_timeout, log_start)
     except BaseException:
@@ -391,7 +409,7 @@ def start_or_reuse(state_dir: Path, overrides: dict[str, str] | None = None) -> 
         if pid is not None:
             started = (server.tmp_dir / ".model_server.pid").stat().st_mtime
             archive = Path(server.properties["model_store"]) / f"{MODEL_NAME}.mar"
-            if server.properties != effective_properties(overrides):
+            if server.sizing()["source"] != effective_properties(overrides):
                 print("config.properties changed since TorchServe started: restarting")
             elif archive.stat().st_mtime > started:
                 print(f"{archive.name} changed since TorchServe started: restarting")

@@ -46,6 +46,9 @@ context=build/image/context
 wheels="build/image/wheels-$torch_build"
 "$python" scripts/deploy_layout.py --out "$context" >/dev/null
 cp deploy/entrypoint.sh "$context/entrypoint.sh"
+mkdir -p "$context/lib/harness"
+cp harness/config.py harness/sizing.py "$context/lib/harness/"
+: >"$context/lib/harness/__init__.py"
 # Their dependencies at the locked versions too (requirements/server.lock, the tested ones),
 # torch as the build asked for.
 torch_constraints "$python" build/image/constraints.txt

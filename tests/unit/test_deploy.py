@@ -19,12 +19,14 @@ import pytest
 import yaml
 
 from harness import layout as deploy_layout
+from harness import proxy
 from harness.config import BASE_CONFIG, log_config_path, read_properties
 from tests.conftest import MAR_PATH, ROOT
 
 KUBERNETES_VERSION = "1.30.0"
 DEPLOY = ROOT / "deploy"
-MANIFESTS = sorted((DEPLOY / "k8s").glob("*.yaml"))
+KUSTOMIZATION = DEPLOY / "k8s" / "kustomization.yaml"
+MANIFESTS = sorted(set((DEPLOY / "k8s").glob("*.yaml")) - {KUSTOMIZATION})
 
 
 def documents(path: Path) -> list[dict[str, Any]]:
@@ -53,11 +55,16 @@ def layout_config(layout: Path) -> dict[str, str]:
     return read_properties(layout / "config" / "config.properties")
 
 
+def pod_container(name: str) -> dict[str, Any]:
+    containers = by_kind("Deployment")["spec"]["template"]["spec"]["containers"]
+    (found,) = [container for container in containers if container["name"] == name]
+    return dict(found)
+
+
 @pytest.fixture(scope="module")
 def container() -> dict[str, Any]:
-    containers = by_kind("Deployment")["spec"]["template"]["spec"]["containers"]
-    assert len(containers) == 1
-    return dict(containers[0])
+    """TorchServe's container (the pod's other one is its proxy)."""
+    return pod_container("torchserve")
 
 
 def named_port(container: dict[str, Any], name: str) -> int:
@@ -141,8 +148,9 @@ def test_service_hpa_and_deployment_fit_together(container: dict[str, Any]) -> N
     assert "replicas" not in deployment["spec"], "the HPA owns the replica count"
     service = by_kind("Service")
     assert service["spec"]["selector"].items() <= labels.items()
-    for entry in service["spec"]["ports"]:
-        assert named_port(container, entry["targetPort"]) == entry["port"]
+    targets = {entry["name"]: entry["targetPort"] for entry in service["spec"]["ports"]}
+    assert targets == {"http": "proxy", "metrics": "metrics"}
+    named_port(pod_container("proxy"), "proxy")
     target = by_kind("HorizontalPodAutoscaler")["spec"]["scaleTargetRef"]
     assert (target["kind"], target["name"]) == ("Deployment", deployment["metadata"]["name"])
     pod_security = deployment["spec"]["template"]["spec"]["securityContext"]
@@ -186,6 +194,9 @@ def test_dockerfile_copies_what_the_layout_contains(
         source, destination = copy_line.split()[-2:]
         if source == "entrypoint.sh":
             assert (DEPLOY / source).is_file()
+            continue
+        if source == "lib":
+            assert "harness/sizing.py" in (ROOT / "scripts" / "image.sh").read_text()
             continue
         assert (layout / source).exists(), f"COPY {source}: not in the layout"
         if source != "requirements.txt":
@@ -298,3 +309,18 @@ def test_memory_requests_cover_what_the_running_container_used(container: dict[s
         measured["stop_s"]
         < by_kind("Deployment")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     )
+
+
+def test_the_proxy_fronts_torchserve_with_the_shipped_config(layout_config: dict[str, str]) -> None:
+    """kustomization.yaml makes the proxy's ConfigMap from the file the proxy test runs; the
+    proxy listens on its container port and forwards to TorchServe's inference port."""
+    kustomization = yaml.safe_load(KUSTOMIZATION.read_text())
+    assert sorted(kustomization["resources"]) == sorted(path.name for path in MANIFESTS)
+    (generated,) = kustomization["configMapGenerator"]
+    assert [DEPLOY / "k8s" / name for name in generated["files"]] == [proxy.PROXY_CONF]
+    volumes = by_kind("Deployment")["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "proxy-conf", "configMap": {"name": generated["name"]}} in volumes
+    conf = proxy.PROXY_CONF.read_text()
+    assert f"listen {named_port(pod_container('proxy'), 'proxy')};" == proxy.POD_LISTEN
+    assert proxy.POD_LISTEN in conf and proxy.POD_UPSTREAM in conf
+    assert proxy.POD_UPSTREAM == f"server 127.0.0.1:{port(layout_config['inference_address'])};"

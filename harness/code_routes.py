@@ -1,0 +1,126 @@
+"""Probes of TorchServe's routes that can load code: a real workflow archive and a gRPC
+``RegisterModel`` call, for the tests that check each route stays shut (docs/security.md).
+
+A workflow archive (``.war``) carries a Python handler that TorchServe imports in a worker
+when the workflow is registered and calls on ``/wfpredict/{name}``. The one built here writes
+a marker file at import and at call, so a test can tell whether its code ever ran.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import requests
+
+WORKFLOW_NAME = "probe_wf"
+GRPC_MANAGEMENT_SERVICE = "org.pytorch.serve.grpc.management.ManagementAPIsService"
+GRPC_REGISTER_URL_FIELD = 9
+"""``url`` is field 9 of TorchServe 0.12's ``RegisterModelRequest`` (management.proto)."""
+
+HANDLER = """\
+import pathlib
+
+pathlib.Path({marker!r}, "imported").write_text("the workflow's code ran at import")
+
+
+def pre(data, context):
+    pathlib.Path({marker!r}, "called").write_text("the workflow's code ran at call")
+    return data
+"""
+SPEC = """\
+models:
+  min-workers: 1
+  max-workers: 1
+  batch-size: 1
+  m1:
+    url: {model}
+dag:
+  pre: [m1]
+"""
+
+
+@dataclass(frozen=True)
+class WorkflowArchive:
+    path: Path
+    marker_dir: Path
+    """Where the archive's code writes ``imported`` and ``called`` if it ever runs."""
+
+    @property
+    def ran(self) -> list[str]:
+        return sorted(path.name for path in self.marker_dir.iterdir())
+
+
+def archiver_command() -> str:
+    return (
+        shutil.which("torch-workflow-archiver", path=str(Path(sys.executable).parent))
+        or "torch-workflow-archiver"
+    )
+
+
+def build_workflow_archive(out: Path, marker_dir: Path, model: str = "bert.mar") -> WorkflowArchive:
+    """``out/probe_wf.war`` made by ``torch-workflow-archiver`` from a four-line handler and a
+    spec that names ``model`` (a .mar of the store), as an attacker would make it."""
+    source = out / "source"
+    source.mkdir(parents=True)
+    marker_dir.mkdir(parents=True, exist_ok=True)
+    (source / "handler.py").write_text(HANDLER.format(marker=str(marker_dir)))
+    (source / "spec.yaml").write_text(SPEC.format(model=model))
+    # The archiver copies its inputs into TMPDIR/<workflow name> and deletes that folder first.
+    with tempfile.TemporaryDirectory() as scratch:
+        subprocess.run(
+            [archiver_command(), "--workflow-name", WORKFLOW_NAME, "--spec-file", "spec.yaml"]
+            + ["--handler", "handler.py", "--export-path", str(out), "--force"],
+            cwd=source,
+            env=dict(os.environ, TMPDIR=scratch),
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+    return WorkflowArchive(out / f"{WORKFLOW_NAME}.war", marker_dir)
+
+
+def register_workflow(management_url: str, url: str, headers: dict[str, str]) -> requests.Response:
+    """``POST /workflows?url=...`` as TorchServe's docs show it."""
+    return requests.post(
+        f"{management_url}/workflows",
+        params={"url": url, "workflow_name": WORKFLOW_NAME},
+        headers=headers,
+        timeout=180,
+    )
+
+
+def protobuf_string(field: int, value: str) -> bytes:
+    """One length-delimited protobuf field (enough for a one-field request, without stubs)."""
+    data = value.encode()
+    key = field << 3 | 2
+    length = len(data)
+    varint = bytearray()
+    while True:
+        byte, length = length & 0x7F, length >> 7
+        varint.append(byte | (0x80 if length else 0))
+        if not length:
+            break
+    return bytes([key]) + bytes(varint) + data
+
+
+def grpc_register_model(target: str, url: str, token: str | None) -> tuple[str, str]:
+    """(status code name, details) of gRPC ``RegisterModel(url)`` on the management port."""
+    metadata = [("authorization", f"Bearer {token}")] if token else []
+    with grpc.insecure_channel(target) as channel:
+        call = channel.unary_unary(
+            f"/{GRPC_MANAGEMENT_SERVICE}/RegisterModel",
+            request_serializer=lambda request: request,
+            response_deserializer=lambda response: response,
+        )
+        try:
+            call(protobuf_string(GRPC_REGISTER_URL_FIELD, url), metadata=metadata, timeout=60)
+        except grpc.RpcError as error:
+            return error.code().name, str(error.details())
+    return "OK", ""

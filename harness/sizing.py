@@ -1,0 +1,279 @@
+"""Serving settings derived from the machine the server starts on, for every value that
+config/config.properties leaves out: the workers, ``job_queue_size`` and the JVM heap.
+
+The rule, in the order it is applied:
+
+- **Cores** are what this process may use: its CPU affinity, capped by a cgroup CPU quota (a
+  container's ``cpu.max`` or ``cpu.cfs_quota_us``). **Memory** is the cgroup limit, else the
+  machine's.
+- **Workers**: on a CPU, one per core with one torch thread each (``OMP_NUM_THREADS=1``), so
+  batches run side by side instead of one batch's small matrices being split across cores; on
+  GPUs, one per GPU, with the cores shared among them. Capped so that the workers' memory (the
+  model's weights and ``WORKER_OVERHEAD_BYTES`` each) fits in half of the memory.
+- **Queue** (``job_queue_size``): what the workers drain in ``PATIENT_S``, the wait of a patient
+  client, at the rate one worker classifies batches of the configured ``batchSize``, measured at
+  start on the .mar's own model and code; so a patient client is never refused while it could
+  still be answered in time.
+- **JVM heap** (``-Xmx``): room for that queue of the largest bodies the frontend accepts
+  (``max_request_size``) over ``BASE_HEAP_MB``, at most a quarter of the memory (the JVM's own
+  default share); where that cap binds, the queue is cut to what the heap holds.
+
+The batch size and delay stay in the config (``models=``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import os
+import re
+import sys
+import tempfile
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.config import properties_text, read_properties
+
+PATIENT_S = 60.0
+MEASURE_S = 1.0
+BASE_HEAP_MB = 256
+HEAP_SHARE = 0.25
+WORKER_MEMORY_SHARE = 0.5
+WORKER_OVERHEAD_BYTES = 300 * 2**20
+"""A worker's memory besides its model's weights: Python, torch, transformers, TorchServe."""
+MB = 2**20
+DEFAULT_MAX_REQUEST_BYTES = 6_553_500
+"""TorchServe 0.12's own ``max_request_size``."""
+HEAP_FLAG = re.compile(r"-Xmx\d+[kKmMgG]?")
+SAMPLE_WORDS = (
+    "the film was slow at first but the acting and the score carried it to a fine end "
+    "although some scenes dragged and the plot left a few questions open for the next one"
+).split()
+CGROUP = Path("/sys/fs/cgroup")
+
+
+@dataclass(frozen=True)
+class Machine:
+    cores: float
+    memory_bytes: int
+    gpus: int
+
+
+def cgroup_cores(root: Path = CGROUP) -> float | None:
+    """The CPU quota of this process's cgroup in cores (v2 ``cpu.max``, v1 cfs), if any."""
+    v2 = root / "cpu.max"
+    if v2.is_file():
+        quota, _, period = v2.read_text().partition(" ")
+        return None if quota == "max" else int(quota) / int(period)
+    v1_quota, v1_period = root / "cpu" / "cpu.cfs_quota_us", root / "cpu" / "cpu.cfs_period_us"
+    if v1_quota.is_file() and v1_period.is_file():
+        quota_us = int(v1_quota.read_text())
+        return None if quota_us <= 0 else quota_us / int(v1_period.read_text())
+    return None
+
+
+def cgroup_memory(root: Path = CGROUP) -> int | None:
+    for path in (root / "memory.max", root / "memory" / "memory.limit_in_bytes"):
+        if path.is_file():
+            text = path.read_text().strip()
+            # v1 writes "no limit" as a huge number
+            return None if text == "max" or int(text) >= 2**60 else int(text)
+    return None
+
+
+def read_machine(gpus: int) -> Machine:
+    cores: float = len(os.sched_getaffinity(0))
+    quota = cgroup_cores()
+    if quota is not None:
+        cores = min(cores, quota)
+    memory = cgroup_memory() or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return Machine(cores=cores, memory_bytes=memory, gpus=gpus)
+
+
+def workers_for(machine: Machine, worker_bytes: int) -> tuple[int, list[str]]:
+    """One worker per GPU, else per core; no more than half of the memory holds."""
+    if machine.gpus:
+        workers, reasons = machine.gpus, [f"{machine.gpus} GPU(s): one worker each"]
+    else:
+        workers = max(1, math.floor(machine.cores))
+        reasons = [f"{machine.cores:g} cores: one worker per core"]
+    fits = max(1, int(machine.memory_bytes * WORKER_MEMORY_SHARE // worker_bytes))
+    if fits < workers:
+        reasons.append(
+            f"cut to {fits} worker(s): {worker_bytes // MB} MiB each must fit in half of "
+            f"{machine.memory_bytes // MB} MiB"
+        )
+        workers = fits
+    return workers, reasons
+
+
+def threads_for(machine: Machine, workers: int) -> int:
+    """The cores shared among the workers, at least one torch thread each."""
+    return max(1, math.floor(machine.cores) // workers)
+
+
+def derive(
+    machine: Machine, workers: int, texts_per_s: float, max_request_bytes: int
+) -> tuple[int, int, list[str]]:
+    """(job_queue_size, heap MiB, why) for ``workers`` that each classify ``texts_per_s``."""
+    queue = max(1, int(texts_per_s * workers * PATIENT_S))
+    reasons = [
+        f"queue {queue}: {workers} worker(s) x {texts_per_s:g} texts/s (measured at start) "
+        f"drain that in {PATIENT_S:.0f} s"
+    ]
+    heap_cap_mb = int(machine.memory_bytes * HEAP_SHARE // MB)
+    body_mb = max_request_bytes / MB
+    heap_mb = int(BASE_HEAP_MB + math.ceil(queue * body_mb))
+    if heap_mb > heap_cap_mb:
+        heap_mb = max(BASE_HEAP_MB, heap_cap_mb)
+        queue = max(1, int((heap_mb - BASE_HEAP_MB) / body_mb))
+        reasons.append(
+            f"queue cut to {queue}: a heap of {heap_mb} MiB (a quarter of the memory) holds "
+            f"that many bodies of {body_mb:g} MiB"
+        )
+    reasons.append(f"heap {heap_mb} MiB: {BASE_HEAP_MB} MiB + the queue of largest bodies")
+    return queue, heap_mb, reasons
+
+
+def sample_texts(count: int) -> list[str]:
+    """Texts of 8 to 71 words, their lengths spread as reviews' are: the rate depends on the
+    lengths and on how a batch groups them, not on the words."""
+    return [
+        " ".join(SAMPLE_WORDS[(i + j) % len(SAMPLE_WORDS)] for j in range(8 + i * 37 % 64))
+        for i in range(count)
+    ]
+
+
+def measure_rate(
+    mar: Path, batch_size: int, threads: int, gpus: int, seconds: float = MEASURE_S
+) -> float:
+    """One worker's texts/s in batches of ``batch_size``: the .mar's own model, handler code and
+    settings, in this process with ``threads`` torch threads (on GPU 0 where there is one)."""
+    import torch
+    import yaml
+
+    with tempfile.TemporaryDirectory(prefix="bert-serve-sizing-") as unpacked:
+        with zipfile.ZipFile(mar) as archive:
+            archive.extractall(unpacked)
+        sys.path.insert(0, unpacked)
+        try:
+            from handler.inference import classify
+            from handler.model import load_model
+            from handler.settings import HandlerSettings
+
+            config = Path(unpacked, "model-config.yaml")
+            raw = yaml.safe_load(config.read_text()) if config.is_file() else None
+            settings = HandlerSettings.from_mapping((raw or {}).get("handler"))
+            torch.set_num_threads(threads)
+            loaded = load_model(Path(unpacked, "model"), settings, 0 if gpus else None)
+        finally:
+            sys.path.remove(unpacked)
+    texts = sample_texts(batch_size * 8)
+    windows = [texts[i : i + batch_size] for i in range(0, len(texts), batch_size)]
+    classify(loaded, windows[0], settings.max_length, settings.max_batch_tokens)
+    done, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        window = windows[done // batch_size % len(windows)]
+        classify(loaded, window, settings.max_length, settings.max_batch_tokens)
+        done += batch_size
+    return round(done / (time.perf_counter() - started), 1)
+
+
+@functools.cache
+def measured_rate(mar: str, mtime_ns: int, batch_size: int, threads: int, gpus: int) -> float:
+    """``measure_rate`` once per archive version and layout in a process (a test session
+    starts many servers on one .mar)."""
+    return measure_rate(Path(mar), batch_size, threads, gpus)
+
+
+def heap_mb_in(vmargs: str) -> int | None:
+    match = HEAP_FLAG.search(vmargs)
+    if match is None:
+        return None
+    number, unit = re.fullmatch(r"-Xmx(\d+)([kKmMgG]?)", match.group(0)).groups()  # type: ignore[union-attr]
+    scale = {"": 1 / MB, "k": 1 / 1024, "m": 1, "g": 1024}[unit.lower()]
+    return int(int(number) * scale)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    properties: dict[str, str]
+    """The config with every derived value filled in."""
+    torch_threads: int
+    reasons: tuple[str, ...]
+
+
+def resolve(properties: dict[str, str], gpus: int | None = None) -> Resolved:
+    """``properties`` with what they leave out derived from this machine: the model's
+    workers (``models=``), ``job_queue_size`` and the heap (``-Xmx`` in ``vmargs``); and the
+    torch threads per worker. Values the config states are kept. One model per config."""
+    models = json.loads(properties["models"])
+    ((name, versions),) = models.items()
+    ((version, entry),) = versions.items()
+    machine = read_machine(gpu_count() if gpus is None else gpus)
+    mar = Path(properties["model_store"]) / entry.get("marName", f"{name}.mar")
+    worker_bytes = mar.stat().st_size + WORKER_OVERHEAD_BYTES
+    if "minWorkers" in entry:
+        workers, reasons = int(entry["minWorkers"]), ["workers: as the config sets"]
+    else:
+        workers, reasons = workers_for(machine, worker_bytes)
+        entry = {"minWorkers": workers, "maxWorkers": workers} | entry
+    threads = threads_for(machine, workers)
+    reasons.append(f"{threads} torch thread(s) per worker: the cores shared among them")
+    resolved = dict(properties) | {"models": json.dumps({name: {version: entry}})}
+    has_heap = heap_mb_in(properties.get("vmargs", "")) is not None
+    if "job_queue_size" not in properties or not has_heap:
+        max_request = int(properties.get("max_request_size", DEFAULT_MAX_REQUEST_BYTES))
+        batch_size = int(entry.get("batchSize", 1))
+        rate = measured_rate(str(mar), mar.stat().st_mtime_ns, batch_size, threads, machine.gpus)
+        queue, heap_mb, why = derive(machine, workers, rate, max_request)
+        resolved.setdefault("job_queue_size", str(queue))
+        if not has_heap:
+            resolved["vmargs"] = f"{properties.get('vmargs', '')} -Xmx{heap_mb}m".strip()
+        reasons += why
+    return Resolved(resolved, threads, tuple(reasons))
+
+
+def gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def report(resolved: Resolved) -> dict[str, Any]:
+    """What ``make status`` and the start-up output show: the values in force and why."""
+    return {
+        "models": json.loads(resolved.properties["models"]),
+        "job_queue_size": resolved.properties.get("job_queue_size"),
+        "vmargs": resolved.properties.get("vmargs", ""),
+        "torch_threads": resolved.torch_threads,
+        "why": list(resolved.reasons),
+    }
+
+
+def main() -> int:
+    """The image's entrypoint step: resolve the config that TorchServe's own arguments name
+    (``--ts-config``), write it to ``--out``, print the torch threads per worker."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("torchserve_args", nargs=argparse.REMAINDER)
+    args = parser.parse_args()
+    torchserve = argparse.ArgumentParser(add_help=False)
+    torchserve.add_argument("--ts-config", type=Path, required=True)
+    given = args.torchserve_args[1:] if args.torchserve_args[:1] == ["--"] else args.torchserve_args
+    config = torchserve.parse_known_args(given)[0].ts_config
+    resolved = resolve(read_properties(config))
+    args.out.write_text(properties_text(resolved.properties))
+    for reason in resolved.reasons:
+        print(f"sizing: {reason}", file=sys.stderr)
+    print(resolved.torch_threads)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""harness/sizing.py: the machine read from cgroup files, and the rule from machine and
+measured rate to workers, threads, queue and heap; the config's own values always win."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness import sizing
+from harness.config import effective_properties
+
+GIB = 2**30
+
+
+def test_cgroup_v2_and_v1_quotas(tmp_path: Path) -> None:
+    (tmp_path / "cpu.max").write_text("250000 100000\n")
+    (tmp_path / "memory.max").write_text(f"{3 * GIB}\n")
+    assert sizing.cgroup_cores(tmp_path) == 2.5
+    assert sizing.cgroup_memory(tmp_path) == 3 * GIB
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    (tmp_path / "memory.max").write_text("max\n")
+    assert sizing.cgroup_cores(tmp_path) is None
+    assert sizing.cgroup_memory(tmp_path) is None
+    v1 = tmp_path / "v1"
+    (v1 / "cpu").mkdir(parents=True)
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("400000\n")
+    (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert sizing.cgroup_cores(v1) == 4.0
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    assert sizing.cgroup_cores(v1) is None
+    assert sizing.cgroup_memory(v1) is None
+
+
+@pytest.mark.parametrize(
+    ("machine", "workers", "threads"),
+    [
+        (sizing.Machine(cores=32, memory_bytes=128 * GIB, gpus=0), 32, 1),
+        (sizing.Machine(cores=2.5, memory_bytes=8 * GIB, gpus=0), 2, 1),
+        (sizing.Machine(cores=0.5, memory_bytes=8 * GIB, gpus=0), 1, 1),
+        (sizing.Machine(cores=16, memory_bytes=128 * GIB, gpus=1), 1, 16),
+        (sizing.Machine(cores=16, memory_bytes=128 * GIB, gpus=4), 4, 4),
+        # 32 workers of 1 GiB cannot fit in half of 8 GiB: 4 do
+        (sizing.Machine(cores=32, memory_bytes=8 * GIB, gpus=0), 4, 8),
+    ],
+)
+def test_workers_and_threads_follow_cores_gpus_and_memory(
+    machine: sizing.Machine, workers: int, threads: int
+) -> None:
+    got, reasons = sizing.workers_for(machine, worker_bytes=GIB)
+    assert (got, sizing.threads_for(machine, got)) == (workers, threads)
+    assert reasons
+
+
+def test_queue_is_a_patient_minute_of_drain_and_the_heap_holds_it() -> None:
+    machine = sizing.Machine(cores=4, memory_bytes=64 * GIB, gpus=0)
+    queue, heap_mb, _ = sizing.derive(machine, workers=4, texts_per_s=10.0, max_request_bytes=2**20)
+    assert queue == 4 * 10 * 60
+    assert heap_mb == sizing.BASE_HEAP_MB + queue
+
+
+def test_a_small_memory_cuts_the_queue_to_what_the_heap_holds() -> None:
+    machine = sizing.Machine(cores=4, memory_bytes=2 * GIB, gpus=0)
+    queue, heap_mb, reasons = sizing.derive(machine, 4, 100.0, max_request_bytes=2**20)
+    assert heap_mb == 512  # a quarter of 2 GiB
+    assert queue == 512 - sizing.BASE_HEAP_MB
+    assert any("cut" in reason for reason in reasons)
+
+
+def test_heap_flag_parsing() -> None:
+    assert sizing.heap_mb_in("-Dx=y -Xmx2g") == 2048
+    assert sizing.heap_mb_in("-Xmx512m -Xms256m") == 512
+    assert sizing.heap_mb_in("-Xms256m") is None
+
+
+@pytest.fixture
+def machine_of_8_cores(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """An 8-core, 128 GiB machine whose workers classify 50 texts/s; records each measurement
+    (batch size, threads)."""
+    measured: list[tuple[int, int]] = []
+
+    def rate(mar: str, mtime_ns: int, batch_size: int, threads: int, gpus: int) -> float:
+        measured.append((batch_size, threads))
+        return 50.0
+
+    monkeypatch.setattr(sizing, "read_machine", lambda gpus: sizing.Machine(8, 128 * GIB, gpus))
+    monkeypatch.setattr(sizing, "measured_rate", rate)
+    return measured
+
+
+def test_resolve_fills_what_the_shipped_config_leaves_out(
+    machine_of_8_cores: list[tuple[int, int]],
+) -> None:
+    resolved = sizing.resolve(effective_properties(), gpus=0)
+    (entry,) = json.loads(resolved.properties["models"])["bert"].values()
+    assert (entry["minWorkers"], entry["maxWorkers"], resolved.torch_threads) == (8, 8, 1)
+    assert resolved.properties["job_queue_size"] == str(8 * 50 * 60)
+    assert sizing.heap_mb_in(resolved.properties["vmargs"]) == sizing.BASE_HEAP_MB + 8 * 50 * 60
+    assert "-Dlog4j.configurationFile=" in resolved.properties["vmargs"]
+    assert machine_of_8_cores == [(entry["batchSize"], 1)]
+
+
+def test_values_the_config_states_win(machine_of_8_cores: list[tuple[int, int]]) -> None:
+    models = json.loads(effective_properties()["models"])
+    models["bert"]["1.0"] |= {"minWorkers": 2, "maxWorkers": 2}
+    overrides = {"models": json.dumps(models), "job_queue_size": "10", "vmargs": "-Xmx300m"}
+    resolved = sizing.resolve(effective_properties(overrides), gpus=0)
+    (entry,) = json.loads(resolved.properties["models"])["bert"].values()
+    assert (entry["minWorkers"], resolved.torch_threads) == (2, 4)
+    assert resolved.properties["job_queue_size"] == "10"
+    assert resolved.properties["vmargs"] == "-Xmx300m"
+    assert machine_of_8_cores == [], "nothing left to measure"
