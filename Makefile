@@ -11,16 +11,30 @@ MAR       := model_store/bert.mar
 MAR_SOURCE = $(MAR).source
 PACKAGE    = $(PY) scripts/package.py --model-dir $(MODEL_DIR) --model-config $(MODEL_CONFIG) --export-path $(dir $(MAR)) $(if $(PRECISION),--precision $(PRECISION))
 STATE_DIR ?= .run
+# TORCH=cpu (default for a new venv) or cuda: the torch build of `make install` and `make image`;
+# TORCH_INDEX=<index> where it comes from (scripts/torch_build.sh). Unset, `make install` keeps
+# the venv's build. Both travel to the scripts through the environment.
+TORCH ?=
+LOCK      := requirements/server.lock
 
 BENCH     := $(VENV)/.bench-installed
 
-.PHONY: install model package serve stop status metrics smoke test unit check bench floor tune compare-precision chaos soak fuzz deploy-layout image image-test clean distclean FORCE
+.PHONY: install lock model package serve stop status metrics smoke test test-client unit check bench floor tune compare-precision chaos soak fuzz deploy-layout image image-test clean distclean FORCE
 
-install: $(STAMP)
+## install: .venv with the server and dev extras at the versions of requirements/server.lock
+##        (TORCH=cuda for the CUDA build of torch; the CPU build otherwise)
+install:
+	@[ -z "$(TORCH)" ] || [ "$$(cat $(VENV)/.torch-build 2>/dev/null)" = "$(TORCH)" ] || rm -f $(STAMP)
+	@$(MAKE) --no-print-directory $(STAMP)
 
-$(STAMP): pyproject.toml scripts/install.sh
-	bash scripts/install.sh $(VENV)
+$(STAMP): pyproject.toml $(LOCK) scripts/install.sh scripts/torch_build.sh
+	TORCH=$(TORCH) bash scripts/install.sh $(VENV)
 	touch $@
+
+## lock: resolve pyproject's server and dev extras afresh into requirements/server.lock and
+##        print what changed (then `make install` and `make test` before committing it)
+lock:
+	bash scripts/lock.sh
 
 # The venv is an order-only prerequisite (after |): reinstalling must not retrain or repackage.
 build/bert-sentiment/config.json: scripts/build_model.py harness/training.py scripts/data/reviews.tsv | $(STAMP)
@@ -66,8 +80,13 @@ smoke:
 test: $(MAR)
 	bash scripts/test.sh
 
+## test-client: the client's unit tests on every Python it supports (3.9 to 3.13), each in
+##        a clean venv with `pip install .` (PYTHONS="3.9 3.12" for some)
+test-client:
+	bash scripts/test_client_pythons.sh
+
 $(BENCH): $(STAMP) pyproject.toml
-	$(PY) -m pip install --quiet -e ".[server,dev,bench]"
+	$(PY) -m pip install --quiet -c $(VENV)/constraints.txt -e ".[server,dev,bench]"
 	touch $@
 
 ## bench: served vs batch size 1 vs in-process ceiling vs LitServe vs client list requests -> docs/bench/
@@ -108,7 +127,7 @@ deploy-layout: $(MAR) | $(STAMP)
 	$(PY) scripts/deploy_layout.py --out build/kserve
 
 ## image: the container image (deploy/Dockerfile) with podman or docker; prints its size and parts
-##        (IMAGE=name:tag, BASE_IMAGE=..., TORCH_INDEX=<CUDA wheel index> for the GPU variant)
+##        (IMAGE=name:tag, BASE_IMAGE=..., TORCH=cuda for the GPU variant, TORCH_INDEX=...)
 IMAGE ?= bert-serve:0.1.0
 IMAGE_TEST_OUT ?= build/image/image-test.json
 image: $(MAR) | $(STAMP)
@@ -126,8 +145,10 @@ check: $(STAMP)
 	$(VENV)/bin/ruff check handler bert_serve harness scripts tests
 	$(VENV)/bin/ruff format --check handler bert_serve harness scripts tests
 	$(VENV)/bin/mypy
-	@echo "pip-audit (packages it could not look up are listed as skipped, not as safe):"
-	$(VENV)/bin/pip-audit --skip-editable --progress-spinner off
+	@# The client supports 3.9: mypy checks it as far back as mypy goes (test-client runs it on 3.9).
+	$(VENV)/bin/mypy --python-version 3.10 bert_serve
+	@echo "pip-audit of $(LOCK) (packages it could not look up are listed as skipped, not as safe):"
+	$(VENV)/bin/pip-audit -r $(LOCK) --no-deps --disable-pip --progress-spinner off
 
 clean: stop
 	rm -rf build $(STATE_DIR) model_store/*.mar model_store/*.mar.source model_store/*.mar.model-config.yaml .pytest_cache

@@ -188,8 +188,11 @@ def classify_file(client: Client, args: argparse.Namespace) -> int:
                 progress.update()
         except (BertServeError, ValueError) as error:
             written = sum(outcomes.values())
-            error.add_note(f"stopped after {written} texts (their results are written)")
-            raise
+            print(
+                f"bert-serve: {error}; stopped after {written} texts (their results are written)",
+                file=sys.stderr,
+            )
+            return EXIT_FAILED
     print(summary(outcomes), file=sys.stderr)
     return EXIT_ITEM_FAILED if any(name.startswith("error:") for name in outcomes) else EXIT_OK
 
@@ -233,10 +236,7 @@ def main(argv: list[str] | None = None) -> int:
             return classify_one(client, args)
         return classify_file(client, args)
     except (BertServeError, ValueError, OSError) as error:
-        print(
-            "bert-serve: " + "; ".join([str(error), *getattr(error, "__notes__", [])]),
-            file=sys.stderr,
-        )
+        print(f"bert-serve: {error}", file=sys.stderr)
         return EXIT_FAILED
 
 

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 import requests
 
@@ -85,7 +85,7 @@ DEFAULT_RETRY_BUDGET_S = 120.0
 # BatchAggregator.java); its status varies: 500, 507 (exit code 137), or the worker's own.
 WORKER_GONE_MESSAGES = frozenset({"Worker died.", "Worker scaled down."})
 
-Text = str | tuple[str, str]
+Text = Union[str, tuple[str, str]]  # not `|`: the client supports Python 3.9
 """One input: a text, or a (text, text_pair) pair for a sentence-pair model."""
 
 
@@ -280,7 +280,7 @@ def is_worker_gone(response: requests.Response) -> bool:
 def repeats_for_every_chunk(error: BertServeError) -> bool:
     """An error no other chunk would escape: a bad token, an unknown model, no server, a
     request `requests` cannot send, or TorchServe refusing the request's form."""
-    if isinstance(error, Unauthorized | ModelNotFound | ConnectError | RequestFailed):
+    if isinstance(error, (Unauthorized, ModelNotFound, ConnectError, RequestFailed)):
         return True
     return isinstance(error, UnexpectedStatus) and error.status in (400, 405)
 
@@ -309,7 +309,7 @@ def retry_after_seconds(value: str | None, now: float) -> float | None:
 def is_retried(error: BertServeError) -> bool:
     """The failures another attempt may escape: no answer, a full queue or a gone worker, and
     a deadline that passed while the request waited."""
-    return isinstance(error, ConnectError | Timeout | Unavailable | WorkerDied | DeadlineExceeded)
+    return isinstance(error, (ConnectError, Timeout, Unavailable, WorkerDied, DeadlineExceeded))
 
 
 class Client:

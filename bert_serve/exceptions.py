@@ -34,11 +34,12 @@ attempts with no answer); they reach the caller only once the retries are spent.
 
 from __future__ import annotations
 
-from enum import StrEnum
+from enum import Enum
 
 
-class ErrorCode(StrEnum):
-    """The handler's per-item error codes (handler/errors.py `ErrorCode`)."""
+class ErrorCode(str, Enum):
+    """The handler's per-item error codes (handler/errors.py `ErrorCode`). A `str` as
+    `enum.StrEnum` is, which the client cannot use: it supports Python 3.9."""
 
     EMPTY_TEXT = "empty_text"
     MISSING_FIELD = "missing_field"
@@ -49,6 +50,9 @@ class ErrorCode(StrEnum):
     PAYLOAD_TOO_LARGE = "payload_too_large"
     INTERNAL_ERROR = "internal_error"
     DEADLINE_EXCEEDED = "deadline_exceeded"
+
+    def __str__(self) -> str:
+        return str(self.value)
 
 
 # The status the server answers each code with (handler/errors.py `HTTP_STATUS`).

@@ -19,7 +19,10 @@
   and logs;
 - ``metrics``: the live metrics summary;
 - ``layout``: the container / KServe layout; ``archive``: .mar variants; ``training``: the
-  default model's fine-tuning.
+  default model's fine-tuning;
+- ``image``, ``image_checks``: the image run as a user would (``make image-test``) and the
+  request checks it makes, one function each;
+- ``environment``: the server's lock (requirements/server.lock) and torch build checks.
 
 This package is not part of the installable client (``bert_serve``, which never imports it):
 it needs the server and dev extras (torch, aiohttp, psutil, matplotlib) and the repository's

@@ -7,8 +7,10 @@
 #               registry), a debootstrap'd bookworm minbase (scripts/image_base.sh) is used
 #   DEBIAN_MIRROR the Debian archive probed first, and the one a debootstrap'd base is made
 #               from (default http://deb.debian.org/debian)
-#   TORCH_INDEX an extra index for torch (a CUDA one for the GPU variant); empty: pip's own
-#               config finds the CPU build (here /opt/wheels; elsewhere .../whl/cpu)
+#   TORCH       cpu (default) or cuda: the torch build of the image's wheels, checked before
+#               the build (scripts/check_torch.py: no CUDA library in a CPU image)
+#   TORCH_INDEX where that torch comes from (scripts/torch_build.sh: PyTorch's CPU index for
+#               cpu, PyPI's CUDA build for cuda unless set)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 image="${IMAGE:-bert-serve:0.1.0}"
@@ -39,22 +41,24 @@ if ! "${engine[@]}" image inspect "$base" >/dev/null 2>&1 \
         || { [ $? = 75 ] && archive_unreachable "debootstrap from $mirror"; exit 1; }
 fi
 
+source scripts/torch_build.sh
 context=build/image/context
-wheels=build/image/wheels
+wheels="build/image/wheels-$torch_build"
 "$python" scripts/deploy_layout.py --out "$context" >/dev/null
 cp deploy/entrypoint.sh "$context/entrypoint.sh"
 mkdir -p "$context/lib/harness"
 cp harness/config.py harness/sizing.py "$context/lib/harness/"
 : >"$context/lib/harness/__init__.py"
-# Their dependencies at the versions of this venv too (the tested ones); torch as required.
-"$python" -m pip freeze --exclude-editable | grep -v "^torch==" >build/image/constraints.txt
-"$python" -m pip download -qq --dest "$wheels" ${TORCH_INDEX:+--extra-index-url "$TORCH_INDEX"} \
+# Their dependencies at the locked versions too (requirements/server.lock, the tested ones),
+# torch as the build asked for.
+torch_constraints "$python" build/image/constraints.txt
+"$python" -m pip download -qq --dest "$wheels" "${torch_index_args[@]}" \
     -r "$context/requirements.txt" -c build/image/constraints.txt \
     || archive_unreachable "pip download"
 # Only the wheels this requirements.txt resolves to go into the context.
 "$python" -m pip download -qq --no-index --find-links "$wheels" --dest "$context/wheels" \
     -r "$context/requirements.txt" -c build/image/constraints.txt
-ls "$context/wheels" | grep '^torch-'
+"$python" scripts/check_torch.py "$torch_build" --wheels "$context/wheels"
 
 format=()
 [ "${engine[0]}" = podman ] && format=(--format docker)  # OCI images drop HEALTHCHECK

@@ -1,15 +1,19 @@
-"""Shared fixtures: a tiny BERT for speed where weights don't matter, the real one where answers do."""
+"""Shared fixtures: a tiny BERT for speed where weights don't matter, the real one where answers do.
+
+The server side (torch, ts, the handler) is imported inside the fixtures that need it: the
+client's tests (scripts/test_client_pythons.sh) run through this file in venvs without it."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests.worker_harness import Worker, build_worker
+if TYPE_CHECKING:
+    from tests.worker_harness import Worker
 
 ROOT = Path(__file__).resolve().parent.parent
 REAL_MODEL_DIR = ROOT / "build" / "bert-sentiment"
@@ -49,6 +53,8 @@ def tiny_worker(
 ) -> Callable[..., Worker]:
     """``tiny_worker(**handler_settings)``: the tiny BERT in TorchServe's worker code, one
     worker per distinct settings for the whole session (loading one takes about a second)."""
+    from tests.worker_harness import build_worker
+
     workers: dict[str, Worker] = {}
 
     def worker(**handler_settings: Any) -> Worker:

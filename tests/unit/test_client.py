@@ -1,5 +1,11 @@
 """The Python client and CLI against a scripted local HTTP stub: chunking, order, retries,
-the API's options and pairs, and the exception tree."""
+the API's options and pairs, and the exception tree.
+
+These are the client's unit tests: they run on every Python the client supports (3.9 to 3.13,
+scripts/test_client_pythons.sh) with only the client's install and pytest, so this file
+imports nothing of the server side and no syntax or library newer than 3.9. The few that
+check the client against the server's own files are marked `server_side`; those run with the
+whole suite."""
 
 from __future__ import annotations
 
@@ -7,16 +13,16 @@ import ast
 import io
 import json
 import re
+import socket
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 import pytest
-import yaml
 
 from bert_serve import cli, exceptions
 from bert_serve import client as client_module
@@ -28,11 +34,17 @@ from bert_serve.client import (
     chunk_texts,
     token_from_key_file,
 )
-from harness.config import free_port
 from tests.conftest import ROOT
 
-Reply = tuple[int, Any] | tuple[int, Any, dict[str, str]]
+Reply = Union[tuple[int, Any], tuple[int, Any, dict[str, str]]]
 # (status, JSON body or None for an empty body[, response headers])
+
+
+def unused_port() -> int:
+    """A local port nothing listens on (the OS's pick for a socket closed at once)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def prediction_for(text: str) -> dict[str, Any]:
@@ -188,16 +200,16 @@ def test_retries_give_up_with_the_last_error(stub_factory: Callable[..., Stub]) 
         503,
         "queue full",
     )
-    assert isinstance(caught.value, exceptions.Unavailable | exceptions.ServerError)
+    assert isinstance(caught.value, (exceptions.Unavailable, exceptions.ServerError))
     assert len(stub.requests) == 4 and len(sleeps) == 3
 
 
 def test_connection_errors_are_retried_then_raised() -> None:
-    client = Client(f"http://127.0.0.1:{free_port()}", retries=2, sleep=lambda _: None, timeout=5)
+    client = Client(f"http://127.0.0.1:{unused_port()}", retries=2, sleep=lambda _: None, timeout=5)
     with pytest.raises(BertServeError) as caught:
         client.classify("x")
     assert caught.value.code == "connection_failed" and caught.value.status is None
-    assert isinstance(caught.value, exceptions.ConnectError | exceptions.TransportError)
+    assert isinstance(caught.value, (exceptions.ConnectError, exceptions.TransportError))
 
 
 def test_a_malformed_url_is_a_typed_error() -> None:
@@ -259,7 +271,7 @@ def test_classify_many_keeps_order_under_concurrency(stub_factory: Callable[...,
     results = client.classify_many(texts, chunk_size=7, concurrency=4)
     assert len(results) == len(texts) == 101
     assert len(stub.requests) == 15
-    for text, result in zip(texts, results, strict=True):
+    for text, result in zip(texts, results):
         if text:
             assert (
                 result.ok
@@ -326,7 +338,7 @@ def test_a_call_with_no_answers_at_all_ends_within_its_bound(
         release.set()
     elapsed = time.monotonic() - started
     assert caught.value.code == "timeout" and caught.value.status is None
-    assert isinstance(caught.value, exceptions.Timeout | exceptions.TransportError)
+    assert isinstance(caught.value, (exceptions.Timeout, exceptions.TransportError))
     assert len(stub.requests) == 3
     assert 3 * 0.2 <= elapsed < 3 * 0.2 + 2 * 0.1 + 2.0
 
@@ -399,8 +411,11 @@ def test_final_answers_are_not_retried(
     assert len(stub.requests) == 1 and sleeps == []
 
 
+@pytest.mark.server_side
 def test_the_default_deadline_follows_the_servers_response_timeout() -> None:
     """The client's constant must be the responseTimeout the .mar ships with."""
+    import yaml
+
     config = yaml.safe_load((ROOT / "config" / "model-config.yaml").read_text())
     assert client_module.SERVER_RESPONSE_TIMEOUT_S == config["responseTimeout"]
     assert Client().timeout == client_module.DEFAULT_TIMEOUT_S > config["responseTimeout"]
@@ -497,7 +512,7 @@ def test_cli_exit_codes(
     assert json.loads(capsys.readouterr().out)["label"] == "label-5"
     assert cli.main(["classify", "--url", stub.url, " "]) == cli.EXIT_ITEM_FAILED
     assert json.loads(capsys.readouterr().out)["error"]["code"] == "empty_text"
-    down = f"http://127.0.0.1:{free_port()}"
+    down = f"http://127.0.0.1:{unused_port()}"
     assert cli.main(["classify", "--url", down, "--retries", "0", "x"]) == cli.EXIT_FAILED
     assert "connection_failed" in capsys.readouterr().err
 
@@ -643,6 +658,7 @@ def test_a_single_label_answer_has_no_labels(stub_factory: Callable[..., Stub]) 
     assert prediction.labels is None and "labels" not in prediction.to_json()
 
 
+@pytest.mark.server_side
 def test_the_client_codes_are_the_servers_error_table() -> None:
     """The client mirrors handler/errors.py (it cannot import it: it installs without the
     server); this keeps the copy equal to the one table, codes and statuses."""
@@ -715,6 +731,7 @@ def test_item_results_keep_the_error_code_of_a_failed_chunk(
     assert [r.error for r in results] == [ItemError("worker_died", "Worker died.")] * 2
 
 
+@pytest.mark.skipif(sys.version_info < (3, 10), reason="sys.stdlib_module_names is 3.10's")
 def test_the_client_imports_only_the_stdlib_requests_and_tqdm() -> None:
     """The client installs with requests and tqdm alone: no module of it may import more."""
     allowed = set(sys.stdlib_module_names) | {"requests", "tqdm", "bert_serve"}

@@ -90,20 +90,33 @@ def test_strict_validation_rejects_a_misspelt_field() -> None:
         kubernetes_validate.validate(deployment, KUBERNETES_VERSION, strict=True)
 
 
-def test_kserve_predictor_container_is_a_valid_container() -> None:
-    """The InferenceService's container fields (all but KServe's own) are a valid core Container."""
-    model = dict(
-        documents(DEPLOY / "kserve" / "inferenceservice.yaml")[0]["spec"]["predictor"]["model"]
-    )
+def kserve(kind: str) -> dict[str, Any]:
+    found = [
+        doc
+        for path in sorted((DEPLOY / "kserve").glob("*.yaml"))
+        for doc in documents(path)
+        if doc["kind"] == kind
+    ]
+    assert len(found) == 1, f"expected one {kind} in deploy/kserve, found {len(found)}"
+    return found[0]
+
+
+def test_kserve_containers_are_valid_containers() -> None:
+    """The ServingRuntime's container, and the InferenceService's container fields (all but
+    KServe's own), are valid core Containers (tests/unit/test_kserve.py checks the rest of
+    both against KServe's CRDs)."""
+    (runtime_container,) = kserve("ServingRuntime")["spec"]["containers"]
+    model = dict(kserve("InferenceService")["spec"]["predictor"]["model"])
     for key in ("modelFormat", "protocolVersion", "storageUri", "runtime"):
         model.pop(key, None)
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "kserve-predictor"},
-        "spec": {"containers": [{"name": "kserve-container", **model}]},
-    }
-    kubernetes_validate.validate(pod, KUBERNETES_VERSION, strict=True)
+    for container in (runtime_container, {"name": "kserve-container", **model}):
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "kserve-predictor"},
+            "spec": {"containers": [container]},
+        }
+        kubernetes_validate.validate(pod, KUBERNETES_VERSION, strict=True)
 
 
 def test_probes_hit_ping_on_the_inference_port(
@@ -239,22 +252,37 @@ def test_layout_files(layout: Path, layout_config: dict[str, str]) -> None:
         assert importlib.metadata.version(name).split("+")[0] == version
 
 
-def test_inference_service_matches_the_layout_and_deployment(
+def test_kserve_runtime_matches_the_layout_and_deployment(
     container: dict[str, Any], layout_config: dict[str, str]
 ) -> None:
-    (isvc,) = documents(DEPLOY / "kserve" / "inferenceservice.yaml")
-    assert (isvc["apiVersion"], isvc["kind"]) == ("serving.kserve.io/v1beta1", "InferenceService")
+    """The ServingRuntime runs the Deployment's image the way the Deployment does: the image's
+    entrypoint, the inference port, the same probes, user and footprint, and Prometheus
+    pointed at the metrics port; the InferenceService asks for the same footprint."""
+    isvc, runtime = kserve("InferenceService"), kserve("ServingRuntime")
+    assert (isvc["apiVersion"], runtime["apiVersion"]) == (
+        "serving.kserve.io/v1beta1",
+        "serving.kserve.io/v1alpha1",
+    )
     model = isvc["spec"]["predictor"]["model"]
-    assert model["modelFormat"]["name"] == "pytorch"
+    assert model["runtime"] == runtime["metadata"]["name"]
     assert "REPLACE" in model["storageUri"], "the bucket is a placeholder and must say so"
-    assert model["image"] == container["image"]
-    assert model["resources"] == container["resources"]
-    assert [entry["containerPort"] for entry in model["ports"]] == [
-        port(layout_config["inference_address"])
-    ]
-    assert [*model["command"], *model["args"]] == json.loads(
+    (served,) = runtime["spec"]["containers"]
+    assert served["image"] == container["image"]
+    assert served["resources"] == container["resources"] == model["resources"]
+    inference = port(layout_config["inference_address"])
+    assert [entry["containerPort"] for entry in served["ports"]] == [inference]
+    assert [*served["command"], *served["args"]] == json.loads(
         dockerfile_instruction("ENTRYPOINT")[0]
-    ), "the predictor runs the image's own entrypoint, in place of the runtime's command"
+    ), "the runtime runs the image's own entrypoint"
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert served[probe]["httpGet"] == {"path": "/ping", "port": inference}, probe
+        timing = {key: value for key, value in container[probe].items() if key != "httpGet"}
+        assert {key: value for key, value in served[probe].items() if key != "httpGet"} == timing
+    assert served["securityContext"]["runAsUser"] == int(dockerfile_instruction("USER")[-1])
+    annotations = runtime["spec"]["annotations"]
+    assert int(annotations["prometheus.kserve.io/port"]) == port(layout_config["metrics_address"])
+    assert annotations["prometheus.kserve.io/path"] == "/metrics"
+    assert isvc["metadata"]["annotations"]["serving.kserve.io/enable-prometheus-scraping"] == "true"
 
 
 def mebibytes(quantity: str) -> float:

@@ -14,4 +14,5 @@ def test_every_script_the_makefile_calls_exists() -> None:
     missing = sorted(path for path in named if not (ROOT / path).is_file())
     assert not missing, f"the Makefile calls scripts that do not exist: {missing}"
     ci = (ROOT / ".ci" / "run").read_text()
-    assert ci.count("make check") == 1 and ci.count("make test") == 1
+    assert ci.count("make check") == 1 and ci.count("make test\n") == 1
+    assert ci.count("make test-client") == 1, "CI runs the client's tests on every Python"

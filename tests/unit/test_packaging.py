@@ -4,6 +4,7 @@ loads. (tests/integration/test_client_install.py installs it into a clean venv.)
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import tomllib
@@ -40,3 +41,15 @@ def test_importing_the_client_and_its_command_loads_nothing_of_the_server() -> N
     )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == []
+
+
+def test_the_client_pythons_script_runs_every_python_requires_python_allows() -> None:
+    """requires-python and scripts/test_client_pythons.sh (CI's client runs) name the same
+    versions: a version allowed but never tested, or tested but refused, fails here."""
+    from packaging.specifiers import SpecifierSet
+
+    allowed = SpecifierSet(pyproject()["project"]["requires-python"])
+    supported = [f"3.{minor}" for minor in range(30) if f"3.{minor}.0" in allowed]
+    script = (ROOT / "scripts" / "test_client_pythons.sh").read_text()
+    (default,) = re.findall(r"\$\{PYTHONS:-([\d. ]+)\}", script)
+    assert default.split() == supported == ["3.9", "3.10", "3.11", "3.12", "3.13"]

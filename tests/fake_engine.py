@@ -1,0 +1,153 @@
+"""A stand-in for podman or docker, so harness/image.py's whole run can be tested where no
+container engine works: ``python fake_engine.py STATE_DIR VERB ARGS...``.
+
+``run`` starts a stub of the image in a process of its own, answering on the published host
+ports as the image does (``served``); ``inspect``, ``exec`` (the management API's model
+description), ``kill``, ``stats``, ``logs`` and ``rm`` act on it. The stub exits 0 on SIGTERM
+and records that, as the image's entrypoint does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+Reply = tuple[int, Any]
+
+
+def served(method: str, path: str, body: Any) -> Reply:
+    """What the image answers, in the shapes image-test reads."""
+    if path == "/ping":
+        return 200, {"status": "Healthy"}
+    if (method, path) == ("GET", "/metrics"):
+        return 200, "ts_inference_requests_total 3\nts_queue_latency_microseconds 9\n"
+    if path == "/v2/models/bert/infer":
+        return 200, {"outputs": [{"name": "label", "shape": [2], "data": ["positive", "negative"]}]}
+    if isinstance(body, dict) and "texts" in body:
+        results = [
+            {"error": {"code": "empty_text"}} if not text else {"label": "positive"}
+            for text in body["texts"]
+        ]
+        return 200, {"results": results}
+    text = body.get("text", "") if isinstance(body, dict) else str(body)
+    return 200, {"label": "negative" if "joyless" in text else "positive"}
+
+
+def handler(answer: Any) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def reply(self, method: str) -> None:
+            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            try:
+                body: Any = json.loads(raw) if raw else None
+            except ValueError:
+                body = raw.decode()
+            status, reply = answer(method, self.path, body)
+            data = reply.encode() if isinstance(reply, str) else json.dumps(reply).encode()
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            self.reply("GET")
+
+        def do_POST(self) -> None:  # noqa: N802
+            self.reply("POST")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    return Handler
+
+
+def serve(exit_file: Path, ports: list[int]) -> None:
+    """The stub image: one server per published port until SIGTERM, then exit 0."""
+    servers = [ThreadingHTTPServer(("127.0.0.1", port), handler(served)) for port in ports]
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    stopped = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    stopped.wait()
+    exit_file.write_text("0")
+
+
+class Box:
+    """One container: the stub's pid (``name.json``) and, once it stopped, its exit code
+    (``name.exit``), in the state folder."""
+
+    def __init__(self, state: Path, name: str) -> None:
+        self.record = state / f"{name}.json"
+        self.exit_file = state / f"{name}.exit"
+
+    @property
+    def pid(self) -> int:
+        return int(json.loads(self.record.read_text())["pid"]) if self.record.exists() else 0
+
+    @property
+    def running(self) -> bool:
+        return self.record.exists() and not self.exit_file.exists()
+
+
+def run(state: Path, args: list[str]) -> str:
+    name = args[args.index("--name") + 1]
+    box = Box(state, name)
+    ports = [args[i + 1].split(":")[1] for i, arg in enumerate(args) if arg == "--publish"]
+    command = [sys.executable, __file__, str(state), "serve", str(box.exit_file), *ports]
+    stub = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    box.record.write_text(json.dumps({"pid": stub.pid}))
+    return name
+
+
+def inspect(state: Path, args: list[str]) -> str:
+    box = Box(state, args[-1])
+    return {
+        "{{.State.Running}}": "true" if box.running else "false",
+        "{{.State.Pid}}": str(box.pid),
+        "{{.State.ExitCode}}": "0" if box.running else box.exit_file.read_text(),
+    }[args[args.index("--format") + 1]]
+
+
+def exec_(state: Path, args: list[str]) -> str:
+    """exec NAME python3.11 -c CODE method path body base: the model's description."""
+    assert args[4:6] == ["GET", "/models/bert"], args
+    return "200\n" + json.dumps([{"workers": [{"status": "READY"}, {"status": "READY"}]}])
+
+
+def kill(state: Path, args: list[str]) -> str:
+    os.kill(Box(state, args[-1]).pid, signal.SIGTERM)
+    return ""
+
+
+def rm(state: Path, args: list[str]) -> str:
+    box = Box(state, args[-1])
+    if box.running:
+        os.kill(box.pid, signal.SIGKILL)
+    return ""
+
+
+VERBS = {
+    "run": run,
+    "inspect": inspect,
+    "exec": exec_,
+    "kill": kill,
+    "rm": rm,
+    "image": lambda state, args: "123456",  # image inspect --format {{.Size}} IMAGE
+    "stats": lambda state, args: "1.1GB / 2GB",
+    "logs": lambda state, args: "",
+}
+
+
+if __name__ == "__main__":
+    if sys.argv[2] == "serve":
+        serve(Path(sys.argv[3]), [int(port) for port in sys.argv[4:]])
+    else:
+        print(VERBS[sys.argv[2]](Path(sys.argv[1]), sys.argv[3:]))

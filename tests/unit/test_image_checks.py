@@ -1,0 +1,150 @@
+"""The pieces of `make image-test` that need no container engine (harness/image.py and
+harness/image_checks.py): the request checks against stub servers that answer right and
+wrong, the management API read through an engine's `exec`, and the memory bookkeeping.
+tests/integration/test_image.py runs the whole thing against a real image."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness import image
+from harness.config import free_port
+from harness.image_checks import CHECKS, Target, run_checks
+from tests import fake_engine
+from tests.fake_engine import Reply, handler, served
+
+
+def misbehaving(method: str, path: str, body: Any) -> Reply:
+    """Every answer a little wrong: labels flipped, the empty item accepted, no v2, no metrics."""
+    if (method, path) == ("GET", "/metrics"):
+        return 200, "# nothing exported\n"
+    if path == "/v2/models/bert/infer":
+        return 404, {"code": 404, "type": "ModelNotFoundException"}
+    if isinstance(body, dict) and "texts" in body:
+        return 200, {"results": [{"label": "positive"} for _ in body["texts"]]}
+    if isinstance(body, dict) and "text_pair" in body:
+        return 400, {"error": {"code": "invalid_option"}}
+    text = body.get("text", "") if isinstance(body, dict) else body
+    return 200, {"label": "positive" if "joyless" in text else "negative"}
+
+
+@contextmanager
+def stub(answer: Callable[[str, str, Any], Reply]) -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler(answer))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def no_management(method: str, path: str, body: bytes) -> tuple[int, str]:
+    raise AssertionError("no check of these reads the management API")
+
+
+def test_every_check_passes_on_an_image_that_answers_right() -> None:
+    with stub(served) as url:
+        outcomes = run_checks(Target(url, url, no_management))
+    assert [outcome.name for outcome in outcomes] == [name for name, _ in CHECKS]
+    assert [outcome.problems for outcome in outcomes] == [()] * len(CHECKS)
+
+
+def test_every_check_reports_what_a_misbehaving_image_got_wrong() -> None:
+    """Each check finds its own problem, and one failure does not hide the others."""
+    with stub(misbehaving) as url:
+        outcomes = {
+            outcome.name: outcome.problems
+            for outcome in run_checks(Target(url, url, no_management))
+        }
+    assert all(outcomes.values()), outcomes
+    assert [problem.split(":")[0] for problem in outcomes["the README's examples"]] == [
+        "raw text",
+        "JSON text",
+    ]
+    assert "404" in outcomes["Open Inference Protocol (v2) over HTTP"][0]
+    assert len(outcomes["Prometheus /metrics"]) == 2
+
+
+def test_a_check_that_cannot_connect_is_an_outcome_not_a_crash() -> None:
+    down = f"http://127.0.0.1:{free_port()}"
+    outcomes = run_checks(Target(down, down, no_management))
+    assert all("ConnectionError" in outcome.problems[0] for outcome in outcomes)
+
+
+FAKE_ENGINE = """\
+import json, sys
+args = sys.argv[1:]
+assert args[:2] == ["exec", "box"] and args[2:4] == ["python3.11", "-c"], args
+method, path, body, base = args[5:]
+assert (method, path, base) == ("GET", "/models/bert", "http://127.0.0.1:8081"), args
+print(200)
+print(json.dumps([{"workers": [{"status": state} for state in sys.argv[0].split("-")[-1][:-3].split("_")]}]))
+"""
+
+
+@pytest.mark.parametrize(("states", "ready"), [("READY_READY", True), ("READY_UNLOADING", False)])
+def test_workers_ready_reads_the_management_api_inside_the_container(
+    tmp_path: Path, states: str, ready: bool
+) -> None:
+    engine = tmp_path / f"engine-{states}.py"
+    engine.write_text(FAKE_ENGINE)
+    container = image.Container(
+        [sys.executable, str(engine)], "bert-serve:x", "box", 1, 2,
+        {"management_address": "http://127.0.0.1:8081"},
+    )  # fmt: skip
+    assert image.workers_ready(container) is ready
+
+
+def test_the_container_keeps_management_inside_and_publishes_inference_and_metrics() -> None:
+    addresses = image.container_addresses()
+    assert addresses["management_address"].startswith("http://127.0.0.1:")
+    assert addresses["inference_address"].startswith("http://0.0.0.0:")
+    assert addresses["metrics_address"].startswith("http://0.0.0.0:")
+
+
+def test_process_tree_and_roles() -> None:
+    parents = {10: 1, 11: 10, 12: 11, 13: 11, 20: 1, 14: 12}
+    assert sorted(image.process_tree(10, parents)) == [10, 11, 12, 13, 14]
+    assert image.process_role("/usr/bin/java -cp x org.pytorch.serve.ModelServer") == "frontend"
+    assert image.process_role("python3.11 /x/ts/model_service_worker.py --sock") == "worker"
+    assert image.process_role("/bin/sh /usr/local/bin/bert-serve-entrypoint") == "sh"
+
+
+def test_smaps_rollup_fields_in_kib() -> None:
+    text = "55d0-7ffd ---p 00000000 00:00 0 [rollup]\nRss:  2048 kB\nPss:  1024 kB\n"
+    assert image.smaps_rollup_kib(text) == {"Rss": 2048, "Pss": 1024}
+    own = image.memory_mib(os.getpid())
+    assert own["rss_mib"] >= own["pss_mib"] > 0
+
+
+def test_the_grace_period_is_the_deployments(tmp_path: Path) -> None:
+    deployment = tmp_path / "deployment.yaml"
+    deployment.write_text(
+        "spec:\n  template:\n    spec:\n      terminationGracePeriodSeconds: 45\n"
+    )
+    assert image.grace_period_s(deployment) == 45
+
+
+def test_the_whole_run_against_a_fake_engine(tmp_path: Path) -> None:
+    """run_image_test's steps in order against tests/fake_engine.py, whose `run` starts a
+    stub of the image: READY, the checks, the burst through the load generator, memory
+    from the host, SIGTERM and exit code 0; the container is removed."""
+    engine = [sys.executable, fake_engine.__file__, str(tmp_path)]
+    said: list[str] = []
+    result = image.run_image_test("bert-serve:x", engine, say=said.append)
+    assert result["checks"] == [name for name, _ in CHECKS]
+    assert result["image_bytes"] == 123456 and result["stop_s"] < result["grace_s"]
+    assert result["processes"] and result["processes"][0]["pss_mib"] > 0
+    assert said[0] == "start" and said[-1].startswith("stopped with exit code 0")
+    assert f"burst of {image.BURST_REQUESTS}" in said
+    assert (tmp_path / f"bert-serve-image-test-{os.getpid()}.exit").read_text() == "0"
