@@ -19,7 +19,7 @@ LOCK      := requirements/server.lock
 
 BENCH     := $(VENV)/.bench-installed
 
-.PHONY: install lock model package serve stop status metrics smoke test test-client unit check bench floor tune compare-precision chaos soak fuzz deploy-layout image image-test clean distclean FORCE
+.PHONY: install lock model compare-training package serve stop status metrics smoke test test-client unit check bench floor tune compare-precision chaos soak fuzz deploy-layout image image-test clean distclean FORCE
 
 ## install: .venv with the server and dev extras at the versions of requirements/server.lock
 ##        (TORCH=cuda for the CUDA build of torch; the CPU build otherwise)
@@ -37,10 +37,15 @@ lock:
 	bash scripts/lock.sh
 
 # The venv is an order-only prerequisite (after |): reinstalling must not retrain or repackage.
-build/bert-sentiment/config.json: scripts/build_model.py harness/training.py scripts/data/reviews.tsv | $(STAMP)
+build/bert-sentiment/config.json: scripts/build_model.py harness/training.py scripts/data/reviews.tsv scripts/data/reviews-extra.tsv | $(STAMP)
 	$(PY) scripts/build_model.py --out build/bert-sentiment
 
 model: build/bert-sentiment/config.json
+
+## compare-training: the default model's recipe against cheaper and dearer ones, trained back
+##        to back: seconds and held-out accuracy -> build/training-schemes.json
+compare-training: $(STAMP)
+	$(PY) scripts/compare_training.py --out build/training-schemes.json
 
 # The .mar follows what it was built from, not file times alone: this stamp records the model
 # folder (its files' sizes and times) and the handler config (its hash), and is rewritten only

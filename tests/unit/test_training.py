@@ -1,0 +1,123 @@
+"""The training helpers of ``harness.training`` (``make model``), on the tiny BERT."""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import replace
+from itertools import pairwise
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.corpus import DATA_FILE, read_reviews, split
+from harness.training import (
+    EXTRA_FILE,
+    Recipe,
+    batches,
+    collate,
+    examples,
+    features,
+    pretrained,
+    top_only,
+    train,
+)
+
+TEXTS = ["Fine.", "A long and winding review of a film that was not good at all.", "Loved it!"]
+
+
+@pytest.mark.parametrize("frozen", [0, 1, 2])
+def test_precomputed_bottom_gives_the_whole_models_logits(
+    tiny_model_dir: Path, frozen: int
+) -> None:
+    """Training from the frozen bottom's saved hidden states runs the same model as a forward
+    from the text: the same logits within 1e-5 (an off-by-one layer would differ by 1e-2)."""
+    model, tokenizer = pretrained(tiny_model_dir)
+    model.eval()
+    with torch.no_grad():
+        expected = model(**tokenizer(TEXTS, padding=True, return_tensors="pt")).logits
+        batch = collate(features(model, tokenizer, TEXTS, 128, frozen), tokenizer.pad_token_id)
+        with top_only(model, frozen):
+            got = model(**batch).logits
+    assert torch.allclose(got, expected, atol=1e-5)
+    assert len(model.base_model.encoder.layer) == 2  # restored
+
+
+def test_training_changes_only_the_unfrozen_weights(tiny_model_dir: Path) -> None:
+    model, tokenizer = pretrained(tiny_model_dir)
+    before = {name: weight.detach().clone() for name, weight in model.named_parameters()}
+    examples = [(text, index % 2) for index, text in enumerate(TEXTS * 4)]
+    train(model, tokenizer, examples, Recipe(epochs=1, batch_size=4, lr=1e-2, frozen_layers=1))
+    changed = {
+        name for name, weight in model.named_parameters() if not torch.equal(weight, before[name])
+    }
+    assert not any(
+        name.startswith(("bert.embeddings", "bert.encoder.layer.0.")) for name in changed
+    )
+    assert any(name.startswith("bert.encoder.layer.1.") for name in changed)
+    assert {"classifier.weight", "bert.pooler.dense.weight"} <= changed
+
+
+def test_collate_pads_right_and_masks() -> None:
+    batch = collate([torch.tensor([5, 6, 7]), torch.tensor([8])], pad_id=0)
+    assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    states = collate([torch.ones(2, 4), torch.ones(1, 4)], pad_id=0)
+    assert states["inputs_embeds"].shape == (2, 2, 4)
+    assert states["attention_mask"].tolist() == [[1, 1], [1, 0]]
+
+
+@pytest.mark.parametrize("bucketed", [False, True])
+def test_batches_hold_every_example_once(bucketed: bool) -> None:
+    lengths = [random.Random(1).randint(1, 100) for _ in range(50)]
+    out = batches(lengths, 8, random.Random(0), bucketed)
+    assert sorted(i for batch in out for i in batch) == list(range(50))
+    assert [len(batch) for batch in out].count(8) == 6
+    assert out == batches(lengths, 8, random.Random(0), bucketed)  # the seed decides
+
+
+def test_bucketed_batches_hold_similar_lengths() -> None:
+    """Sorted by length, then shuffled as whole batches: no batch spans another's lengths."""
+    rng = random.Random(3)
+    lengths = [rng.randint(1, 1000) for _ in range(64)]
+    spans = sorted(
+        (min(lengths[i] for i in b), max(lengths[i] for i in b))
+        for b in batches(lengths, 8, random.Random(0), True)
+    )
+    assert all(high <= low_next for (_, high), (low_next, _) in pairwise(spans))
+    assert batches(lengths, 8, random.Random(0), True) != batches(
+        lengths, 8, random.Random(1), True
+    )
+
+
+def normalized(text: str) -> str:
+    return re.sub(r"\W+", " ", text.lower()).strip()
+
+
+def test_held_out_reviews_are_never_trained_on() -> None:
+    """The held-out share of reviews.tsv is not in the training split, nor (even with other
+    case or punctuation) in the training-only reviews of the default recipe."""
+    recipe = Recipe()
+    assert EXTRA_FILE in recipe.extra and recipe.data == DATA_FILE
+    train_set, held_out = split(read_reviews(recipe.data), recipe.held_out, recipe.seed)
+    trained = {normalized(text) for path in recipe.extra for text, _ in read_reviews(path)}
+    trained |= {normalized(text) for text, _ in train_set}
+    assert len(held_out) == 96
+    assert not trained & {normalized(text) for text, _ in held_out}
+
+
+def test_training_only_reviews_are_labelled_and_balanced() -> None:
+    extra = read_reviews(EXTRA_FILE)
+    positives = sum(label for _, label in extra)
+    assert len(extra) > 500 and abs(positives - len(extra) / 2) < 0.05 * len(extra)
+    assert len({normalized(text) for text, _ in extra}) == len(extra)
+
+
+def test_a_smaller_training_share_keeps_the_held_out_reviews() -> None:
+    """train_share takes fewer training reviews (of both files); the held-out set stays."""
+    train_set, held_out = examples(Recipe())
+    half, held_out_half = examples(replace(Recipe(), train_share=0.5))
+    assert held_out_half == held_out
+    assert len(half) == round(len(train_set) / 2) and set(half) < set(train_set)
+    assert set(half) & set(read_reviews(EXTRA_FILE)) and set(half) - set(read_reviews(EXTRA_FILE))
