@@ -27,6 +27,7 @@ GRPC_REGISTER_URL_FIELD = 9
 HANDLER = """\
 import pathlib
 
+pathlib.Path({marker!r}).mkdir(parents=True, exist_ok=True)
 pathlib.Path({marker!r}, "imported").write_text("the workflow's code ran at import")
 
 
@@ -54,6 +55,8 @@ class WorkflowArchive:
 
     @property
     def ran(self) -> list[str]:
+        if not self.marker_dir.is_dir():
+            return []
         return sorted(path.name for path in self.marker_dir.iterdir())
 
 
@@ -69,7 +72,6 @@ def build_workflow_archive(out: Path, marker_dir: Path, model: str = "bert.mar")
     spec that names ``model`` (a .mar of the store), as an attacker would make it."""
     source = out / "source"
     source.mkdir(parents=True)
-    marker_dir.mkdir(parents=True, exist_ok=True)
     (source / "handler.py").write_text(HANDLER.format(marker=str(marker_dir)))
     (source / "spec.yaml").write_text(SPEC.format(model=model))
     # The archiver copies its inputs into TMPDIR/<workflow name> and deletes that folder first.

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from typing import Any
 import requests
 import yaml
 
+from harness.code_routes import WORKFLOW_NAME, build_workflow_archive
 from harness.config import BASE_CONFIG, ROOT, free_port, read_properties
 from harness.image_checks import CheckOutcome, Target, run_checks
 from harness.layout import container_properties
@@ -291,6 +293,29 @@ def failed_checks(outcomes: list[CheckOutcome]) -> str:
     )
 
 
+IN_CONTAINER_WAR = "/tmp/probe_wf.war"
+IN_CONTAINER_MARKERS = "/tmp/probe-markers"
+
+
+def workflow_refused(container: Container) -> CheckOutcome:
+    """A real workflow archive copied into the container is refused by POST /workflows, named
+    as a file URL or a bare name, and its code never runs (docs/security.md)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        archive = build_workflow_archive(Path(scratch), Path(IN_CONTAINER_MARKERS))
+        container.run("cp", str(archive.path), f"{container.name}:{IN_CONTAINER_WAR}")
+    found = []
+    for url in (f"file://{IN_CONTAINER_WAR}", Path(IN_CONTAINER_WAR).name):
+        status, text = container.management(
+            "POST", f"/workflows?url={url}&workflow_name={WORKFLOW_NAME}", b""
+        )
+        if status != 404:
+            found.append(f"POST /workflows?url={url} answered {status}: {text[:200]}")
+    ran = container.run("exec", container.name, "ls", "-A", "/tmp")
+    if Path(IN_CONTAINER_MARKERS).name in ran.split():
+        found.append("the workflow archive's code ran in the container")
+    return CheckOutcome("a workflow archive is refused and never runs", tuple(found))
+
+
 def run_image_test(
     image: str, engine: list[str], say: Callable[[str], None] = print
 ) -> dict[str, Any]:
@@ -305,7 +330,7 @@ def run_image_test(
         container.start()
         ping_s, ready_s = wait_ready(container, started)
         say(f"/ping Healthy after {ping_s:.1f} s, READY after {ready_s:.1f} s")
-        outcomes = run_checks(container.target())
+        outcomes = run_checks(container.target()) + [workflow_refused(container)]
         for outcome in outcomes:
             say(f"{'ok  ' if outcome.ok else 'FAIL'} {outcome.name}")
         if not all(outcome.ok for outcome in outcomes):

@@ -117,7 +117,12 @@ def inspect(state: Path, args: list[str]) -> str:
 
 
 def exec_(state: Path, args: list[str]) -> str:
-    """exec NAME python3.11 -c CODE method path body base: the model's description."""
+    """exec NAME python3.11 -c CODE method path body base: the model's description, or
+    TorchServe's refusal of a workflow; exec NAME ls -A /tmp: an empty /tmp."""
+    if args[1] == "ls":
+        return ""
+    if args[4] == "POST" and args[5].startswith("/workflows?"):
+        return "404\n" + json.dumps({"code": 404, "type": "WorkflowNotFoundException"})
     assert args[4:6] == ["GET", "/models/bert"], args
     return "200\n" + json.dumps([{"workers": [{"status": "READY"}, {"status": "READY"}]}])
 
@@ -140,6 +145,7 @@ VERBS = {
     "exec": exec_,
     "kill": kill,
     "rm": rm,
+    "cp": lambda state, args: "",
     "image": lambda state, args: "123456",  # image inspect --format {{.Size}} IMAGE
     "stats": lambda state, args: "1.1GB / 2GB",
     "logs": lambda state, args: "",

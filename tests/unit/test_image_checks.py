@@ -142,7 +142,9 @@ def test_the_whole_run_against_a_fake_engine(tmp_path: Path) -> None:
     engine = [sys.executable, fake_engine.__file__, str(tmp_path)]
     said: list[str] = []
     result = image.run_image_test("bert-serve:x", engine, say=said.append)
-    assert result["checks"] == [name for name, _ in CHECKS]
+    assert result["checks"] == [name for name, _ in CHECKS] + [
+        "a workflow archive is refused and never runs"
+    ]
     assert result["image_bytes"] == 123456 and result["stop_s"] < result["grace_s"]
     assert result["processes"] and result["processes"][0]["pss_mib"] > 0
     assert said[0] == "start" and said[-1].startswith("stopped with exit code 0")
