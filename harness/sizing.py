@@ -191,6 +191,12 @@ def measure_rate(
     return round(done / (time.perf_counter() - started), 1)
 
 
+def holds_a_model(mar: Path) -> bool:
+    """The .mar has a Hugging Face folder (``model/config.json``) to measure."""
+    with zipfile.ZipFile(mar) as archive:
+        return "model/config.json" in archive.namelist()
+
+
 @functools.cache
 def measured_rate(mar: str, mtime_ns: int, batch_size: int, threads: int, gpus: int) -> float:
     """``measure_rate`` once per archive version and layout in a process (a test session
@@ -234,7 +240,9 @@ def resolve(properties: dict[str, str], gpus: int | None = None) -> Resolved:
     reasons.append(f"{threads} torch thread(s) per worker: the cores shared among them")
     resolved = dict(properties) | {"models": json.dumps({name: {version: entry}})}
     has_heap = heap_mb_in(properties.get("vmargs", "")) is not None
-    if "job_queue_size" not in properties or not has_heap:
+    if not holds_a_model(mar):
+        reasons.append(f"{mar.name} holds no model folder: queue and heap as TorchServe sets them")
+    elif "job_queue_size" not in properties or not has_heap:
         max_request = int(properties.get("max_request_size", DEFAULT_MAX_REQUEST_BYTES))
         batch_size = int(entry.get("batchSize", 1))
         rate = measured_rate(str(mar), mar.stat().st_mtime_ns, batch_size, threads, machine.gpus)

@@ -111,3 +111,18 @@ def test_values_the_config_states_win(machine_of_8_cores: list[tuple[int, int]])
     assert resolved.properties["job_queue_size"] == "10"
     assert resolved.properties["vmargs"] == "-Xmx300m"
     assert machine_of_8_cores == [], "nothing left to measure"
+
+
+def test_an_archive_without_a_model_is_not_measured(
+    machine_of_8_cores: list[tuple[int, int]], tmp_path: Path
+) -> None:
+    """A handler of another kind (the floor's constant handler): workers are sized, the queue
+    and heap are left to TorchServe."""
+    import zipfile
+
+    with zipfile.ZipFile(tmp_path / "bert.mar", "w") as archive:
+        archive.writestr("handler.py", "")
+    resolved = sizing.resolve(effective_properties({"model_store": str(tmp_path)}), gpus=0)
+    assert "job_queue_size" not in resolved.properties
+    assert sizing.heap_mb_in(resolved.properties["vmargs"]) is None
+    assert machine_of_8_cores == []
