@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +19,7 @@ from harness.config import free_port
 from harness.image_checks import CHECKS, Target, run_checks
 from tests import fake_engine
 from tests.fake_engine import Reply, handler, served
+from tests.stub_http import serving
 
 
 def misbehaving(method: str, path: str, body: Any) -> Reply:
@@ -39,13 +38,8 @@ def misbehaving(method: str, path: str, body: Any) -> Reply:
 
 @contextmanager
 def stub(answer: Callable[[str, str, Any], Reply]) -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler(answer))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(handler(answer)) as url:
+        yield url
 
 
 def no_management(method: str, path: str, body: bytes) -> tuple[int, str]:
