@@ -8,7 +8,8 @@
     invalid_encoding   400     the body is not valid UTF-8
     invalid_option     400     "top_k" or "raw_scores" has a value the API does not accept
     payload_too_large  413     the text (or text_pair) has more characters than max_chars
-    internal_error     500     the model failed on this batch; a bug or a resource problem
+    internal_error     500     the model failed on this batch (a bug, or a resource problem such as
+                               the GPU running out of memory): its valid items only
     deadline_exceeded  504     the wait its client stated (from its start stamp) ended before
                                its batch began, or would end before the batch can: it was not
                                tokenized or forwarded (handler.deadline); with Retry-After
