@@ -86,8 +86,10 @@ def expire(
 ) -> list[Decoded]:
     """The decoded requests, each replaced by its ``deadline_exceeded`` refusal when the
     deadline its client stated (``handler.deadline``) passed before the batch began or, with
-    a ``pace``, falls before the batch is expected to end (from the texts still to be worked
-    on): none of its texts is then tokenized or forwarded. Each deadline is read once."""
+    a ``pace``, would fall before the batch is expected to end: the batch keeps the requests
+    with the latest deadlines that it can end in time (from the texts kept), so a batch too
+    large for its short deadlines is cut rather than refused whole. A refused request has
+    none of its texts tokenized or forwarded. Each deadline is read once."""
     dues = [deadline.deadline(request.headers, now) for request in requests]
     live = [
         _expired(d, f"passed {now - due:.3f} s before its batch began")
@@ -98,20 +100,30 @@ def expire(
     if pace is None:
         return live
     texts = [_valid_count(d.request) for d in live]
-    ends = now + pace.expected_s(sum(texts))
-    late = {
-        index
-        for index, (d, due) in enumerate(zip(live, dues, strict=True))
-        if due is not None and due < ends and not isinstance(d.request, Rejected)
-    }
-    if late and pace.is_stale(now) and not any(n for i, n in enumerate(texts) if i not in late):
+    # Patient requests are worked on whatever the time; of the others, those with the latest
+    # deadlines are kept first, each only if the batch kept so far and its texts can end
+    # before its deadline (then every deadline kept before it holds too).
+    kept = sum(n for n, due in zip(texts, dues, strict=True) if due is None)
+    ends: dict[int, float] = {}
+    for index in sorted(
+        (i for i, due in enumerate(dues) if due is not None and texts[i]),
+        key=lambda i: dues[i] or 0.0,
+        reverse=True,
+    ):
+        ends[index] = now + pace.expected_s(kept + texts[index])
+        if ends[index] <= (dues[index] or 0.0):
+            kept += texts[index]
+            del ends[index]
+    if ends and not kept and pace.is_stale(now):
         # A batch that works on nothing times nothing: a pace inflated by one slow batch (the
         # first, cold one) would never come down. Once it is stale, the latest deadline is
         # worked on; more often would spend a forward pass on every refused batch of a spike.
-        late.discard(max(late, key=lambda index: dues[index] or 0.0))
+        del ends[max(ends, key=lambda index: dues[index] or 0.0)]
     return [
-        _expired(d, f"would pass {ends - (dues[index] or 0.0):.3f} s before its batch could end")
-        if index in late
+        _expired(
+            d, f"would pass {ends[index] - (dues[index] or 0.0):.3f} s before its batch could end"
+        )
+        if index in ends
         else d
         for index, d in enumerate(live)
     ]

@@ -268,7 +268,9 @@ def resolve(properties: dict[str, str], gpus: int | None = None) -> Resolved:
     max_request = int(properties.get("max_request_size", DEFAULT_MAX_REQUEST_BYTES))
     has_heap = heap_mb_in(properties.get("vmargs", "")) is not None
     if not holds_a_model(mar):
-        reasons.append(f"{mar.name} holds no model folder: batch size, queue and heap as TorchServe sets them")
+        reasons.append(
+            f"{mar.name} holds no model folder: batch size, queue and heap as TorchServe sets them"
+        )
     elif "batchSize" not in entry or "job_queue_size" not in properties or not has_heap:
         sizes = (int(entry["batchSize"]),) if "batchSize" in entry else BATCH_SIZES
         rates = measured_rates(str(mar), mar.stat().st_mtime_ns, sizes, threads, machine.gpus)

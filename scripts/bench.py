@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import bench
+from harness import bench, sizing
 from harness.archive import DEFAULT_MODEL_DIR
 from harness.config import ROOT
 from harness.corpus import corpus_stats, make_corpus
@@ -67,7 +67,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     if args.device == "auto":
-        args.device = "cuda" if bench.sizing.gpu_count() else "cpu"
+        args.device = "cuda" if sizing.gpu_count() else "cpu"
     if args.smoke:
         args.seconds, args.warmup = 1.5, 0.5
     args.out.mkdir(parents=True, exist_ok=True)

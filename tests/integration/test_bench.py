@@ -96,3 +96,26 @@ def test_floor_smoke_run_takes_a_lone_request_apart(tmp_path) -> None:
     parts = results["breakdown"]["mean_ms"]
     assert parts["handler"] >= parts["handler_forward"] > 0 and parts["frontend_queue"] >= 0
     assert results["machine"]["cpu_model"] and "p50_met" in results["bars"]
+
+
+def test_defaults_check_runs_on_a_stand_in_model() -> None:
+    """`make check-defaults` on the fast stand-in with one-second levels: every level ran and
+    was answered; the sizing it reports is what the server ran. Its bars need a quiet machine
+    and full levels, so only the one that holds on any machine is asserted: 256 patient
+    clients are never refused."""
+    from harness import defaults_check
+
+    (result,) = defaults_check.run(("fast",), seconds=1.0).values()
+    levels = result["levels"]
+    assert set(levels) == {"capacity", "patient", "stated", "unstated"}
+    assert all(level["silently_lost"] == 0 for level in levels.values())
+    assert levels["capacity"]["goodput_per_s"] > 0
+    assert levels["patient"]["refusals"] == 0, levels["patient"]["statuses"]
+    assert 64 <= levels["stated"]["clients"] <= 256
+    assert set(levels["stated"]["statuses"]) <= {"200", "504", "client_timeout"}
+    assert set(result["bars"]) == {
+        "patient_refusals",
+        "stated_share_of_patient",
+        "stated_vs_unstated_goodput",
+        "forwarded_late",
+    }

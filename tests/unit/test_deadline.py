@@ -221,6 +221,24 @@ def test_a_request_that_cannot_end_before_its_deadline_is_not_forwarded() -> Non
     assert classifier.calls == [["due soon", "due later"]]
 
 
+def test_a_batch_too_large_for_its_deadlines_is_cut_not_refused_whole() -> None:
+    """At 0.1 s a text, eight requests due in 0.30 to 0.65 s cannot all end in time (0.8 s),
+    but four can: those with the latest deadlines are worked on, the others refused."""
+    waits = [0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65]
+    batch = [
+        request(
+            f"text {wait}",
+            str(wait),
+            **{"X-Request-Start": f"t={NOW}", "X-Request-Timeout": f"{wait}"},
+        )
+        for wait in waits
+    ]
+    classifier = FakeClassifier()
+    responses = run_batch(batch, classifier, HandlerSettings(), now=NOW, pace=Pace(0.1))
+    assert [r.status for r in responses] == [504] * 4 + [200] * 4
+    assert sorted(classifier.calls[0]) == [f"text {wait}" for wait in waits[4:]]
+
+
 def test_the_pace_follows_the_recent_batches() -> None:
     pace = Pace()
     assert pace.expected_s(16) == 0.0
