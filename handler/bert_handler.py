@@ -19,7 +19,8 @@ from ts.torch_handler.base_handler import BaseHandler
 from handler.deadline import Pace
 from handler.decoding import BODY_KEYS
 from handler.errors import ErrorCode
-from handler.inference import BatchStats, Prediction, TextInput, classify
+from handler.explain import explain
+from handler.inference import BatchStats, Explanation, Prediction, TextInput, classify
 from handler.metrics import MetricsEmitter
 from handler.model import LoadedModel, load_model
 from handler.pipeline import answer_batch, refuse
@@ -30,6 +31,7 @@ from handler.protocol import (
     header_value,
     route_content_type,
 )
+from handler.scoring import ExplainOptions
 from handler.settings import HandlerSettings
 
 logger = logging.getLogger(__name__)
@@ -99,6 +101,9 @@ class BertHandler(BaseHandler):  # type: ignore[misc]
             self.settings.max_batch_tokens,
         )
 
+    def explain_text(self, text: TextInput, options: ExplainOptions) -> Explanation | Rejected:
+        return explain(self.loaded, text, options, self.settings)
+
     def handle(self, data: Any, context: Any) -> list[str]:
         received = time.perf_counter()
         batch = list(data or [])
@@ -110,6 +115,7 @@ class BertHandler(BaseHandler):  # type: ignore[misc]
                 observe=self.metrics.emit,
                 received=received,
                 pace=self.pace,
+                explainer=self.explain_text,
             )
             for index, (response, timings) in enumerate(zip(responses, headers, strict=True)):
                 context.set_response_status(response.status, response.phrase, index)
