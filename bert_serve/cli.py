@@ -217,9 +217,7 @@ def explain_one(client: Client, args: argparse.Namespace) -> int:
     """One text's explanation; its error (exit 1) when the server refuses that text."""
     target: str | int | None = args.target
     try:
-        explanation = client.explain(
-            args.text, args.text_pair, target=target, n_steps=args.n_steps
-        )
+        explanation = client.explain(args.text, args.text_pair, target=target, n_steps=args.n_steps)
     except (Rejected, BodyTooLarge) as error:
         print(json.dumps({"error": {"code": error.code, "message": error.message}}))
         return EXIT_ITEM_FAILED

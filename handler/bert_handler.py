@@ -19,7 +19,7 @@ from ts.torch_handler.base_handler import BaseHandler
 from handler.deadline import Pace
 from handler.decoding import BODY_KEYS
 from handler.errors import ErrorCode
-from handler.explain import explain
+from handler.explain import Budget, explain_all
 from handler.inference import BatchStats, Explanation, Prediction, TextInput, classify
 from handler.metrics import MetricsEmitter
 from handler.model import LoadedModel, load_model
@@ -91,6 +91,9 @@ class BertHandler(BaseHandler):  # type: ignore[misc]
         self.loaded: LoadedModel = load_model(model_dir, self.settings, gpu_id)
         self.metrics = MetricsEmitter(context.metrics, context.model_name)
         self.pace = Pace()
+        timeout = (context.model_yaml_config or {}).get("responseTimeout")
+        self.explain_budget = Budget.for_timeout(timeout)
+        self.explain_budget.calibrate(self.loaded, self.settings)
         self.initialized = True
 
     def classify(self, texts: Sequence[TextInput]) -> tuple[list[Prediction], BatchStats]:
@@ -101,8 +104,10 @@ class BertHandler(BaseHandler):  # type: ignore[misc]
             self.settings.max_batch_tokens,
         )
 
-    def explain_text(self, text: TextInput, options: ExplainOptions) -> Explanation | Rejected:
-        return explain(self.loaded, text, options, self.settings)
+    def explain_texts(
+        self, items: Sequence[tuple[TextInput, ExplainOptions]]
+    ) -> list[Explanation | Rejected]:
+        return explain_all(self.loaded, items, self.settings, self.explain_budget)
 
     def handle(self, data: Any, context: Any) -> list[str]:
         received = time.perf_counter()
@@ -115,7 +120,7 @@ class BertHandler(BaseHandler):  # type: ignore[misc]
                 observe=self.metrics.emit,
                 received=received,
                 pace=self.pace,
-                explainer=self.explain_text,
+                explainer=self.explain_texts,
             )
             for index, (response, timings) in enumerate(zip(responses, headers, strict=True)):
                 context.set_response_status(response.status, response.phrase, index)

@@ -10,11 +10,21 @@ Each text is explained on its own (its steps batched ``internal_batch_size`` at 
 explanation does not depend on its batch-mates. A text's outcome is data: an ``Explanation``,
 or ``Rejected`` (a label the model does not have, steps over the cap, a text over
 ``explain_max_tokens``); it never raises for bad input.
+
+Time: TorchServe kills a worker whose batch runs past ``responseTimeout`` and answers the whole
+batch "Worker died." (the stock handler's long texts). ``Budget`` keeps a batch's explanations
+within a share of it: it knows this worker's seconds per token-step (measured by one small
+explanation at start, then from every explanation), and a text whose estimate would pass what
+is left answers 413 ``explain_too_long`` at once, with the estimate, instead.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -26,6 +36,8 @@ from handler.model import LoadedModel
 from handler.protocol import Rejected
 from handler.scoring import ExplainOptions, apply_score_function
 from handler.settings import HandlerSettings
+
+logger = logging.getLogger(__name__)
 
 
 def baseline_ids(tokenized: TokenizedText, pad_id: int) -> list[int]:
@@ -63,10 +75,80 @@ def target_index(target: str | int | None, labels: tuple[str, ...], best: int) -
     )
 
 
+BUDGET_SHARE = 0.5
+"""The share of ``responseTimeout`` a batch's explanations may take: the rest is for the
+batch's predictions and for the estimate's error (a busy machine, a longer text)."""
+DEFAULT_RESPONSE_TIMEOUT_S = 120.0
+"""TorchServe's own default, for a model config that sets none."""
+CALIBRATION_TEXT = "a short text to time one explanation step at worker start"
+CALIBRATION_STEPS = 4
+
+
+@dataclass
+class Budget:
+    """The seconds a batch's explanations may take, and this worker's pace at them."""
+
+    seconds: float
+    per_token_step: float | None = None
+    """Seconds per token per step: the explanations measured, smoothed (each new one weighs
+    0.3)."""
+
+    @classmethod
+    def for_timeout(cls, response_timeout_s: float | None) -> Budget:
+        timeout = DEFAULT_RESPONSE_TIMEOUT_S if response_timeout_s is None else response_timeout_s
+        return cls(seconds=BUDGET_SHARE * float(timeout))
+
+    def estimate(self, tokens: int, steps: int) -> float:
+        return (self.per_token_step or 0.0) * tokens * steps
+
+    def record(self, tokens: int, steps: int, seconds: float) -> None:
+        measured = seconds / max(1, tokens * steps)
+        previous = self.per_token_step
+        self.per_token_step = measured if previous is None else 0.7 * previous + 0.3 * measured
+
+    def calibrate(self, loaded: LoadedModel, settings: HandlerSettings) -> None:
+        """One small explanation, timed, so that the first request has an estimate."""
+        options = ExplainOptions(n_steps=min(CALIBRATION_STEPS, settings.explain_steps))
+        explain(loaded, CALIBRATION_TEXT, options, settings, self)
+
+
+def explain_all(
+    loaded: LoadedModel,
+    items: Sequence[tuple[TextInput, ExplainOptions]],
+    settings: HandlerSettings,
+    budget: Budget | None = None,
+) -> list[Explanation | Rejected]:
+    """Each text explained alone, in order, within ``budget`` for them all (none: no bound);
+    a text the model fails on is that text's 500."""
+    left = None if budget is None else Budget(budget.seconds, budget.per_token_step)
+    outcomes: list[Explanation | Rejected] = []
+    for text, options in items:
+        started = time.perf_counter()
+        try:
+            outcome = explain(loaded, text, options, settings, left)
+        except Exception:
+            logger.exception("explaining a text failed")
+            outcome = Rejected(
+                ErrorCode.INTERNAL_ERROR, "the model failed to explain this text; retry later"
+            )
+        outcomes.append(outcome)
+        if left is not None:
+            left.seconds -= time.perf_counter() - started
+            if budget is not None and isinstance(outcome, Explanation):
+                budget.per_token_step = left.per_token_step
+    return outcomes
+
+
 def explain(
-    loaded: LoadedModel, text: TextInput, options: ExplainOptions, settings: HandlerSettings
+    loaded: LoadedModel,
+    text: TextInput,
+    options: ExplainOptions,
+    settings: HandlerSettings,
+    budget: Budget | None = None,
 ) -> Explanation | Rejected:
-    """One text's explanation, or why it has none; may raise if the model fails."""
+    """One text's explanation, or why it has none; may raise if the model fails. With a
+    ``budget``, a text whose estimate exceeds its seconds is refused, and the time of the
+    one explained is recorded in it."""
     steps = settings.explain_steps if options.n_steps is None else options.n_steps
     if steps > settings.explain_steps:
         return Rejected(
@@ -83,6 +165,15 @@ def explain(
             f"{settings.explain_max_tokens} (explain_max_tokens): shorten it, or ask "
             "/predictions for its label",
         )
+    if budget is not None and budget.estimate(tokens, steps) > budget.seconds:
+        return Rejected(
+            ErrorCode.EXPLAIN_TOO_LONG,
+            f"explaining this text ({tokens} tokens, {steps} steps) would take about "
+            f"{budget.estimate(tokens, steps):.1f} s on this worker, over the "
+            f"{max(budget.seconds, 0.0):.1f} s its batch has left for explanations (half of "
+            "responseTimeout): send it alone, with fewer n_steps, or shorter",
+        )
+    started = time.perf_counter()
     input_ids, attention_mask, token_type_ids = model_inputs(loaded, [tokenized])
     baseline = torch.tensor([baseline_ids(tokenized, loaded.tokenizer.pad_token_id)])
     device = loaded.device
@@ -108,6 +199,8 @@ def explain(
             internal_batch_size=internal_batch_size(settings, tokens),
             return_convergence_delta=True,
         )
+    if budget is not None:
+        budget.record(tokens, steps, time.perf_counter() - started)
     return Explanation(
         words=loaded.tokenizer.convert_ids_to_tokens(tokenized.input_ids),
         importances=summarize(attributions),

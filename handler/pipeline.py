@@ -53,8 +53,9 @@ Outcome = ListOutcome | Rejected
 Slot = tuple[int, int]
 Classifier = Callable[[Sequence[TextInput]], tuple[list[Prediction], BatchStats]]
 BatchObserver = Callable[[Sequence[Outcome], BatchStats], None]
-Explainer = Callable[[TextInput, ExplainOptions], Explanation | Rejected]
-"""One text's explanation (``handler.explain``), computed alone; it may raise."""
+Explainer = Callable[[Sequence[tuple[TextInput, ExplainOptions]]], list[Explanation | Rejected]]
+"""The batch's texts to explain -> an explanation or error for each, in order
+(``handler.explain.explain_all``: each computed alone); it should not raise."""
 
 
 @dataclass(frozen=True)
@@ -160,20 +161,24 @@ def explain_slots(requests: Sequence[Texts | Rejected]) -> list[tuple[Slot, Vali
 def explain_each(
     slots: Sequence[tuple[Slot, ValidText]], explainer: Explainer | None
 ) -> dict[Slot, ItemOutcome]:
-    """Each text explained on its own; a failure is that text's 500 only."""
-    results: dict[Slot, ItemOutcome] = {}
-    for slot, item in slots:
-        if explainer is None or item.explain is None:
-            results[slot] = Rejected(ErrorCode.NOT_EXPLAINABLE, "this server has no explainer")
-            continue
-        try:
-            results[slot] = explainer(model_input(item), item.explain)
-        except Exception:
-            logger.exception("explaining a text of request slot %s failed", slot)
-            results[slot] = Rejected(
-                ErrorCode.INTERNAL_ERROR, "the model failed to explain this text; retry later"
-            )
-    return results
+    """Every text to explain, by ``explainer``, put back at its place; an explainer that raises
+    or answers the wrong count is a 500 for these texts only."""
+    if explainer is None:
+        refused = Rejected(ErrorCode.NOT_EXPLAINABLE, "this server has no explainer")
+        return {slot: refused for slot, _ in slots}
+    try:
+        outcomes = explainer(
+            [(model_input(item), item.explain or ExplainOptions()) for _, item in slots]
+        )
+        if len(outcomes) != len(slots):
+            raise AssertionError(f"{len(outcomes)} explanations for {len(slots)} texts")
+    except Exception:
+        logger.exception("explaining %d texts failed; this is a bug", len(slots))
+        failure = Rejected(
+            ErrorCode.INTERNAL_ERROR, "the model failed to explain this text; retry later"
+        )
+        return {slot: failure for slot, _ in slots}
+    return {slot: outcome for (slot, _), outcome in zip(slots, outcomes, strict=True)}
 
 
 def model_input(valid: ValidText) -> TextInput:

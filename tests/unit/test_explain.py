@@ -165,7 +165,53 @@ def test_internal_batches_follow_the_token_budget_unless_set() -> None:
 
 def test_internal_batches_do_not_change_the_importances(loaded) -> None:
     _, model = loaded("albert")
-    one = explain(model, TEXTS[0], ExplainOptions(), replace(SETTINGS, explain_internal_batch_size=1))
-    all_steps = explain(model, TEXTS[0], ExplainOptions(), replace(SETTINGS, explain_internal_batch_size=50))
+    one = explain(
+        model, TEXTS[0], ExplainOptions(), replace(SETTINGS, explain_internal_batch_size=1)
+    )
+    all_steps = explain(
+        model, TEXTS[0], ExplainOptions(), replace(SETTINGS, explain_internal_batch_size=50)
+    )
     assert isinstance(one, Explanation) and isinstance(all_steps, Explanation)
     assert cosine(one.importances, all_steps.importances) >= 0.99999
+
+
+def test_a_batch_over_its_time_budget_refuses_the_texts_it_cannot_fit(loaded) -> None:
+    """The budget learns this worker's pace from the texts it explains; once what is left
+    cannot hold the next text's estimate, that text answers explain_too_long, with numbers."""
+    from handler.explain import Budget, explain_all
+
+    _, model = loaded("roberta")
+    budget = Budget.for_timeout(60)
+    assert budget.seconds == 30 and budget.per_token_step is None
+    budget.calibrate(model, SETTINGS)
+    assert budget.per_token_step is not None and budget.per_token_step > 0
+    items = [(text, ExplainOptions()) for text in TEXTS]
+    assert all(isinstance(o, Explanation) for o in explain_all(model, items, SETTINGS, budget))
+    tokens = len(tokenize(model.tokenizer, [TEXTS[0]], SETTINGS.max_length)[0].input_ids)
+    estimate = budget.estimate(tokens, 50)
+    tight = Budget(seconds=0.5 * estimate, per_token_step=budget.per_token_step)
+    (refused,) = explain_all(model, [(TEXTS[0], ExplainOptions())], SETTINGS, tight)
+    assert isinstance(refused, Rejected) and refused.code == ErrorCode.EXPLAIN_TOO_LONG
+    assert "would take about" in refused.message and "responseTimeout" in refused.message
+    fewer = explain_all(model, [(TEXTS[0], ExplainOptions(n_steps=20))], SETTINGS, tight)
+    assert isinstance(fewer[0], Explanation)
+
+
+def test_explain_all_answers_a_model_failure_per_text(loaded, monkeypatch) -> None:
+    import handler.explain
+    from handler.explain import explain_all
+
+    _, model = loaded("roberta")
+    original = handler.explain.explain
+
+    def broken(loaded_model: Any, text: Any, *rest: Any) -> Any:
+        if text == "boom":
+            raise RuntimeError("out of memory")
+        return original(loaded_model, text, *rest)
+
+    monkeypatch.setattr(handler.explain, "explain", broken)
+    failed, fine = explain_all(
+        model, [("boom", ExplainOptions()), ("fine", ExplainOptions())], SETTINGS
+    )
+    assert isinstance(failed, Rejected) and failed.code == ErrorCode.INTERNAL_ERROR
+    assert isinstance(fine, Explanation)

@@ -30,7 +30,9 @@ def test_the_header_is_read_exactly_as_torchserve_sets_it() -> None:
 
 
 def test_explanation_options_ride_on_each_valid_text() -> None:
-    body = b'{"texts": ["a", "", {"text": "b", "text_pair": "c"}], "target": "positive", "n_steps": 5}'
+    body = (
+        b'{"texts": ["a", "", {"text": "b", "text_pair": "c"}], "target": "positive", "n_steps": 5}'
+    )
     decoded = decode_request({"body": body}, JSON, 100, 8, explaining=True)
     assert not isinstance(decoded, Rejected)
     first, empty, pair = decoded.items
@@ -68,7 +70,7 @@ def same(a: Any, b: Any, tolerance: float = 1e-6) -> bool:
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(same(a[k], b[k], tolerance) for k in a)
     if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(same(x, y, tolerance) for x, y in zip(a, b))
+        return len(a) == len(b) and all(same(x, y, tolerance) for x, y in zip(a, b, strict=True))
     if isinstance(a, float) or isinstance(b, float):
         return type(a) is type(b) and abs(a - b) <= tolerance
     return type(a) is type(b) and a == b
@@ -77,10 +79,12 @@ def same(a: Any, b: Any, tolerance: float = 1e-6) -> bool:
 MIXED = [
     Sent(b"A wonderful, moving film.", "text/plain", EXPLANATIONS),
     Sent(b'{"text": "dull and far too long"}', JSON, PREDICTIONS),
-    Sent(b'{"text": "dull and far too long", "target": "negative", "n_steps": 20}', JSON, EXPLANATIONS),
     Sent(
-        b'{"texts": ["great", " ", {"text": "it was", "text_pair": "fine"}]}', JSON, EXPLANATIONS
+        b'{"text": "dull and far too long", "target": "negative", "n_steps": 20}',
+        JSON,
+        EXPLANATIONS,
     ),
+    Sent(b'{"texts": ["great", " ", {"text": "it was", "text_pair": "fine"}]}', JSON, EXPLANATIONS),
     Sent(b'{"texts": ["great", "awful acting"], "top_k": 1}', JSON, PREDICTIONS),
     Sent(b'{"instances": ["loved it", "hated it"]}', None, KSERVE_EXPLAIN),
     Sent(b'{"text": "bad option", "n_steps": 1000}', JSON, EXPLANATIONS),
@@ -128,26 +132,24 @@ def test_a_client_explain_header_on_predictions_still_predicts(tiny_worker) -> N
     assert answer.status == 200 and "scores" in json.loads(answer.body)
 
 
-def test_a_failing_explainer_fails_only_its_text(tiny_worker) -> None:
-    worker = tiny_worker()
-    original = worker.handler.explain_text
+def test_a_failing_explanation_fails_only_its_text(tiny_worker, monkeypatch) -> None:
+    import handler.explain
 
-    def broken(text: Any, options: ExplainOptions) -> Any:
+    original = handler.explain.explain
+
+    def broken(loaded: Any, text: Any, *rest: Any) -> Any:
         if text == "boom":
             raise RuntimeError("out of memory")
-        return original(text, options)
+        return original(loaded, text, *rest)
 
-    worker.handler.explain_text = broken  # type: ignore[method-assign]
-    try:
-        answers = predict(
-            worker.service,
-            [
-                Sent(b'{"texts": ["boom", "fine"]}', JSON, EXPLANATIONS),
-                Sent(b"predicted", "text/plain", PREDICTIONS),
-            ],
-        )
-    finally:
-        del worker.handler.explain_text
+    monkeypatch.setattr(handler.explain, "explain", broken)
+    answers = predict(
+        tiny_worker().service,
+        [
+            Sent(b'{"texts": ["boom", "fine"]}', JSON, EXPLANATIONS),
+            Sent(b"predicted", "text/plain", PREDICTIONS),
+        ],
+    )
     results = json.loads(answers[0].body)["results"]
     assert results[0]["error"]["code"] == "internal_error" and "words" in results[1]
     assert answers[1].status == 200
