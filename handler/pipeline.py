@@ -347,19 +347,19 @@ def _log_batch(
     expired = sum(map(_is_expired, outcomes))
     logger.info(
         "batch_size=%d valid=%d rejected=%d sub_batches=%s real_tokens=%d padded_tokens=%d "
-        "tokenize_ms=%.1f forward_ms=%.1f threads=%d expired=%d explained=%d explain_ms=%.1f",
+        "explained=%d explain_ms=%.1f tokenize_ms=%.1f forward_ms=%.1f threads=%d expired=%d",
         len(requests),
         len(requests) - len(rejected),
         len(rejected),
         stats.sub_batches,
         stats.real_tokens,
         stats.padded_tokens,
+        stats.explained,
+        stats.explain_ms,
         stats.tokenize_ms,
         stats.forward_ms,
         stats.threads,
         expired,
-        stats.explained,
-        stats.explain_ms,
     )
     for request_id, code in rejected:
         logger.info("request %s rejected: %s", request_id, code)
