@@ -19,7 +19,7 @@ LOCK      := requirements/server.lock
 
 BENCH     := $(VENV)/.bench-installed
 
-.PHONY: install lock model compare-training package serve stop status metrics smoke test test-client unit check bench floor tune compare-precision chaos soak fuzz deploy-layout image image-test clean distclean FORCE
+.PHONY: install lock model compare-training package serve stop status metrics smoke test test-client unit check bench check-defaults floor tune compare-precision chaos soak fuzz deploy-layout image image-test clean distclean FORCE
 
 ## install: .venv with the server and dev extras at the versions of requirements/server.lock
 ##        (TORCH=cuda for the CUDA build of torch; the CPU build otherwise)
@@ -95,8 +95,14 @@ $(BENCH): $(STAMP) pyproject.toml
 	touch $@
 
 ## bench: served vs batch size 1 vs in-process ceiling vs LitServe vs client list requests -> docs/bench/
+##        (DEVICE=cpu or cuda: where workers and in-process runs compute; default cuda if present)
 bench: $(MAR) $(BENCH)
-	$(PY) scripts/bench.py --out docs/bench
+	$(PY) scripts/bench.py --out docs/bench $(if $(DEVICE),--device $(DEVICE))
+
+## check-defaults: the shipped defaults on the default model and on stand-ins for faster and
+##        slower hardware: patient clients never refused, stated deadlines pay -> docs/bench/defaults.json
+check-defaults: $(MAR) $(BENCH)
+	$(PY) scripts/check_defaults.py --out docs/bench
 
 ## floor: TorchServe and LitServe serving a constant, a free forward and the real model at 1
 ##        and 8 clients, and a lone request taken apart -> docs/bench/floor.json

@@ -11,7 +11,8 @@
     explain_too_long   413     an explanation of a text with more tokens than explain_max_tokens
     not_explainable    400     an explanation asked on a route or protocol that has none
                                (KServe v2's /explain)
-    internal_error     500     the model failed on this batch; a bug or a resource problem
+    internal_error     500     the model failed on this batch (a bug, or a resource problem such as
+                               the GPU running out of memory): its valid items only
     deadline_exceeded  504     the wait its client stated (from its start stamp) ended before
                                its batch began, or would end before the batch can: it was not
                                tokenized or forwarded (handler.deadline); with Retry-After

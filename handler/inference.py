@@ -234,6 +234,11 @@ def model_inputs(
     return input_ids, attention_mask, token_type_ids
 
 
+class OutOfMemory(RuntimeError):
+    """The device ran out of memory on this batch (its size and lengths); its cache is emptied,
+    so the worker goes on with the next batch."""
+
+
 def classify(
     loaded: LoadedModel,
     texts: Sequence[TextInput],
@@ -258,7 +263,13 @@ def classify(
             loaded, [tokenized[i] for i in group]
         )
         forward_started = time.perf_counter()
-        group_logits = forward(loaded, input_ids, attention_mask, token_type_ids)
+        try:
+            group_logits = forward(loaded, input_ids, attention_mask, token_type_ids)
+        except torch.OutOfMemoryError as error:
+            torch.cuda.empty_cache()
+            raise OutOfMemory(
+                f"out of memory on {len(group)} texts padded to {input_ids.shape[1]} tokens"
+            ) from error
         stats.sub_batch_forward_ms.append((time.perf_counter() - forward_started) * 1000)
         stats.forward_started.append(forward_started)
         stats.sub_batch_padded_tokens.append(input_ids.numel())

@@ -16,7 +16,14 @@ from typing import Any
 
 from handler import deadline, native, open_inference
 from handler.errors import ErrorCode
-from handler.inference import BatchStats, Explanation, Prediction, TextInput, with_options
+from handler.inference import (
+    BatchStats,
+    Explanation,
+    OutOfMemory,
+    Prediction,
+    TextInput,
+    with_options,
+)
 from handler.protocol import (
     IncomingRequest,
     ItemOutcome,
@@ -231,6 +238,14 @@ def classify_valid(
             results = {
                 slot: prediction for (slot, _), prediction in zip(slots, predictions, strict=True)
             }
+        except OutOfMemory:
+            logger.exception("classifying a batch of %d texts ran out of memory", len(texts))
+            failure = Rejected(
+                ErrorCode.INTERNAL_ERROR,
+                "the device ran out of memory on this batch; retry later or with shorter texts",
+            )
+            results = {slot: failure for slot, _ in slots}
+            stats = BatchStats(texts=len(texts))
         except Exception:
             logger.exception("classifying a batch of %d texts failed", len(texts))
             failure = Rejected(

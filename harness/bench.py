@@ -27,7 +27,7 @@ from harness.archive import package_variant
 from harness.compare import compare_precision, config_settings
 from harness.config import models_entry
 from harness.measure import Endpoint, Loads, client_lists, cpu_split, endpoint, interleaved, servers
-from harness.peer import PEER_CONFIGS, litserve_peer
+from harness.peer import OUT_OF_THE_BOX, configured_like, litserve_peer
 from harness.server import Server
 
 SERVER_KEYS = ("config", "startup_s", "worker_memory")
@@ -36,12 +36,18 @@ BUDGETS = [128, 256, 512, 1024, 2048, 8192]
 
 @dataclass(frozen=True)
 class Plan:
-    """What one run measures: the model, seconds per load level, and the smoke form or not."""
+    """What one run measures: the model, seconds per load level, the smoke form or not, and
+    the device (``cpu`` or ``cuda``: the served workers and the in-process runs alike)."""
 
     model_dir: Path
     seconds: float
     warmup: float
     smoke: bool = False
+    device: str = "cpu"
+
+    @property
+    def gpus(self) -> int:
+        return sizing.gpu_count() if self.device == "cuda" else 0
 
     @property
     def loads(self) -> Loads:
@@ -68,21 +74,22 @@ def step(title: str) -> None:
 def torchserve_configs(plan: Plan, store: Path) -> dict[str, dict[str, str]]:
     """The served TorchServe modes: the default; batch size 1 and bf16 (packaged into
     ``store``, where this CPU has native bf16) unless in the smoke form."""
-    configs: dict[str, dict[str, str]] = {"torchserve_batched": {}}
+    on_device = {"number_of_gpu": str(plan.gpus)}
+    configs: dict[str, dict[str, str]] = {"torchserve_batched": on_device}
     if not plan.smoke:
-        configs["torchserve_bs1"] = {"models": models_entry(batch_size=1)}
-        if cpu_has_native_bf16():
+        configs["torchserve_bs1"] = on_device | {"models": models_entry(batch_size=1)}
+        if plan.gpus or cpu_has_native_bf16():
             package_variant(store, handler_changes={"precision": "bf16"}, model_dir=plan.model_dir)
-            configs["torchserve_bf16"] = {"model_store": str(store)}
+            configs["torchserve_bf16"] = on_device | {"model_store": str(store)}
     return configs
 
 
 @contextmanager
-def peers(plan: Plan) -> Iterator[list[Endpoint]]:
+def peers(plan: Plan, configs: dict[str, dict[str, float]]) -> Iterator[list[Endpoint]]:
     """The LitServe peers (none in the smoke form), running until the block ends."""
     with ExitStack() as stack:
         endpoints = []
-        for peer, peer_config in ({} if plan.smoke else PEER_CONFIGS).items():
+        for peer, peer_config in ({} if plan.smoke else configs).items():
             step(f"starting the LitServe peer {peer}")
             running_peer = stack.enter_context(litserve_peer(plan.model_dir, peer_config))
             endpoints.append(Endpoint(peer, running_peer.url, {}, None, running_peer.process_group))
@@ -99,18 +106,23 @@ def served(plan: Plan, corpus: list[str]) -> dict[str, Any]:
         step(f"starting {', '.join(configs)}")
         started = stack.enter_context(servers(configs))
         endpoints = [endpoint(name, item["server"]) for name, item in started.items()]
-        with peers(plan) as peer_endpoints:
+        default_server = started["torchserve_batched"]["server"]
+        peer_configs = {
+            "litserve": OUT_OF_THE_BOX,
+            "litserve_tuned": configured_like(default_server.sizing()["in_force"]),
+        }
+        with peers(plan, peer_configs) as peer_endpoints:
             step("every server in turn at each load")
             measured = interleaved(endpoints + peer_endpoints, corpus, plan.loads)
         scenarios: dict[str, Any] = {
             name: {key: item[key] for key in SERVER_KEYS} | {"by_concurrency": measured[name]}
             for name, item in started.items()
         }
-        for peer, peer_config in PEER_CONFIGS.items():
+        for peer, peer_config in peer_configs.items():
             if peer in measured:
                 scenarios[peer] = {"config": peer_config, "by_concurrency": measured[peer]}
         default = scenarios["torchserve_batched"]
-        default |= on_default_server(plan, started["torchserve_batched"]["server"], corpus)
+        default |= on_default_server(plan, default_server, corpus)
     return scenarios
 
 
@@ -128,10 +140,15 @@ def on_default_server(plan: Plan, server: Server, corpus: list[str]) -> dict[str
 
 
 def in_process(plan: Plan, corpus: list[str]) -> dict[str, Any]:
-    """The in-process comparisons (none in the smoke form)."""
+    """The in-process comparisons (none in the smoke form; on a GPU, the budget sweep only:
+    the others compare CPU kernels)."""
     if plan.smoke:
         return {}
     results: dict[str, Any] = {}
+    if plan.gpus:
+        step("max_batch_tokens sweep (in-process, batch 16, GPU 0)")
+        results["budget_sweep"] = inprocess.budget_sweep(plan.model_dir, corpus, BUDGETS, 3, 0)
+        return results
     step("execution options (in-process)")
     results["execution_options"] = inprocess.execution_options(plan.model_dir, corpus, 5)
     step("max_batch_tokens sweep (in-process, batch 16)")
@@ -146,11 +163,11 @@ def in_process(plan: Plan, corpus: list[str]) -> dict[str, Any]:
 
 def run(plan: Plan, corpus: list[str]) -> dict[str, Any]:
     """The experiments, in order: ceiling, in-process comparisons, served, ceiling again."""
-    workers = sizing.workers_on_this_machine(plan.model_dir)
+    workers = sizing.workers_on_this_machine(plan.model_dir, plan.gpus)
 
     def ceiling() -> dict[str, Any]:
         return inprocess.ceiling(
-            plan.model_dir, corpus, plan.ceiling_sizes, plan.ceiling_s, workers
+            plan.model_dir, corpus, plan.ceiling_sizes, plan.ceiling_s, workers, bool(plan.gpus)
         )
 
     step("in-process ceiling, first pass")

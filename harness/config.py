@@ -103,7 +103,7 @@ def models_entry_problems(models_text: str) -> list[str]:
         for version, entry in versions.items():
             for key, default in SILENT_DEFAULTS.items():
                 value = entry.get(key)
-                if key == "maxBatchDelay" and entry.get("batchSize", 1) == 1:
+                if key == "maxBatchDelay" and entry.get("batchSize") == 1:
                     continue
                 if isinstance(value, int) and value <= 0:
                     problems.append(

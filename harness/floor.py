@@ -17,7 +17,6 @@ the handler's timing headers and the frontend's own latency counters.
 
 from __future__ import annotations
 
-import shutil
 import statistics
 import tempfile
 import time
@@ -35,18 +34,12 @@ from harness.config import MODEL_NAME
 from harness.inprocess import batch_sizes_timed
 from harness.measure import Endpoint, Loads, endpoint, interleaved, servers
 from harness.metrics import scrape
-from harness.peer import PEER_CONFIGS, litserve_peer
+from harness.peer import OUT_OF_THE_BOX, litserve_peer
 from harness.server import Server
+from harness.standins import reshaped
 
 FLOOR_HANDLER = Path(__file__).with_name("floor_handler.py")
 KINDS = ("constant", "free_forward", "real")
-TINY_SHAPE = {
-    "num_hidden_layers": 1,
-    "hidden_size": 16,
-    "num_attention_heads": 1,
-    "intermediate_size": 32,
-}
-"""The free-forward model: BERT's shape cut down until its forward is a few tens of µs."""
 
 
 @dataclass(frozen=True)
@@ -63,27 +56,12 @@ def constant_archive(store: Path) -> Path:
     return store / f"{MODEL_NAME}.mar"
 
 
-def free_forward_model(model_dir: Path, out: Path) -> Path:
-    """``model_dir``'s tokenizer and labels on a one-layer BERT of hidden size 16, in ``out``."""
-    from transformers import AutoConfig, AutoModelForSequenceClassification
-
-    config = AutoConfig.from_pretrained(model_dir)
-    for key, value in TINY_SHAPE.items():
-        setattr(config, key, value)
-    model = AutoModelForSequenceClassification.from_config(config)  # type: ignore[no-untyped-call]
-    model.save_pretrained(out, safe_serialization=True)
-    for item in model_dir.iterdir():
-        if "token" in item.name or item.name == "vocab.txt":
-            shutil.copy2(item, out / item.name)
-    return out
-
-
 @contextmanager
 def torchserve_kinds(model_dir: Path, workdir: Path) -> Iterator[dict[str, Server]]:
     """The three TorchServe servers of KINDS, running until the block ends."""
     stores = {kind: workdir / kind for kind in KINDS}
     constant_archive(stores["constant"])
-    tiny = free_forward_model(model_dir, workdir / "free-forward-model")
+    tiny = reshaped(model_dir, workdir / "free-forward-model", "free")
     package_variant(stores["free_forward"], model_dir=tiny)
     package_variant(stores["real"], model_dir=model_dir)
     configs = {f"torchserve_{kind}": {"model_store": str(store)} for kind, store in stores.items()}
@@ -98,7 +76,7 @@ def litserve_kinds(model_dir: Path, workdir: Path) -> Iterator[list[Endpoint]]:
     with ExitStack() as stack:
         endpoints = []
         for kind in KINDS:
-            config = dict(PEER_CONFIGS["litserve"])
+            config = dict(OUT_OF_THE_BOX)
             if kind == "constant":
                 config["constant"] = 1
             peer = stack.enter_context(litserve_peer(models.get(kind, model_dir), config))

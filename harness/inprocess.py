@@ -67,11 +67,16 @@ def with_best(runs: dict[str, dict[str, float]]) -> dict[str, Any]:
 
 
 def batch_sizes_timed(
-    model_dir: Path, corpus: Sequence[str], batch_sizes: Sequence[int], seconds: float
+    model_dir: Path,
+    corpus: Sequence[str],
+    batch_sizes: Sequence[int],
+    seconds: float,
+    gpu_id: int | None = None,
 ) -> dict[str, dict[str, float]]:
-    """One single-threaded process's texts/s and batch times at each batch size."""
+    """One single-threaded process's texts/s and batch times at each batch size (on GPU
+    ``gpu_id`` where given)."""
     settings = HandlerSettings(torch_threads=1)
-    loaded = load_model(model_dir, settings, gpu_id=None)
+    loaded = load_model(model_dir, settings, gpu_id=gpu_id)
     classify(loaded, list(corpus[:32]), settings.max_length, settings.max_batch_tokens)
     runs = {}
     for batch_size in batch_sizes:
@@ -92,16 +97,25 @@ def ceiling(
     batch_sizes: Sequence[int],
     seconds: float,
     processes: int,
+    on_gpus: bool = False,
 ) -> dict[str, Any]:
     """In-process texts/s at each batch size, as the served layout computes: ``processes``
-    single-threaded processes at once (the workers), their texts/s summed. The best is the
+    single-threaded processes at once (the workers; each on its own GPU with ``on_gpus``),
+    their texts/s summed. The best is the
     ceiling a server could reach. One process with several torch threads is not used: its
     threads scale poorly on these small matrices and collapse when the machine is shared."""
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(processes, mp_context=context) as pool:
         jobs = [
-            pool.submit(batch_sizes_timed, model_dir, list(corpus), batch_sizes, seconds)
-            for _ in range(processes)
+            pool.submit(
+                batch_sizes_timed,
+                model_dir,
+                list(corpus),
+                batch_sizes,
+                seconds,
+                index if on_gpus else None,
+            )
+            for index in range(processes)
         ]
         per_process = [job.result() for job in jobs]
     runs = {}
@@ -135,12 +149,16 @@ def best_of(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
 
 
 def budget_sweep(
-    model_dir: Path, corpus: Sequence[str], budgets: Sequence[int], seconds: float
+    model_dir: Path,
+    corpus: Sequence[str],
+    budgets: Sequence[int],
+    seconds: float,
+    gpu_id: int | None = None,
 ) -> dict[str, Any]:
     """texts/s and padding efficiency of 16-text windows per max_batch_tokens (how the
-    default budget was chosen), on one thread like a worker."""
+    default budget was chosen), on one thread like a worker (on GPU ``gpu_id`` where given)."""
     settings = HandlerSettings(torch_threads=1)
-    loaded = load_model(model_dir, settings, gpu_id=None)
+    loaded = load_model(model_dir, settings, gpu_id=gpu_id)
     out = {}
     for budget in budgets:
         timed = timed_batches(loaded, corpus, 16, seconds, settings.max_length, budget)

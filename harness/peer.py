@@ -12,23 +12,33 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import requests
 
 from harness.config import ROOT, free_port
 
 PEER_SCRIPT = ROOT / "scripts" / "litserve_peer.py"
-PEER_CONFIGS: dict[str, dict[str, float]] = {
-    "litserve": {"workers": 1, "torch_threads": 0, "max_batch_size": 1, "batch_timeout_ms": 0},
-    "litserve_tuned": {
-        "workers": 2,
-        "torch_threads": 1,
-        "max_batch_size": 16,
-        "batch_timeout_ms": 1,
-    },
+PEERS = ("litserve", "litserve_tuned")
+OUT_OF_THE_BOX: dict[str, float] = {
+    "workers": 1,
+    "torch_threads": 0,
+    "max_batch_size": 1,
+    "batch_timeout_ms": 0,
 }
-"""LitServe out of the box (one worker, torch's threads, no batching), and configured like
-bert-serve's default (2 workers x 1 thread, dynamic batches of 16 within 1 ms)."""
+"""LitServe out of the box: one worker, torch's threads, no batching."""
+
+
+def configured_like(in_force: dict[str, Any]) -> dict[str, float]:
+    """LitServe configured like a bert-serve server's settings in force (``harness.sizing.
+    report``): its workers, torch threads per worker, batch size and batch delay."""
+    (entry,) = [entry for versions in in_force["models"].values() for entry in versions.values()]
+    return {
+        "workers": entry["minWorkers"],
+        "torch_threads": in_force["torch_threads"],
+        "max_batch_size": entry["batchSize"],
+        "batch_timeout_ms": entry["maxBatchDelay"],
+    }
 
 
 def wait_healthy(process: subprocess.Popen[bytes], url: str, timeout: float) -> None:
@@ -73,7 +83,7 @@ class Peer:
 def litserve_peer(
     model_dir: Path, config: dict[str, float], ready_timeout: float = 120
 ) -> Iterator[Peer]:
-    """A healthy LitServe peer of ``config`` (a value of PEER_CONFIGS) on a free 127.0.0.1
+    """A healthy LitServe peer of ``config`` (``OUT_OF_THE_BOX`` or ``configured_like``) on a free 127.0.0.1
     port."""
     port = free_port()
     command = [sys.executable, str(PEER_SCRIPT), "--model-dir", str(model_dir), "--port", str(port)]

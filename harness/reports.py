@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.config import models_entry
-from harness.peer import PEER_CONFIGS
+from harness.peer import PEERS
 
 
 def _ratio(numerator: float, denominator: float) -> float:
@@ -36,7 +36,7 @@ def bench_ratios(results: dict[str, Any]) -> dict[str, Any]:
             rps, scenarios["torchserve_bs1"]["by_concurrency"][top]["rps"]
         )
     out["served_vs_ceiling"] = round(rps / ceiling["texts_per_s"], 2)
-    for peer in PEER_CONFIGS:
+    for peer in PEERS:
         if peer in scenarios:
             out[f"batched_vs_{peer}"] = _ratio(rps, scenarios[peer]["by_concurrency"][top]["rps"])
     lists = batched_scenario.get("client_lists")
@@ -126,7 +126,7 @@ def _fp32_default_bars(
         bars["default_vs_ceiling_at_formed_batch_at_32"] = _bar(
             at_formed, ">= 0.8", at_formed >= 0.8
         )
-    for peer in PEER_CONFIGS:
+    for peer in PEERS:
         at_32 = level(peer, 32)
         if at_32:
             ratio = _ratio(default["rps"], at_32["rps"])

@@ -10,15 +10,19 @@ The rule, in the order it is applied:
   batches run side by side instead of one batch's small matrices being split across cores; on
   GPUs, one per GPU, with the cores shared among them. Capped so that the workers' memory (the
   model's weights and ``WORKER_OVERHEAD_BYTES`` each) fits in half of the memory.
+- **Batch size** (``batchSize``): one worker's rate is measured at start on the .mar's own model
+  and code at batch sizes ``BATCH_SIZES``; the smallest whose rate is within ``NEAR_BEST`` of the
+  best is chosen (a larger batch only adds latency for what it no longer gains). Batches form
+  from what is queued within ``maxBatchDelay`` (1 ms in the shipped config), so a large
+  ``batchSize`` costs a lone request nothing.
 - **Queue** (``job_queue_size``): what the workers drain in ``PATIENT_S``, the wait of a patient
-  client, at the rate one worker classifies batches of the configured ``batchSize``, measured at
-  start on the .mar's own model and code; so a patient client is never refused while it could
-  still be answered in time.
+  client, at the rate measured for that batch size; so a patient client is never refused while
+  it could still be answered in time.
 - **JVM heap** (``-Xmx``): room for that queue of the largest bodies the frontend accepts
   (``max_request_size``) over ``BASE_HEAP_MB``, at most a quarter of the memory (the JVM's own
   default share); where that cap binds, the queue is cut to what the heap holds.
 
-The batch size and delay stay in the config (``models=``).
+The batch delay stays in the config (``models=``).
 """
 
 from __future__ import annotations
@@ -40,7 +44,10 @@ from typing import Any
 from harness.config import properties_text, read_properties
 
 PATIENT_S = 60.0
-MEASURE_S = 1.0
+MEASURE_S = 0.6
+"""Seconds of measuring a batch size, after one warm-up batch (at least one batch)."""
+BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
+NEAR_BEST = 0.9
 BASE_HEAP_MB = 256
 HEAP_SHARE = 0.25
 WORKER_MEMORY_SHARE = 0.5
@@ -112,11 +119,11 @@ def workers_for(machine: Machine, worker_bytes: int) -> tuple[int, list[str]]:
     return workers, reasons
 
 
-def workers_on_this_machine(model_dir: Path) -> int:
-    """The workers the default config gets here, for a model folder (the benchmark's
-    in-process ceiling runs as many processes)."""
+def workers_on_this_machine(model_dir: Path, gpus: int) -> int:
+    """The workers the default config gets here with ``gpus`` GPUs, for a model folder (the
+    benchmark's in-process ceiling runs as many processes)."""
     weights = sum(path.stat().st_size for path in model_dir.glob("*.safetensors"))
-    return workers_for(read_machine(gpu_count()), weights + WORKER_OVERHEAD_BYTES)[0]
+    return workers_for(read_machine(gpus), weights + WORKER_OVERHEAD_BYTES)[0]
 
 
 def threads_for(machine: Machine, workers: int) -> int:
@@ -156,10 +163,10 @@ def sample_texts(count: int) -> list[str]:
     ]
 
 
-def measure_rate(
-    mar: Path, batch_size: int, threads: int, gpus: int, seconds: float = MEASURE_S
-) -> float:
-    """One worker's texts/s in batches of ``batch_size``: the .mar's own model, handler code and
+def measure_rates(
+    mar: Path, batch_sizes: tuple[int, ...], threads: int, gpus: int, seconds: float = MEASURE_S
+) -> dict[int, float]:
+    """One worker's texts/s at each batch size: the .mar's own model, handler code and
     settings, in this process with ``threads`` torch threads (on GPU 0 where there is one)."""
     import torch
     import yaml
@@ -180,15 +187,29 @@ def measure_rate(
             loaded = load_model(Path(unpacked, "model"), settings, 0 if gpus else None)
         finally:
             sys.path.remove(unpacked)
-    texts = sample_texts(batch_size * 8)
-    windows = [texts[i : i + batch_size] for i in range(0, len(texts), batch_size)]
-    classify(loaded, windows[0], settings.max_length, settings.max_batch_tokens)
-    done, started = 0, time.perf_counter()
-    while time.perf_counter() - started < seconds:
-        window = windows[done // batch_size % len(windows)]
-        classify(loaded, window, settings.max_length, settings.max_batch_tokens)
-        done += batch_size
-    return round(done / (time.perf_counter() - started), 1)
+    rates = {}
+    for batch_size in batch_sizes:
+        texts = sample_texts(batch_size * 8)
+        windows = [texts[i : i + batch_size] for i in range(0, len(texts), batch_size)]
+        classify(loaded, windows[-1], settings.max_length, settings.max_batch_tokens)
+        done, started = 0, time.perf_counter()
+        while done == 0 or time.perf_counter() - started < seconds:
+            window = windows[done // batch_size % len(windows)]
+            classify(loaded, window, settings.max_length, settings.max_batch_tokens)
+            done += batch_size
+        rates[batch_size] = round(done / (time.perf_counter() - started), 1)
+    return rates
+
+
+def batch_size_for(rates: dict[int, float]) -> tuple[int, str]:
+    """The smallest batch size within ``NEAR_BEST`` of the best measured rate, and why."""
+    best = max(rates.values())
+    chosen = min(size for size, rate in rates.items() if rate >= NEAR_BEST * best)
+    measured = ", ".join(f"{rate} at {size}" for size, rate in rates.items())
+    return chosen, (
+        f"batchSize {chosen}: the smallest within {1 - NEAR_BEST:.0%} of the best of one "
+        f"worker's texts/s measured at start ({measured})"
+    )
 
 
 def holds_a_model(mar: Path) -> bool:
@@ -198,10 +219,12 @@ def holds_a_model(mar: Path) -> bool:
 
 
 @functools.cache
-def measured_rate(mar: str, mtime_ns: int, batch_size: int, threads: int, gpus: int) -> float:
-    """``measure_rate`` once per archive version and layout in a process (a test session
+def measured_rates(
+    mar: str, mtime_ns: int, batch_sizes: tuple[int, ...], threads: int, gpus: int
+) -> dict[int, float]:
+    """``measure_rates`` once per archive version and layout in a process (a test session
     starts many servers on one .mar)."""
-    return measure_rate(Path(mar), batch_size, threads, gpus)
+    return measure_rates(Path(mar), batch_sizes, threads, gpus)
 
 
 def heap_mb_in(vmargs: str) -> int | None:
@@ -223,12 +246,15 @@ class Resolved:
 
 def resolve(properties: dict[str, str], gpus: int | None = None) -> Resolved:
     """``properties`` with what they leave out derived from this machine: the model's
-    workers (``models=``), ``job_queue_size`` and the heap (``-Xmx`` in ``vmargs``); and the
+    workers and ``batchSize`` (``models=``), ``job_queue_size`` and the heap (``-Xmx`` in ``vmargs``); and the
     torch threads per worker. Values the config states are kept. One model per config."""
     models = json.loads(properties["models"])
     ((name, versions),) = models.items()
     ((version, entry),) = versions.items()
-    machine = read_machine(gpu_count() if gpus is None else gpus)
+    if gpus is None:
+        # TorchServe's number_of_gpu caps the GPUs it hands to workers (0: CPU only)
+        gpus = min(gpu_count(), int(properties.get("number_of_gpu", sys.maxsize)))
+    machine = read_machine(gpus)
     mar = Path(properties["model_store"]) / entry.get("marName", f"{name}.mar")
     worker_bytes = mar.stat().st_size + WORKER_OVERHEAD_BYTES
     if "minWorkers" in entry:
@@ -238,19 +264,24 @@ def resolve(properties: dict[str, str], gpus: int | None = None) -> Resolved:
         entry = {"minWorkers": workers, "maxWorkers": workers} | entry
     threads = threads_for(machine, workers)
     reasons.append(f"{threads} torch thread(s) per worker: the cores shared among them")
-    resolved = dict(properties) | {"models": json.dumps({name: {version: entry}})}
+    resolved = dict(properties)
+    max_request = int(properties.get("max_request_size", DEFAULT_MAX_REQUEST_BYTES))
     has_heap = heap_mb_in(properties.get("vmargs", "")) is not None
     if not holds_a_model(mar):
-        reasons.append(f"{mar.name} holds no model folder: queue and heap as TorchServe sets them")
-    elif "job_queue_size" not in properties or not has_heap:
-        max_request = int(properties.get("max_request_size", DEFAULT_MAX_REQUEST_BYTES))
-        batch_size = int(entry.get("batchSize", 1))
-        rate = measured_rate(str(mar), mar.stat().st_mtime_ns, batch_size, threads, machine.gpus)
-        queue, heap_mb, why = derive(machine, workers, rate, max_request)
+        reasons.append(f"{mar.name} holds no model folder: batch size, queue and heap as TorchServe sets them")
+    elif "batchSize" not in entry or "job_queue_size" not in properties or not has_heap:
+        sizes = (int(entry["batchSize"]),) if "batchSize" in entry else BATCH_SIZES
+        rates = measured_rates(str(mar), mar.stat().st_mtime_ns, sizes, threads, machine.gpus)
+        if "batchSize" not in entry:
+            batch_size, why_batch = batch_size_for(rates)
+            entry = entry | {"batchSize": batch_size}
+            reasons.append(why_batch)
+        queue, heap_mb, why = derive(machine, workers, rates[int(entry["batchSize"])], max_request)
         resolved.setdefault("job_queue_size", str(queue))
         if not has_heap:
             resolved["vmargs"] = f"{properties.get('vmargs', '')} -Xmx{heap_mb}m".strip()
         reasons += why
+    resolved["models"] = json.dumps({name: {version: entry}})
     return Resolved(resolved, threads, tuple(reasons))
 
 

@@ -13,7 +13,8 @@ Scenarios, all on the same model and the same deterministic mixed-length corpus:
   (``harness.compare``): speed, largest score change, labels unchanged;
 - ``litserve`` and ``litserve_tuned``: LitServe servers of the same model
   (``scripts/litserve_peer.py``), what users pick instead: out of the box (one worker, no
-  batching), and configured like our default (2 workers x 1 thread, batches of 16 in 1 ms);
+  batching), and configured like the default server's settings in force (workers, torch
+  threads, batch size and delay, as `make status` shows them);
 - ``client_lists``: on the default server, the Python client's ``classify_many`` (list
   requests of up to 64 texts, a few in flight) over a fixed set of texts.
 
@@ -58,7 +59,15 @@ def main() -> int:
     parser.add_argument(
         "--smoke", action="store_true", help="a few seconds: ceiling and batched TorchServe only"
     )
+    parser.add_argument(
+        "--device",
+        choices=["auto", "cpu", "cuda"],
+        default="auto",
+        help="where the workers and the in-process runs compute (auto: cuda where there is one)",
+    )
     args = parser.parse_args()
+    if args.device == "auto":
+        args.device = "cuda" if bench.sizing.gpu_count() else "cpu"
     if args.smoke:
         args.seconds, args.warmup = 1.5, 0.5
     args.out.mkdir(parents=True, exist_ok=True)
@@ -70,7 +79,9 @@ def main() -> int:
         "corpus": corpus_stats(corpus),
         "seconds_per_level": args.seconds,
     }
-    results |= bench.run(bench.Plan(args.model_dir, args.seconds, args.warmup, args.smoke), corpus)
+    plan = bench.Plan(args.model_dir, args.seconds, args.warmup, args.smoke, args.device)
+    results["device"] = args.device
+    results |= bench.run(plan, corpus)
     results["ratios"] = bench_ratios(results)
     (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     plot_bench(results, args.out)

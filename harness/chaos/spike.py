@@ -40,7 +40,7 @@ from harness.chaos.common import REQUEST_TIMEOUT_S, SPIKE_FORMS, Durations
 from harness.corpus import make_corpus
 from harness.load import ClosedLoop, Outcome, json_job, percentile, statuses
 from harness.measure import cores_used, server_processes
-from harness.peer import PEER_CONFIGS, litserve_peer
+from harness.peer import OUT_OF_THE_BOX, litserve_peer
 from harness.reports import pyplot
 from harness.server import running
 
@@ -224,7 +224,7 @@ def run_peer_levels(corpus: list[str], seconds: float) -> dict[str, Any]:
     levels: dict[str, Any] = {}
     lone_before = None
     for level in LEVELS:
-        with litserve_peer(DEFAULT_MODEL_DIR, PEER_CONFIGS["litserve"]) as peer:
+        with litserve_peer(DEFAULT_MODEL_DIR, OUT_OF_THE_BOX) as peer:
             target = Target(peer.url)
             if lone_before is None:
                 lone_before = warm_lone_p50_ms(target, corpus)

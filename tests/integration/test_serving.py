@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -99,25 +100,83 @@ def test_inference_requires_the_token(server, predict_url) -> None:
     assert "Token" in response.text
 
 
-def test_batch_settings_come_from_config_properties_and_workers_from_the_machine(server) -> None:
-    """batchSize/maxBatchDelay from config.properties, timeouts from the model config, and
-    one worker per core of this machine (harness/sizing.py), as `make status` reports them."""
+def test_batch_settings_and_workers_in_force_are_what_make_status_reports(server) -> None:
+    """maxBatchDelay from config.properties, timeouts from the model config; workers (one per
+    core of this machine), batchSize (measured at start) and the queue from harness/sizing.py,
+    as `make status` reports them and TorchServe runs them."""
     response = requests.get(
         f"{server.management_url}/models/bert", headers=server.headers("management"), timeout=30
     )
     model = response.json()[0]
     configured = configured_model()
-    assert {key: model[key] for key in ("batchSize", "maxBatchDelay")} == {
-        key: configured[key] for key in ("batchSize", "maxBatchDelay")
-    }
-    assert configured["batchSize"] > 1, "the default config batches"
+    assert "batchSize" not in configured, "the shipped config leaves the batch size to the start"
+    (in_force,) = server.sizing()["in_force"]["models"]["bert"].values()
+    assert model["maxBatchDelay"] == configured["maxBatchDelay"] == in_force["maxBatchDelay"]
+    assert model["batchSize"] == in_force["batchSize"] in sizing.BATCH_SIZES
+    assert any(
+        reason.startswith(f"batchSize {model['batchSize']}:")
+        for reason in server.sizing()["in_force"]["why"]
+    )
     assert model["responseTimeout"] == 60
     machine = sizing.read_machine(gpus=0)
     workers, _ = sizing.workers_for(machine, MAR_PATH.stat().st_size + sizing.WORKER_OVERHEAD_BYTES)
     assert model["minWorkers"] == model["maxWorkers"] == workers == len(model["workers"])
-    (in_force,) = server.sizing()["in_force"]["models"]["bert"].values()
     assert in_force["minWorkers"] == workers
     assert int(server.properties["job_queue_size"]) >= workers
+
+
+def test_make_status_prints_the_defaults_chosen_on_this_machine(server) -> None:
+    """`make status` (torchserve_ctl status) prints the workers, threads, batch size, queue and
+    heap in force with the reasons, and they follow the rules of harness/sizing.py from this
+    machine's cores and the rates the start measured (printed in the reasons)."""
+    printed = subprocess.run(
+        [
+            sys.executable,
+            "scripts/torchserve_ctl.py",
+            "status",
+            "--state-dir",
+            str(server.state_dir),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    print(printed)
+    entry = dict(
+        item.split(" ", 1)
+        for item in re.search(r"^model bert 1\.0: (.*)$", printed, re.MULTILINE)[1].split(", ")
+    )
+    queue, threads = map(
+        int,
+        re.search(
+            r"^job_queue_size (\d+); torch threads per worker (\d+)$", printed, re.MULTILINE
+        ).groups(),
+    )
+    heap_mb = sizing.heap_mb_in(re.search(r"^vmargs (.*)$", printed, re.MULTILINE)[1])
+    rates_line = re.search(r"why: batchSize \d+: .*\((.*)\)$", printed, re.MULTILINE)[1]
+    rates = {int(size): float(rate) for rate, size in re.findall(r"([\d.]+) at (\d+)", rates_line)}
+    assert sorted(rates) == list(sizing.BATCH_SIZES)
+
+    machine = sizing.read_machine(gpus=0)
+    workers, _ = sizing.workers_for(machine, MAR_PATH.stat().st_size + sizing.WORKER_OVERHEAD_BYTES)
+    batch_size, _ = sizing.batch_size_for(rates)
+    max_request = int(server.properties["max_request_size"])
+    expected_queue, expected_heap, _ = sizing.derive(
+        machine, workers, rates[batch_size], max_request
+    )
+    assert (int(entry["minWorkers"]), int(entry["maxWorkers"]), threads) == (
+        workers,
+        workers,
+        sizing.threads_for(machine, workers),
+    )
+    assert int(entry["batchSize"]) == batch_size
+    assert (queue, heap_mb) == (expected_queue, expected_heap)
+    model = requests.get(
+        f"{server.management_url}/models/bert", headers=server.headers("management"), timeout=30
+    ).json()[0]
+    assert (model["batchSize"], model["minWorkers"]) == (batch_size, workers), "not what runs"
 
 
 BAD_ITEMS = [

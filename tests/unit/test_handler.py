@@ -99,6 +99,29 @@ def test_model_failure_fails_only_this_batch_and_worker_recovers(service, monkey
     assert [a.status for a in predict(service[0], [GOOD])] == [200]
 
 
+def test_out_of_device_memory_fails_only_this_batch_and_frees_the_cache(
+    service, monkeypatch
+) -> None:
+    """CUDA out of memory (injected: this machine may have no GPU) answers 500 to that batch's
+    valid items only, says so, empties the device cache, and the next batch is answered."""
+    import torch
+
+    _, handler = service
+    emptied: list[int] = []
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(handler.loaded.model, "forward", out_of_memory)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(1))
+    answers = predict(service[0], [GOOD, Sent(b""), GOOD])
+    assert [a.status for a in answers] == [500, 400, 500]
+    assert "out of memory" in body(answers[0])["error"]["message"]
+    assert emptied, "the device cache was not emptied"
+    monkeypatch.undo()
+    assert [a.status for a in predict(service[0], [GOOD, GOOD])] == [200, 200]
+
+
 def test_batch_of_only_bad_items_runs_no_forward(service, monkeypatch) -> None:
     """When nothing is valid the model is never called."""
     _, handler = service
