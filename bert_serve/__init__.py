@@ -6,6 +6,7 @@ without the server.
 
 from bert_serve.client import (
     Client,
+    Explanation,
     ItemError,
     ItemResult,
     Prediction,
@@ -43,6 +44,7 @@ __all__ = [
     "ConnectError",
     "DeadlineExceeded",
     "ErrorCode",
+    "Explanation",
     "InvalidKeyFile",
     "InvalidText",
     "ItemError",

@@ -1,5 +1,9 @@
 """`bert-serve classify`: classify one text, or every line of a file into a JSONL of results.
 
+`bert-serve explain "text"` prints which tokens made the label: one line per token with its
+importance and a bar (right: towards the label, left: against it), coloured on a terminal
+(not when `NO_COLOR` is set or the output is not a terminal); `--json` prints the answer.
+
 A file holds one text per line, or with `--jsonl` one JSON value per line: a string, or an
 object `{"text": ..., "text_pair": ...}` (`text_pair` optional) for sentence-pair models.
 Exit status: 0 when every text was classified, 1 when any text got an error (its line in the
@@ -29,6 +33,7 @@ from bert_serve.client import (
     DEFAULT_TIMEOUT_S,
     DEFAULT_URL,
     Client,
+    Explanation,
     ItemResult,
     Text,
     token_from_key_file,
@@ -59,40 +64,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     classify.add_argument(
         "--raw-scores", action="store_true", help="the logits, no softmax or sigmoid"
     )
-    classify.add_argument("--url", default=os.environ.get("BERT_SERVE_URL", DEFAULT_URL))
-    classify.add_argument("--model", default=DEFAULT_MODEL)
-    auth = classify.add_mutually_exclusive_group()
-    auth.add_argument("--token", help="TorchServe inference key (or $BERT_SERVE_TOKEN)")
-    auth.add_argument(
-        "--key-file",
-        help="TorchServe's key_file.json (or $BERT_SERVE_KEY_FILE; default: ./key_file.json or ./.run/key_file.json if present)",
-    )
+    add_connection_arguments(classify)
     classify.add_argument(
         "--chunk-size", type=int, default=DEFAULT_CHUNK_SIZE, help="texts per request"
     )
     classify.add_argument(
         "--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="requests in flight"
     )
-    classify.add_argument(
-        "--timeout",
-        type=float,
-        default=DEFAULT_TIMEOUT_S,
-        help="seconds one attempt may wait for an answer before it is retried (default: the server's responseTimeout + 10)",
-    )
-    classify.add_argument(
-        "--retries",
-        type=int,
-        default=4,
-        help="retries on a dead worker, 503, 429, 504 deadline_exceeded, connection errors and timeouts",
-    )
-    classify.add_argument(
-        "--retry-budget",
-        type=float,
-        default=DEFAULT_RETRY_BUDGET_S,
-        help="seconds after which a call starts no new attempt (backoff honours Retry-After)",
-    )
     classify.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    explain = commands.add_parser("explain", help="which tokens made a text's label")
+    explain.add_argument("text", help="the text to explain")
+    explain.add_argument("--text-pair", help="the second text of a pair")
+    explain.add_argument("--target", help="the label to explain (default: the predicted one)")
+    explain.add_argument(
+        "--n-steps", type=int, help="integrated-gradients steps (default and cap: the server's)"
+    )
+    explain.add_argument("--json", action="store_true", help="print the answer as JSON")
+    add_connection_arguments(explain)
     args = parser.parse_args(argv)
+    if args.command == "explain":
+        if args.n_steps is not None and args.n_steps < 1:
+            parser.error(f"--n-steps must be at least 1, got {args.n_steps}")
+        return args
     if args.text_pair is not None and args.file is not None:
         parser.error("--text-pair goes with one text; in a file, pairs are --jsonl lines")
     if args.jsonl and args.file is None:
@@ -100,6 +93,36 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.top_k is not None and args.top_k < 1:
         parser.error(f"--top-k must be at least 1, got {args.top_k}")
     return args
+
+
+def add_connection_arguments(command: argparse.ArgumentParser) -> None:
+    """Where the server is, how to authenticate, and how long to wait and retry."""
+    command.add_argument("--url", default=os.environ.get("BERT_SERVE_URL", DEFAULT_URL))
+    command.add_argument("--model", default=DEFAULT_MODEL)
+    auth = command.add_mutually_exclusive_group()
+    auth.add_argument("--token", help="TorchServe inference key (or $BERT_SERVE_TOKEN)")
+    auth.add_argument(
+        "--key-file",
+        help="TorchServe's key_file.json (or $BERT_SERVE_KEY_FILE; default: ./key_file.json or ./.run/key_file.json if present)",
+    )
+    command.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        help="seconds one attempt may wait for an answer before it is retried (default: the server's responseTimeout + 10)",
+    )
+    command.add_argument(
+        "--retries",
+        type=int,
+        default=4,
+        help="retries on a dead worker, 503, 429, 504 deadline_exceeded, connection errors and timeouts",
+    )
+    command.add_argument(
+        "--retry-budget",
+        type=float,
+        default=DEFAULT_RETRY_BUDGET_S,
+        help="seconds after which a call starts no new attempt (backoff honours Retry-After)",
+    )
 
 
 def resolve_token(args: argparse.Namespace) -> str | None:
@@ -157,6 +180,51 @@ def classify_one(client: Client, args: argparse.Namespace) -> int:
         print(json.dumps({"error": {"code": error.code, "message": error.message}}))
         return EXIT_ITEM_FAILED
     print(json.dumps(prediction.to_json()))
+    return EXIT_OK
+
+
+BAR_WIDTH = 20
+POSITIVE_COLOUR, NEGATIVE_COLOUR, RESET = "\033[32m", "\033[31m", "\033[0m"
+
+
+def explanation_lines(explanation: Explanation, colour: bool = False) -> list[str]:
+    """A header, then one line per token: the token, its importance, and a bar whose length
+    is the importance's share of the largest one (right of the axis for the label, left
+    against it); green and red when `colour`."""
+    header = (
+        f"{explanation.label} {explanation.score:.3f}  (delta {explanation.delta:.2g}, "
+        f"{explanation.n_steps} steps{', truncated' if explanation.truncated else ''})"
+    )
+    largest = max((abs(v) for v in explanation.importances), default=0.0) or 1.0
+    width = max((len(word) for word in explanation.words), default=0)
+    lines = [header]
+    for word, value in zip(explanation.words, explanation.importances):
+        cells = round(abs(value) / largest * BAR_WIDTH)
+        left = ("\u2588" * cells if value < 0 else "").rjust(BAR_WIDTH)
+        right = ("\u2588" * cells if value > 0 else "").ljust(BAR_WIDTH)
+        if colour and cells:
+            left = left.replace("\u2588" * cells, NEGATIVE_COLOUR + "\u2588" * cells + RESET)
+            right = right.replace("\u2588" * cells, POSITIVE_COLOUR + "\u2588" * cells + RESET)
+        lines.append(f"{word.ljust(width)} {value:+.3f} {left}|{right}".rstrip())
+    return lines
+
+
+def use_colour(stream: IO[str]) -> bool:
+    return stream.isatty() and "NO_COLOR" not in os.environ
+
+
+def explain_one(client: Client, args: argparse.Namespace) -> int:
+    """One text's explanation; its error (exit 1) when the server refuses that text."""
+    target: str | int | None = args.target
+    try:
+        explanation = client.explain(args.text, args.text_pair, target=target, n_steps=args.n_steps)
+    except (Rejected, BodyTooLarge) as error:
+        print(json.dumps({"error": {"code": error.code, "message": error.message}}))
+        return EXIT_ITEM_FAILED
+    if args.json:
+        print(json.dumps(explanation.to_json()))
+    else:
+        print("\n".join(explanation_lines(explanation, use_colour(sys.stdout))))
     return EXIT_OK
 
 
@@ -232,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
             retries=args.retries,
             retry_budget=args.retry_budget,
         )
+        if args.command == "explain":
+            return explain_one(client, args)
         if args.file is None:
             return classify_one(client, args)
         return classify_file(client, args)

@@ -21,6 +21,9 @@ had collected for its next batch when that worker dies (docs/chaos/README.md, "W
 dies"). In `classify_many`, an error that would repeat for every chunk (`repeats_for_every_chunk`)
 raises; any other failure of a chunk becomes that chunk's items' error, and the other chunks go on.
 
+`Client.explain(text)` asks `/explanations/<model>` which tokens made the label (or `target=`):
+an `Explanation` of `words`, `importances` (one per word, L2-normalised) and `delta`.
+
 Only the v1-style API is spoken (`/predictions/<model>`): the Open Inference (v2) route answers
 the same predictions with no per-item errors (one bad text fails its whole request), and
 tritonclient already speaks it.
@@ -128,6 +131,52 @@ class Prediction:
         if self.labels is not None:
             fields["labels"] = list(self.labels)
         return fields
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """The wire shape of an explanation: the tokens as the server's tokenizer split them, one
+    importance per token (integrated gradients, summed over the hidden size, L2-normalised:
+    positive pushed towards `label`), Captum's convergence `delta`, the label explained and
+    its score."""
+
+    words: tuple[str, ...]
+    importances: tuple[float, ...]
+    delta: float
+    label: str
+    score: float
+    truncated: bool
+    n_steps: int
+
+    @classmethod
+    def from_json(cls, body: Any) -> Explanation:
+        try:
+            words = tuple(str(word) for word in body["words"])
+            importances = tuple(float(value) for value in body["importances"])
+            if len(words) != len(importances):
+                raise ValueError(f"{len(words)} words but {len(importances)} importances")
+            return cls(
+                words=words,
+                importances=importances,
+                delta=float(body["delta"]),
+                label=str(body["label"]),
+                score=float(body["score"]),
+                truncated=bool(body.get("truncated", False)),
+                n_steps=int(body["n_steps"]),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise BadResponse(f"not an explanation: {body!r:.200}") from error
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "words": list(self.words),
+            "importances": list(self.importances),
+            "delta": self.delta,
+            "label": self.label,
+            "score": self.score,
+            "truncated": self.truncated,
+            "n_steps": self.n_steps,
+        }
 
 
 @dataclass(frozen=True)
@@ -339,6 +388,7 @@ class Client:
         clock: Callable[[], float] = time.monotonic,
     ):
         self.predict_url = f"{url.rstrip('/')}/predictions/{model}"
+        self.explain_url = f"{url.rstrip('/')}/explanations/{model}"
         self.timeout = timeout
         self.retries = retries
         self.backoff = backoff
@@ -356,16 +406,16 @@ class Client:
             session = self._local.session = requests.Session()
         return session
 
-    def _post(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """POST with retries (`is_retried`) within the retry budget; the 200 body, or the
-        error's exception."""
+    def _post(self, payload: dict[str, Any], url: str | None = None) -> dict[str, Any]:
+        """POST to `url` (the predictions route by default) with retries (`is_retried`) within
+        the retry budget; the 200 body, or the error's exception."""
         headers = {**self._headers, "X-Request-ID": f"bert-serve-{uuid.uuid4().hex}"}
         if self.stamp_deadline:
             headers["X-Request-Timeout"] = f"{self.timeout:g}"
         delays = backoff_delays(self.retries, self.backoff, self.max_backoff)
         started = self._clock()
         while True:
-            outcome = self._attempt(payload, headers)
+            outcome = self._attempt(payload, headers, url or self.predict_url)
             if isinstance(outcome, dict):
                 return outcome
             failure, retry_after = outcome
@@ -381,7 +431,7 @@ class Client:
             self._sleep(delay)
 
     def _attempt(
-        self, payload: dict[str, Any], headers: dict[str, str]
+        self, payload: dict[str, Any], headers: dict[str, str], url: str
     ) -> dict[str, Any] | tuple[BertServeError, float | None]:
         """One POST: the 200 body, or the error it ended with and the server's Retry-After."""
         stamped = dict(headers)
@@ -389,14 +439,14 @@ class Client:
             stamped["X-Request-Start"] = f"t={time.time():.3f}"
         try:
             response = self._session().post(
-                self.predict_url, json=payload, headers=stamped, timeout=self.timeout
+                url, json=payload, headers=stamped, timeout=self.timeout
             )
         except requests.ConnectionError as error:
-            return ConnectError(f"{self.predict_url}: {error}"), None
+            return ConnectError(f"{url}: {error}"), None
         except requests.Timeout as error:
             return Timeout(f"no answer within {self.timeout} s: {error}"), None
         except requests.RequestException as error:
-            raise RequestFailed(f"{self.predict_url}: {error}") from error
+            raise RequestFailed(f"{url}: {error}") from error
         if response.status_code == 200:
             return _json_object(response)
         retry_after = retry_after_seconds(response.headers.get("Retry-After"), time.time())
@@ -416,6 +466,31 @@ class Client:
         if text_pair is not None:
             payload["text_pair"] = text_pair
         return Prediction.from_json(self._post(payload))
+
+    def explain(
+        self,
+        text: str,
+        text_pair: str | None = None,
+        *,
+        target: str | int | None = None,
+        n_steps: int | None = None,
+    ) -> Explanation:
+        """Which tokens made the label: the predicted one, or `target` (a label or a class
+        index); `n_steps` fewer integrated-gradients steps than the server's default (faster,
+        less exact). Raises as `classify` does; `explain_too_long` (413) for a text over the
+        server's `explain_max_tokens`."""
+        payload: dict[str, Any] = {"text": text}
+        if text_pair is not None:
+            payload["text_pair"] = text_pair
+        if target is not None:
+            if isinstance(target, bool) or not isinstance(target, (str, int)):
+                raise ValueError(f"target must be a label or a class index, got {target!r}")
+            payload["target"] = target
+        if n_steps is not None:
+            if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < 1:
+                raise ValueError(f"n_steps must be a whole number of at least 1, got {n_steps!r}")
+            payload["n_steps"] = n_steps
+        return Explanation.from_json(self._post(payload, self.explain_url))
 
     def classify_chunk(
         self, texts: list[Text], *, top_k: int | None = None, raw_scores: bool = False

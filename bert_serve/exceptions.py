@@ -15,7 +15,9 @@
     ├── Rejected                   the handler refused the text; .code is an ErrorCode
     │   ├── InvalidText            400: empty_text, missing_field, invalid_type, invalid_json,
     │   │                               invalid_encoding, invalid_option
-    │   ├── TextTooLong            413: payload_too_large (over max_chars, or too many texts)
+    │   │                               not_explainable
+    │   ├── TextTooLong            413: payload_too_large (over max_chars, or too many texts),
+    │   │                               explain_too_long (over explain_max_tokens)
     │   ├── ModelFailed            500: internal_error (the model failed on this batch)
     │   └── DeadlineExceeded       504: deadline_exceeded (it waited past its deadline), after
     │                                   the retries
@@ -48,6 +50,8 @@ class ErrorCode(str, Enum):
     INVALID_ENCODING = "invalid_encoding"
     INVALID_OPTION = "invalid_option"
     PAYLOAD_TOO_LARGE = "payload_too_large"
+    EXPLAIN_TOO_LONG = "explain_too_long"
+    NOT_EXPLAINABLE = "not_explainable"
     INTERNAL_ERROR = "internal_error"
     DEADLINE_EXCEEDED = "deadline_exceeded"
 
@@ -64,6 +68,8 @@ ERROR_STATUS: dict[ErrorCode, int] = {
     ErrorCode.INVALID_ENCODING: 400,
     ErrorCode.INVALID_OPTION: 400,
     ErrorCode.PAYLOAD_TOO_LARGE: 413,
+    ErrorCode.EXPLAIN_TOO_LONG: 413,
+    ErrorCode.NOT_EXPLAINABLE: 400,
     ErrorCode.INTERNAL_ERROR: 500,
     ErrorCode.DEADLINE_EXCEEDED: 504,
 }

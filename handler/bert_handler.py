@@ -19,7 +19,8 @@ from ts.torch_handler.base_handler import BaseHandler
 from handler.deadline import Pace
 from handler.decoding import BODY_KEYS
 from handler.errors import ErrorCode
-from handler.inference import BatchStats, Prediction, TextInput, classify
+from handler.explain import Budget, explain_all
+from handler.inference import BatchStats, Explanation, Prediction, TextInput, classify
 from handler.metrics import MetricsEmitter
 from handler.model import LoadedModel, load_model
 from handler.pipeline import answer_batch, refuse
@@ -30,6 +31,7 @@ from handler.protocol import (
     header_value,
     route_content_type,
 )
+from handler.scoring import ExplainOptions
 from handler.settings import HandlerSettings
 
 logger = logging.getLogger(__name__)
@@ -89,6 +91,9 @@ class BertHandler(BaseHandler):  # type: ignore[misc]
         self.loaded: LoadedModel = load_model(model_dir, self.settings, gpu_id)
         self.metrics = MetricsEmitter(context.metrics, context.model_name)
         self.pace = Pace()
+        timeout = (context.model_yaml_config or {}).get("responseTimeout")
+        self.explain_budget = Budget.for_timeout(timeout)
+        self.explain_budget.calibrate(self.loaded, self.settings)
         self.initialized = True
 
     def classify(self, texts: Sequence[TextInput]) -> tuple[list[Prediction], BatchStats]:
@@ -98,6 +103,11 @@ class BertHandler(BaseHandler):  # type: ignore[misc]
             self.settings.max_length,
             self.settings.max_batch_tokens,
         )
+
+    def explain_texts(
+        self, items: Sequence[tuple[TextInput, ExplainOptions]]
+    ) -> list[Explanation | Rejected]:
+        return explain_all(self.loaded, items, self.settings, self.explain_budget)
 
     def handle(self, data: Any, context: Any) -> list[str]:
         received = time.perf_counter()
@@ -110,6 +120,7 @@ class BertHandler(BaseHandler):  # type: ignore[misc]
                 observe=self.metrics.emit,
                 received=received,
                 pace=self.pace,
+                explainer=self.explain_texts,
             )
             for index, (response, timings) in enumerate(zip(responses, headers, strict=True)):
                 context.set_response_status(response.status, response.phrase, index)

@@ -8,6 +8,9 @@
     invalid_encoding   400     the body is not valid UTF-8
     invalid_option     400     "top_k" or "raw_scores" has a value the API does not accept
     payload_too_large  413     the text (or text_pair) has more characters than max_chars
+    explain_too_long   413     an explanation of a text with more tokens than explain_max_tokens
+    not_explainable    400     an explanation asked on a route or protocol that has none
+                               (KServe v2's /explain)
     internal_error     500     the model failed on this batch (a bug, or a resource problem such as
                                the GPU running out of memory): its valid items only
     deadline_exceeded  504     the wait its client stated (from its start stamp) ended before
@@ -31,6 +34,8 @@ class ErrorCode(StrEnum):
     INVALID_ENCODING = "invalid_encoding"
     INVALID_OPTION = "invalid_option"
     PAYLOAD_TOO_LARGE = "payload_too_large"
+    EXPLAIN_TOO_LONG = "explain_too_long"
+    NOT_EXPLAINABLE = "not_explainable"
     INTERNAL_ERROR = "internal_error"
     DEADLINE_EXCEEDED = "deadline_exceeded"
 
@@ -43,6 +48,8 @@ HTTP_STATUS: dict[ErrorCode, tuple[int, str]] = {
     ErrorCode.INVALID_ENCODING: (400, "Bad Request"),
     ErrorCode.INVALID_OPTION: (400, "Bad Request"),
     ErrorCode.PAYLOAD_TOO_LARGE: (413, "Payload Too Large"),
+    ErrorCode.EXPLAIN_TOO_LONG: (413, "Payload Too Large"),
+    ErrorCode.NOT_EXPLAINABLE: (400, "Bad Request"),
     ErrorCode.INTERNAL_ERROR: (500, "Internal Server Error"),
     ErrorCode.DEADLINE_EXCEEDED: (504, "Gateway Timeout"),
 }

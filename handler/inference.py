@@ -29,6 +29,8 @@ class TokenizedText:
     input_ids: list[int]
     truncated: bool
     token_type_ids: list[int] | None = None
+    special_tokens_mask: list[int] | None = None
+    """1 for the tokens the tokenizer added ([CLS], [SEP], ...), 0 for the text's own."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,24 @@ class Prediction:
     """Multi-label models only: every label scoring at least the threshold, best first."""
     raw_scores: dict[str, float] | None = None
     """The logits, kept until the request's options are applied; never answered as such."""
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """Which tokens made a label (``handler.explain``), in the stock handler's field names."""
+
+    words: list[str]
+    """The tokens as the tokenizer split them, special tokens included."""
+    importances: list[float]
+    """One per token: its attribution summed over the hidden size, the vector L2-normalised."""
+    delta: float
+    """Captum's convergence delta: how far the attributions' sum is from the logit's change."""
+    label: str
+    """The label explained."""
+    score: float
+    """Its score, by the model's score function."""
+    truncated: bool
+    n_steps: int
 
 
 @dataclass
@@ -63,6 +83,9 @@ class BatchStats:
     """For each text, in the order given, the sub-batch it was forwarded in."""
     handler_ms: float = 0.0
     """From the handler's receipt of the batch to its outcomes (set by the pipeline)."""
+    explained: int = 0
+    """Texts explained (each alone, after the forward passes) and the time it took."""
+    explain_ms: float = 0.0
 
 
 def tokenize(tokenizer: Any, texts: Sequence[TextInput], max_length: int) -> list[TokenizedText]:
@@ -85,6 +108,7 @@ def tokenize(tokenizer: Any, texts: Sequence[TextInput], max_length: int) -> lis
             input_ids=list(encoding.ids),
             truncated=bool(encoding.overflowing),
             token_type_ids=list(encoding.type_ids),
+            special_tokens_mask=list(encoding.special_tokens_mask),
         )
         for encoding in encodings
     ]

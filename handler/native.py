@@ -8,6 +8,12 @@
                and each is answered on its own: a prediction or {"error": {...}}
     refused    {"error": {"code", "message"}, "request_id"} with the code's status
 
+On ``/explanations/{model}`` and KServe v1's ``:explain`` (``handler.protocol.is_explanation``)
+the same bodies are explained instead: one text -> {"words", "importances", "delta", "label",
+"score", "truncated", "n_steps", "request_id"}; a list answers them under "results" (texts) or
+"explanations" (instances). JSON may add ``"target"`` (a label or class index) and
+``"n_steps"`` (``handler.explain``).
+
 A bare form body without ``name=value`` pairs (what ``curl -d "some text"`` sends) arrives as
 no field at all, so the text is gone before the handler runs; the 400 says how to send it.
 """
@@ -16,7 +22,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from handler.decoding import (
@@ -31,7 +37,7 @@ from handler.decoding import (
     validate_text,
 )
 from handler.errors import HTTP_STATUS, ErrorCode, error_body
-from handler.inference import Prediction
+from handler.inference import Explanation, Prediction
 from handler.protocol import (
     IncomingRequest,
     ItemOutcome,
@@ -39,18 +45,23 @@ from handler.protocol import (
     Response,
     ValidText,
     WireProtocol,
+    is_explanation,
 )
-from handler.scoring import ScoreOptions
+from handler.scoring import ExplainOptions, ScoreOptions
 from handler.settings import HandlerSettings
 
 TEXT_PAIR_FIELD = "text_pair"
 TOP_K_OPTION = "top_k"
 RAW_SCORES_OPTION = "raw_scores"
+TARGET_OPTION = "target"
+N_STEPS_OPTION = "n_steps"
 TEXTS_FIELD = "texts"
 INSTANCES_FIELD = "instances"
 # A list arrives as ours ({"texts": [...]}) or as KServe's v1 protocol ({"instances": [...]});
 # the answer puts its entries under the key that goes with the request's.
 LIST_ANSWER_KEYS = {TEXTS_FIELD: "results", INSTANCES_FIELD: "predictions"}
+EXPLANATIONS_KEY = "explanations"
+"""KServe v1's ``:explain`` answers its instances under this key."""
 FORM_MEDIA_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 DEFAULT_OPTIONS = ScoreOptions()
 
@@ -61,6 +72,13 @@ class TextList:
 
     items: tuple[ValidText | Rejected, ...]
     field: str = TEXTS_FIELD
+    explaining: bool = False
+
+    @property
+    def answer_key(self) -> str:
+        if self.explaining and self.field == INSTANCES_FIELD:
+            return EXPLANATIONS_KEY
+        return LIST_ANSWER_KEYS[self.field]
 
 
 NativeRequest = ValidText | TextList
@@ -77,6 +95,7 @@ class NativeProtocol:
             request.content_type,
             settings.max_chars,
             settings.max_texts_per_request,
+            is_explanation(request.headers),
         )
 
     def render(
@@ -85,11 +104,11 @@ class NativeProtocol:
         """A list answers 200 with an entry per text; one text answers its own status."""
         if isinstance(decoded, TextList):
             entries = [_list_entry(item) for item in outcomes]
-            return _ok({LIST_ANSWER_KEYS[decoded.field]: entries, "request_id": request_id})
+            return _ok({decoded.answer_key: entries, "request_id": request_id})
         (outcome,) = outcomes
         if isinstance(outcome, Rejected):
             return self.refuse(outcome, request_id)
-        return _ok({**prediction_fields(outcome), "request_id": request_id})
+        return _ok({**outcome_fields(outcome), "request_id": request_id})
 
     def refuse(self, rejected: Rejected, request_id: str) -> Response:
         status, phrase = HTTP_STATUS[rejected.code]
@@ -101,16 +120,36 @@ PROTOCOL: WireProtocol[NativeRequest] = NativeProtocol()
 
 
 def decode_request(
-    fields: Mapping[str, Any], content_type: str | None, max_chars: int, max_texts: int
+    fields: Mapping[str, Any],
+    content_type: str | None,
+    max_chars: int,
+    max_texts: int,
+    explaining: bool = False,
 ) -> NativeRequest | Rejected:
-    """Find the text of one request and validate it."""
+    """Find the text of one request and validate it; ``explaining``: the request is on an
+    explanation route, so each valid text carries its ``ExplainOptions``."""
     media = media_type(content_type)
     for key in BODY_KEYS:
         if key in fields:
-            return decode_body(fields[key], media, max_chars, max_texts)
+            return decode_body(fields[key], media, max_chars, max_texts, explaining)
     if TEXT_FIELD in fields:
-        return _form_text(fields, max_chars)
+        return _explained(_form_text(fields, max_chars), explaining, ExplainOptions())
     return Rejected(ErrorCode.MISSING_FIELD, _missing_text_message(media, sorted(fields)))
+
+
+def _explained(
+    decoded: NativeRequest | Rejected, explaining: bool, options: ExplainOptions
+) -> NativeRequest | Rejected:
+    """The decoded request with ``options`` on each valid text when it is an explanation."""
+    if not explaining or isinstance(decoded, Rejected):
+        return decoded
+    if isinstance(decoded, ValidText):
+        return replace(decoded, explain=options)
+    items = tuple(
+        replace(item, explain=options) if isinstance(item, ValidText) else item
+        for item in decoded.items
+    )
+    return replace(decoded, items=items, explaining=True)
 
 
 def _form_text(fields: Mapping[str, Any], max_chars: int) -> ValidText | Rejected:
@@ -122,11 +161,13 @@ def _form_text(fields: Mapping[str, Any], max_chars: int) -> ValidText | Rejecte
     return pair if isinstance(pair, Rejected) else ValidText(text.text, pair.text)
 
 
-def decode_body(body: Any, media: str, max_chars: int, max_texts: int) -> NativeRequest | Rejected:
+def decode_body(
+    body: Any, media: str, max_chars: int, max_texts: int, explaining: bool = False
+) -> NativeRequest | Rejected:
     """A whole request body: JSON when the Content-Type says so, else UTF-8 text."""
     if isinstance(body, bytes | bytearray):
         if not is_json(media):
-            return checked_text(body, max_chars)
+            return _explained(checked_text(body, max_chars), explaining, ExplainOptions())
         text = utf8(body)
         if isinstance(text, Rejected):
             return text
@@ -134,13 +175,15 @@ def decode_body(body: Any, media: str, max_chars: int, max_texts: int) -> Native
             body = json.loads(text)
         except (ValueError, RecursionError) as error:
             return Rejected(ErrorCode.INVALID_JSON, f"the body is not valid JSON: {short(error)}")
-        return _text_from_json(body, max_chars, max_texts)
+        return _text_from_json(body, max_chars, max_texts, explaining)
     if isinstance(body, str) and not is_json(media):
-        return checked_text(body, max_chars)
-    return _text_from_json(body, max_chars, max_texts)
+        return _explained(checked_text(body, max_chars), explaining, ExplainOptions())
+    return _text_from_json(body, max_chars, max_texts, explaining)
 
 
-def _text_from_json(document: Any, max_chars: int, max_texts: int) -> NativeRequest | Rejected:
+def _text_from_json(
+    document: Any, max_chars: int, max_texts: int, explaining: bool = False
+) -> NativeRequest | Rejected:
     if not isinstance(document, dict):
         return Rejected(
             ErrorCode.INVALID_TYPE,
@@ -149,6 +192,12 @@ def _text_from_json(document: Any, max_chars: int, max_texts: int) -> NativeRequ
     options = parse_options(document)
     if isinstance(options, Rejected):
         return options
+    if explaining:
+        explain_options = parse_explain_options(document)
+        if isinstance(explain_options, Rejected):
+            return explain_options
+        decoded = _text_from_json(document, max_chars, max_texts)
+        return _explained(decoded, explaining, explain_options)
     list_fields = [key for key in LIST_ANSWER_KEYS if key in document]
     if list_fields:
         return _text_list(document, list_fields, max_chars, max_texts, options)
@@ -180,6 +229,24 @@ def parse_options(document: dict[str, Any]) -> ScoreOptions | Rejected:
     if top_k is None and not raw_scores:
         return DEFAULT_OPTIONS
     return ScoreOptions(top_k=top_k, raw_scores=raw_scores)
+
+
+def parse_explain_options(document: dict[str, Any]) -> ExplainOptions | Rejected:
+    """``target`` (a label name or class index) and ``n_steps`` (a whole number >= 1) next to
+    the text(s) of an explanation request; the cap on steps is the worker's (``explain``)."""
+    target = document.get(TARGET_OPTION)
+    if target is not None and not (isinstance(target, str) or _is_whole_number(target)):
+        return Rejected(
+            ErrorCode.INVALID_OPTION,
+            f'"target" must be a label or a class index, got {json_type(target)}',
+        )
+    steps = document.get(N_STEPS_OPTION)
+    if steps is not None and not (_is_whole_number(steps) and steps >= 1):
+        shown = short(steps, 40) if isinstance(steps, int | float) else json_type(steps)
+        return Rejected(
+            ErrorCode.INVALID_OPTION, f'"n_steps" must be a whole number of at least 1, got {shown}'
+        )
+    return ExplainOptions(target=target, n_steps=steps)
 
 
 def _text_and_pair(
@@ -285,10 +352,29 @@ def prediction_fields(prediction: Prediction) -> dict[str, Any]:
     return fields
 
 
+def explanation_fields(explanation: Explanation) -> dict[str, Any]:
+    """The stock handler's ``words``, ``importances`` and ``delta``, and what was explained."""
+    return {
+        "words": explanation.words,
+        "importances": explanation.importances,
+        "delta": explanation.delta,
+        "label": explanation.label,
+        "score": explanation.score,
+        "truncated": explanation.truncated,
+        "n_steps": explanation.n_steps,
+    }
+
+
+def outcome_fields(outcome: Prediction | Explanation) -> dict[str, Any]:
+    if isinstance(outcome, Explanation):
+        return explanation_fields(outcome)
+    return prediction_fields(outcome)
+
+
 def _list_entry(item: ItemOutcome) -> dict[str, Any]:
     if isinstance(item, Rejected):
         return {"error": {"code": item.code.value, "message": item.message}}
-    return prediction_fields(item)
+    return outcome_fields(item)
 
 
 def _ok(body: dict[str, Any]) -> Response:

@@ -49,6 +49,7 @@ from handler.protocol import (
     ValidText,
     WireProtocol,
     header_value,
+    is_explanation,
     is_kserve_route,
 )
 from handler.settings import HandlerSettings
@@ -80,7 +81,7 @@ class OpenInference:
     def decode(
         self, request: IncomingRequest, settings: HandlerSettings
     ) -> InferRequest | Rejected | None:
-        return decode_infer(
+        decoded = decode_infer(
             request.fields,
             request.content_type,
             request.headers,
@@ -88,6 +89,14 @@ class OpenInference:
             settings.max_chars,
             settings.max_texts_per_request,
         )
+        if isinstance(decoded, InferRequest) and is_explanation(request.headers):
+            return Rejected(
+                ErrorCode.NOT_EXPLAINABLE,
+                "the Open Inference Protocol (v2) has no explanations here; send "
+                '{"text": "..."} or {"instances": [...]} to /explanations/{model} or '
+                "/v1/models/{model}:explain",
+            )
+        return decoded
 
     def render(
         self, decoded: InferRequest, outcomes: tuple[ItemOutcome, ...], request_id: str

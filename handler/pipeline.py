@@ -16,7 +16,14 @@ from typing import Any
 
 from handler import deadline, native, open_inference
 from handler.errors import ErrorCode
-from handler.inference import BatchStats, OutOfMemory, Prediction, TextInput, with_options
+from handler.inference import (
+    BatchStats,
+    Explanation,
+    OutOfMemory,
+    Prediction,
+    TextInput,
+    with_options,
+)
 from handler.protocol import (
     IncomingRequest,
     ItemOutcome,
@@ -26,6 +33,7 @@ from handler.protocol import (
     ValidText,
     WireProtocol,
 )
+from handler.scoring import ExplainOptions
 from handler.settings import HandlerSettings
 from handler.timings import Headers, timing_headers
 
@@ -52,6 +60,9 @@ Outcome = ListOutcome | Rejected
 Slot = tuple[int, int]
 Classifier = Callable[[Sequence[TextInput]], tuple[list[Prediction], BatchStats]]
 BatchObserver = Callable[[Sequence[Outcome], BatchStats], None]
+Explainer = Callable[[Sequence[tuple[TextInput, ExplainOptions]]], list[Explanation | Rejected]]
+"""The batch's texts to explain -> an explanation or error for each, in order
+(``handler.explain.explain_all``: each computed alone); it should not raise."""
 
 
 @dataclass(frozen=True)
@@ -144,14 +155,49 @@ def _expired(decoded: Decoded, when: str) -> Decoded:
 
 
 def valid_slots(requests: Sequence[Texts | Rejected]) -> list[tuple[Slot, TextInput]]:
-    """Every valid text (or pair) of the batch with its place: (request index, item index)."""
+    """Every valid text (or pair) of the batch to classify with its place: (request index,
+    item index); the texts to explain are left to ``explain_slots``."""
     return [
         ((index, j), model_input(item))
         for index, request in enumerate(requests)
         if not isinstance(request, Rejected)
         for j, item in enumerate(request.items)
-        if isinstance(item, ValidText)
+        if isinstance(item, ValidText) and item.explain is None
     ]
+
+
+def explain_slots(requests: Sequence[Texts | Rejected]) -> list[tuple[Slot, ValidText]]:
+    """Every valid text of the batch to explain, with its place."""
+    return [
+        ((index, j), item)
+        for index, request in enumerate(requests)
+        if not isinstance(request, Rejected)
+        for j, item in enumerate(request.items)
+        if isinstance(item, ValidText) and item.explain is not None
+    ]
+
+
+def explain_each(
+    slots: Sequence[tuple[Slot, ValidText]], explainer: Explainer | None
+) -> dict[Slot, ItemOutcome]:
+    """Every text to explain, by ``explainer``, put back at its place; an explainer that raises
+    or answers the wrong count is a 500 for these texts only."""
+    if explainer is None:
+        refused = Rejected(ErrorCode.NOT_EXPLAINABLE, "this server has no explainer")
+        return {slot: refused for slot, _ in slots}
+    try:
+        outcomes = explainer(
+            [(model_input(item), item.explain or ExplainOptions()) for _, item in slots]
+        )
+        if len(outcomes) != len(slots):
+            raise AssertionError(f"{len(outcomes)} explanations for {len(slots)} texts")
+    except Exception:
+        logger.exception("explaining %d texts failed; this is a bug", len(slots))
+        failure = Rejected(
+            ErrorCode.INTERNAL_ERROR, "the model failed to explain this text; retry later"
+        )
+        return {slot: failure for slot, _ in slots}
+    return {slot: outcome for (slot, _), outcome in zip(slots, outcomes, strict=True)}
 
 
 def model_input(valid: ValidText) -> TextInput:
@@ -177,16 +223,19 @@ def _answered(valid: ValidText, result: ItemOutcome | None) -> ItemOutcome:
         return Rejected(
             ErrorCode.INTERNAL_ERROR, "no result was produced for this item (server bug)"
         )
-    if isinstance(result, Rejected):
+    if isinstance(result, Rejected | Explanation):
         return result
     return with_options(result, valid.options)
 
 
 def classify_valid(
-    requests: Sequence[Texts | Rejected], classifier: Classifier
+    requests: Sequence[Texts | Rejected],
+    classifier: Classifier,
+    explainer: Explainer | None = None,
 ) -> tuple[list[Outcome], BatchStats, list[int]]:
     """Run every valid text of the batch (of every request and protocol) in one call and put
-    each result back at its own place; also the request index of each text run."""
+    each result back at its own place; also the request index of each text run. The texts
+    to explain are explained one by one, after the predictions (``explain_each``)."""
     slots = valid_slots(requests)
     texts = [text for _, text in slots]
     results: dict[Slot, ItemOutcome] = {}
@@ -216,6 +265,12 @@ def classify_valid(
             )
             results = {slot: failure for slot, _ in slots}
             stats = BatchStats(texts=len(texts))
+    to_explain = explain_slots(requests)
+    if to_explain:
+        started = time.perf_counter()
+        results.update(explain_each(to_explain, explainer))
+        stats.explained = len(to_explain)
+        stats.explain_ms = (time.perf_counter() - started) * 1000
     outcomes = [assemble(index, request, results) for index, request in enumerate(requests)]
     return outcomes, stats, [index for (index, _), _ in slots]
 
@@ -239,9 +294,12 @@ def run_batch(
     observe: BatchObserver | None = None,
     now: float | None = None,
     pace: deadline.Pace | None = None,
+    explainer: Explainer | None = None,
 ) -> list[Response]:
     """``answer_batch`` without the timing headers."""
-    return answer_batch(requests, classifier, settings, observe, now=now, pace=pace)[0]
+    return answer_batch(
+        requests, classifier, settings, observe, now=now, pace=pace, explainer=explainer
+    )[0]
 
 
 def answer_batch(
@@ -252,6 +310,7 @@ def answer_batch(
     received: float | None = None,
     now: float | None = None,
     pace: deadline.Pace | None = None,
+    explainer: Explainer | None = None,
 ) -> tuple[list[Response], list[Headers]]:
     """One response per request, in order, and each request's timing headers
     (``handler.timings``); an unexpected failure answers 500 to this batch only.
@@ -260,21 +319,25 @@ def answer_batch(
     ``received`` is the handler's ``time.perf_counter()`` when TorchServe handed it the batch;
     ``now`` when the batch began (unix time; the clock by default), for the deadlines;
     ``pace``, the worker's recent batch times, for the deadlines that would pass during it
-    (``expire``); the batch's time is recorded in it.
+    (``expire``); the batch's time is recorded in it, unless it explained texts (their time
+    says nothing of the predictions' pace). ``explainer`` explains the texts of explanation
+    requests; without one they answer ``not_explainable``.
     """
     received = time.perf_counter() if received is None else received
     began = time.time() if now is None else now
     try:
         decoded = [decode(request, settings) for request in requests]
         decoded = expire(requests, decoded, began, pace)
-        outcomes, stats, owners = classify_valid([d.request for d in decoded], classifier)
+        outcomes, stats, owners = classify_valid(
+            [d.request for d in decoded], classifier, explainer
+        )
     except Exception:
         logger.exception("batch of %d failed unexpectedly; this is a bug", len(requests))
         failure = Rejected(ErrorCode.INTERNAL_ERROR, "the batch failed (server bug)")
         decoded = [Decoded(FALLBACK, failure)] * len(requests)
         outcomes, stats, owners = [failure] * len(requests), BatchStats(), []
     stats.handler_ms = (time.perf_counter() - received) * 1000
-    if pace is not None:
+    if pace is not None and not stats.explained:
         pace.record(len(owners), stats.handler_ms / 1000, at=began)
     _log_batch(requests, outcomes, stats)
     if observe is not None:
@@ -311,13 +374,15 @@ def _log_batch(
     expired = sum(map(_is_expired, outcomes))
     logger.info(
         "batch_size=%d valid=%d rejected=%d sub_batches=%s real_tokens=%d padded_tokens=%d "
-        "tokenize_ms=%.1f forward_ms=%.1f threads=%d expired=%d",
+        "explained=%d explain_ms=%.1f tokenize_ms=%.1f forward_ms=%.1f threads=%d expired=%d",
         len(requests),
         len(requests) - len(rejected),
         len(rejected),
         stats.sub_batches,
         stats.real_tokens,
         stats.padded_tokens,
+        stats.explained,
+        stats.explain_ms,
         stats.tokenize_ms,
         stats.forward_ms,
         stats.threads,

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from handler.errors import ErrorCode
-from handler.inference import Prediction
-from handler.scoring import ScoreOptions
+from handler.inference import Explanation, Prediction
+from handler.scoring import ExplainOptions, ScoreOptions
 from handler.settings import HandlerSettings
 
 # TorchServe adds url_path to /predictions requests only, and explain to those and KServe's.
@@ -28,11 +28,13 @@ JSON_MEDIA = "application/json"
 
 @dataclass(frozen=True)
 class ValidText:
-    """A text ready to classify, with its optional second text and its request's options."""
+    """A text ready to classify, with its optional second text and its request's options;
+    ``explain`` is set when the request asked for an explanation instead of a prediction."""
 
     text: str
     text_pair: str | None = None
     options: ScoreOptions = ScoreOptions()
+    explain: ExplainOptions | None = None
 
     @property
     def items(self) -> tuple[ValidText]:
@@ -48,7 +50,7 @@ class Rejected:
     message: str
 
 
-ItemOutcome = Prediction | Rejected
+ItemOutcome = Prediction | Explanation | Rejected
 
 
 class Texts(Protocol):
@@ -102,6 +104,14 @@ def header_value(headers: Mapping[str, Any], name: str) -> str | None:
         if key.lower() == wanted and isinstance(value, str):
             return value
     return None
+
+
+def is_explanation(headers: Mapping[str, Any]) -> bool:
+    """``/explanations/{model}`` and KServe's ``:explain`` routes: TorchServe sets ``explain``
+    to ``True`` on them and to ``False`` on the prediction routes, after the client's own
+    headers, in a map whose keys are case-sensitive; so the exact key is read, and a client's
+    ``explain: True`` sent to ``/predictions`` is overwritten."""
+    return headers.get(KSERVE_ROUTE_HEADER) == "True"
 
 
 def is_kserve_route(headers: Mapping[str, Any]) -> bool:

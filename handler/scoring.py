@@ -40,6 +40,17 @@ class ScoreOptions:
     """Answer the logits instead of the model's score function applied to them."""
 
 
+@dataclass(frozen=True)
+class ExplainOptions:
+    """What an explanation request may choose (``handler.explain``); its presence on a text
+    is what makes the text an explanation rather than a prediction."""
+
+    target: str | int | None = None
+    """The label to explain, by name or class index; None: the predicted label."""
+    n_steps: int | None = None
+    """Integrated-gradients steps, at most the ``explain_steps`` setting; None: that setting."""
+
+
 AUTO = "auto"
 PROBLEM_TYPES = ("regression", "multi_label_classification", "single_label_classification")
 

@@ -56,6 +56,16 @@ class HandlerSettings:
     ``sigmoid`` or ``none`` pick the function for a model whose config has no problem_type."""
     multi_label_threshold: float = 0.5
     """Multi-label models: a label is given (in ``labels``) when its score is at least this."""
+    explain_steps: int = 50
+    """Explanations: integrated-gradients steps, the default and the most a request may ask
+    for (``n_steps``); TorchServe's stock handler takes 50."""
+    explain_max_tokens: int = 128
+    """Explanations: tokens per explained text (after truncation at ``max_length``, special
+    tokens included); a longer one answers 413 ``explain_too_long`` rather than running for
+    steps x tokens forward and backward passes."""
+    explain_internal_batch_size: int = 0
+    """Explanations: interpolation steps per forward and backward pass; 0 fits as many as
+    ``max_batch_tokens`` allows for the text's length (at least 1)."""
 
     def __post_init__(self) -> None:
         _require(self.max_length >= 8, f"max_length must be at least 8, got {self.max_length}")
@@ -80,6 +90,16 @@ class HandlerSettings:
         _require(
             0.0 <= self.multi_label_threshold <= 1.0,
             f"multi_label_threshold must be between 0 and 1, got {self.multi_label_threshold}",
+        )
+        _require(self.explain_steps >= 1, f"explain_steps must be >= 1, got {self.explain_steps}")
+        _require(
+            self.explain_max_tokens >= 3,
+            f"explain_max_tokens must be at least 3, got {self.explain_max_tokens}",
+        )
+        _require(
+            self.explain_internal_batch_size >= 0,
+            "explain_internal_batch_size must be >= 0 (0: from max_batch_tokens), "
+            f"got {self.explain_internal_batch_size}",
         )
 
     @classmethod

@@ -79,12 +79,14 @@ class Stub:
     def __init__(self, reply: Callable[[dict[str, Any]], Reply]):
         self.reply = reply
         self.requests: list[tuple[dict[str, str], dict[str, Any]]] = []
+        self.paths: list[str] = []
         stub = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 stub.requests.append((dict(self.headers), body))
+                stub.paths.append(self.path)
                 status, answer, *more = stub.reply(body)
                 data = b"" if answer is None else json.dumps(answer).encode()
                 try:
@@ -985,3 +987,91 @@ def test_stamps_can_be_turned_off(stub_factory: Callable[..., Stub]) -> None:
     client.classify("fine")
     ((headers, _),) = stub.requests
     assert "X-Request-Start" not in headers and "X-Request-Timeout" not in headers
+
+
+EXPLANATION = {
+    "words": ["[CLS]", "great", "dull", "[SEP]"],
+    "importances": [0.0, 0.8, -0.6, 0.0],
+    "delta": 0.001,
+    "label": "positive",
+    "score": 0.9,
+    "truncated": False,
+    "n_steps": 10,
+    "request_id": "r",
+}
+
+
+def test_explain_posts_to_the_explanations_route_with_its_options(
+    stub_factory: Callable[..., Stub],
+) -> None:
+    stub = stub_factory(lambda body: (200, EXPLANATION))
+    client, _ = client_for(stub)
+    explanation = client.explain("great dull", target="positive", n_steps=10)
+    client.explain("a", "b", target=1)
+    assert stub.paths == ["/explanations/bert", "/explanations/bert"]
+    assert [body for _, body in stub.requests] == [
+        {"text": "great dull", "target": "positive", "n_steps": 10},
+        {"text": "a", "text_pair": "b", "target": 1},
+    ]
+    assert explanation.words == ("[CLS]", "great", "dull", "[SEP]")
+    assert explanation.importances == (0.0, 0.8, -0.6, 0.0)
+    assert explanation.to_json() == {k: v for k, v in EXPLANATION.items() if k != "request_id"}
+
+
+@pytest.mark.parametrize("options", [{"n_steps": 0}, {"n_steps": True}, {"target": 1.5}])
+def test_explain_refuses_bad_options_before_sending(options: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        Client(f"http://127.0.0.1:{unused_port()}").explain("a", **options)
+
+
+def test_explain_raises_the_servers_code(stub_factory: Callable[..., Stub]) -> None:
+    error = {"error": {"code": "explain_too_long", "message": "too long"}, "request_id": "r"}
+    stub = stub_factory(lambda body: (413, error))
+    client, _ = client_for(stub)
+    with pytest.raises(exceptions.TextTooLong) as caught:
+        client.explain("long")
+    assert caught.value.code == "explain_too_long"
+
+
+def test_a_200_that_is_not_an_explanation_is_a_bad_response(
+    stub_factory: Callable[..., Stub],
+) -> None:
+    broken = dict(EXPLANATION, importances=[0.1])
+    client, _ = client_for(stub_factory(lambda body: (200, broken)))
+    with pytest.raises(exceptions.BadResponse):
+        client.explain("great dull")
+
+
+def test_cli_explain_prints_a_bar_per_token_without_colour_when_piped(
+    stub_factory: Callable[..., Stub], capsys: pytest.CaptureFixture[str]
+) -> None:
+    stub = stub_factory(lambda body: (200, EXPLANATION))
+    assert cli.main(["explain", "great dull", "--url", stub.url, "--n-steps", "10"]) == 0
+    header, *rows = capsys.readouterr().out.splitlines()
+    assert header.startswith("positive 0.900")
+    assert [row.split()[0] for row in rows] == ["[CLS]", "great", "dull", "[SEP]"]
+    great, dull = rows[1], rows[2]
+    assert great.index("|") < great.index("\u2588") and dull.index("\u2588") < dull.index("|")
+    assert great.count("\u2588") == 20 and dull.count("\u2588") == 15
+    assert "\033[" not in header + "".join(rows)
+    assert stub.requests[0][1] == {"text": "great dull", "n_steps": 10}
+
+
+def test_cli_explain_colours_a_terminal_and_prints_json_when_asked(
+    stub_factory: Callable[..., Stub], capsys: pytest.CaptureFixture[str]
+) -> None:
+    explanation = client_module.Explanation.from_json(EXPLANATION)
+    coloured = "\n".join(cli.explanation_lines(explanation, colour=True))
+    assert cli.POSITIVE_COLOUR in coloured and cli.NEGATIVE_COLOUR in coloured
+    stub = stub_factory(lambda body: (200, EXPLANATION))
+    assert cli.main(["explain", "great dull", "--url", stub.url, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["importances"] == EXPLANATION["importances"]
+
+
+def test_cli_explain_prints_a_refusal_and_exits_1(
+    stub_factory: Callable[..., Stub], capsys: pytest.CaptureFixture[str]
+) -> None:
+    error = {"error": {"code": "invalid_option", "message": "no such label"}, "request_id": "r"}
+    stub = stub_factory(lambda body: (400, error))
+    assert cli.main(["explain", "x", "--url", stub.url, "--target", "nope"]) == cli.EXIT_ITEM_FAILED
+    assert json.loads(capsys.readouterr().out)["error"]["code"] == "invalid_option"

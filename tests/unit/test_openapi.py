@@ -135,3 +135,52 @@ def test_an_expired_request_conforms_too(body: bytes) -> None:
     )
     assert response.status == 504
     OAS30Validator(answers_schema(504)).validate(json.loads(response.body))
+
+
+def explain_schema(status: int, operation: str = "/explanations/bert") -> dict[str, Any]:
+    response = deref(DOCUMENT["paths"][operation]["post"]["responses"][str(status)])
+    return {
+        **response["content"]["application/json"]["schema"],
+        "components": DOCUMENT["components"],
+    }
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "route"),
+    [
+        (b"a fine film", "text/plain", "/explanations/bert"),
+        (
+            b'{"text": "fine", "target": "positive", "n_steps": 3}',
+            "application/json",
+            "/explanations/bert",
+        ),
+        (
+            b'{"texts": ["a", "", {"text": "b", "text_pair": "c"}]}',
+            "application/json",
+            "/explanations/bert",
+        ),
+        (b'{"text": "fine", "n_steps": 0}', "application/json", "/explanations/bert"),
+        (b'{"text": "fine", "n_steps": 51}', "application/json", "/explanations/bert"),
+        (b'{"text": "fine", "target": "neither"}', "application/json", "/explanations/bert"),
+        (b'{"text": "' + b"word " * 5 + b'"}', "application/json", "/explanations/bert"),
+        (b'{"instances": ["a", " "]}', "application/json", "/v1/models/bert:explain"),
+        (infer("a"), "application/json", "/v1/models/bert:explain"),
+    ],
+)
+def test_explanations_conform_to_the_document(
+    body: bytes, content_type: str | None, route: str, tiny_model_dir
+) -> None:
+    """Explanations by the real stage (tiny model), each answer valid for its status."""
+    from handler.explain import explain_all
+    from handler.model import load_model
+
+    settings = HandlerSettings(max_chars=30, explain_max_tokens=6)
+    model = load_model(tiny_model_dir, settings, None)
+    headers = {"explain": "True"} if "v1" in route else {"explain": "True", "url_path": ""}
+    (response,) = run_batch(
+        [IncomingRequest({"body": body}, content_type, "r-1", headers=headers)],
+        FakeClassifier(),
+        settings,
+        explainer=lambda items: explain_all(model, items, settings),
+    )
+    OAS30Validator(explain_schema(response.status, route)).validate(json.loads(response.body))

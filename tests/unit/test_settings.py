@@ -222,3 +222,23 @@ def test_removed_settings_fail_at_start_by_name(removed: str) -> None:
     """A model config written for an older handler names the setting that is gone."""
     with pytest.raises(ValueError, match=f"unknown handler settings \\['{removed}'\\]"):
         HandlerSettings.from_mapping({removed: 1})
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"explain_steps": 0}, "explain_steps must be >= 1"),
+        ({"explain_max_tokens": 2}, "explain_max_tokens must be at least 3"),
+        ({"explain_internal_batch_size": -1}, "explain_internal_batch_size must be >= 0"),
+        ({"explain_steps": 2.5}, "explain_steps must be an integer"),
+    ],
+)
+def test_explanation_settings_are_checked_at_start(raw: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        HandlerSettings.from_mapping(raw)
+
+
+def test_explanation_defaults_are_the_stock_handlers_steps() -> None:
+    settings = HandlerSettings()
+    assert (settings.explain_steps, settings.explain_max_tokens) == (50, 128)
+    assert settings.explain_internal_batch_size == 0

@@ -1,0 +1,229 @@
+"""Explanations: which tokens made a label, one text at a time.
+
+The importances are those of TorchServe's stock Transformer handler, so its users can compare:
+Captum's ``LayerIntegratedGradients`` of the explained label's logit with respect to the output
+of the model's input embeddings layer (``model.get_input_embeddings()``, whatever the
+architecture names it), from a baseline of the same tokens with every token of the text replaced
+by the pad token (the special tokens stay), summed over the hidden size and L2-normalised.
+
+Each text is explained on its own (its steps batched ``internal_batch_size`` at a time), so an
+explanation does not depend on its batch-mates. A text's outcome is data: an ``Explanation``,
+or ``Rejected`` (a label the model does not have, steps over the cap, a text over
+``explain_max_tokens``); it never raises for bad input.
+
+Time: TorchServe kills a worker whose batch runs past ``responseTimeout`` and answers the whole
+batch "Worker died." (the stock handler's long texts). ``Budget`` keeps a batch's explanations
+within a share of it: it knows this worker's seconds per token-step (measured by one small
+explanation at start, then from every explanation), and a text whose estimate would pass what
+is left answers 413 ``explain_too_long`` at once, with the estimate, instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from captum.attr import LayerIntegratedGradients
+
+from handler.errors import ErrorCode
+from handler.inference import Explanation, TextInput, TokenizedText, model_inputs, tokenize
+from handler.model import LoadedModel
+from handler.protocol import Rejected
+from handler.scoring import ExplainOptions, apply_score_function
+from handler.settings import HandlerSettings
+
+logger = logging.getLogger(__name__)
+
+
+def baseline_ids(tokenized: TokenizedText, pad_id: int) -> list[int]:
+    """The same tokens, each of the text's own (not special) replaced by the pad token."""
+    mask = tokenized.special_tokens_mask or [0] * len(tokenized.input_ids)
+    return [
+        token if special else pad_id
+        for token, special in zip(tokenized.input_ids, mask, strict=True)
+    ]
+
+
+def internal_batch_size(settings: HandlerSettings, tokens: int) -> int:
+    """Steps per forward and backward pass: the setting, or as many rows of this text as
+    ``max_batch_tokens`` holds (the predictions' budget per pass), at least one."""
+    if settings.explain_internal_batch_size:
+        return settings.explain_internal_batch_size
+    return max(1, settings.max_batch_tokens // tokens)
+
+
+def target_index(target: str | int | None, labels: tuple[str, ...], best: int) -> int | Rejected:
+    """The class to explain: by name or index, else the predicted one."""
+    if target is None:
+        return best
+    if isinstance(target, str):
+        if target in labels:
+            return labels.index(target)
+        return Rejected(
+            ErrorCode.INVALID_OPTION, f'"target" {target!r} is not a label; labels: {list(labels)}'
+        )
+    if 0 <= target < len(labels):
+        return target
+    return Rejected(
+        ErrorCode.INVALID_OPTION,
+        f'"target" {target} is not a class index; the model has {len(labels)} (0 to {len(labels) - 1})',
+    )
+
+
+BUDGET_SHARE = 0.5
+"""The share of ``responseTimeout`` a batch's explanations may take: the rest is for the
+batch's predictions and for the estimate's error (a busy machine, a longer text)."""
+DEFAULT_RESPONSE_TIMEOUT_S = 120.0
+"""TorchServe's own default, for a model config that sets none."""
+CALIBRATION_TEXT = "a short text to time one explanation step at worker start"
+CALIBRATION_STEPS = 4
+
+
+@dataclass
+class Budget:
+    """The seconds a batch's explanations may take, and this worker's pace at them."""
+
+    seconds: float
+    per_token_step: float | None = None
+    """Seconds per token per step: the explanations measured, smoothed (each new one weighs
+    0.3)."""
+
+    @classmethod
+    def for_timeout(cls, response_timeout_s: float | None) -> Budget:
+        timeout = DEFAULT_RESPONSE_TIMEOUT_S if response_timeout_s is None else response_timeout_s
+        return cls(seconds=BUDGET_SHARE * float(timeout))
+
+    def estimate(self, tokens: int, steps: int) -> float:
+        return (self.per_token_step or 0.0) * tokens * steps
+
+    def record(self, tokens: int, steps: int, seconds: float) -> None:
+        measured = seconds / max(1, tokens * steps)
+        previous = self.per_token_step
+        self.per_token_step = measured if previous is None else 0.7 * previous + 0.3 * measured
+
+    def calibrate(self, loaded: LoadedModel, settings: HandlerSettings) -> None:
+        """One small explanation, timed, so that the first request has an estimate."""
+        options = ExplainOptions(n_steps=min(CALIBRATION_STEPS, settings.explain_steps))
+        explain(loaded, CALIBRATION_TEXT, options, settings, self)
+
+
+def explain_all(
+    loaded: LoadedModel,
+    items: Sequence[tuple[TextInput, ExplainOptions]],
+    settings: HandlerSettings,
+    budget: Budget | None = None,
+) -> list[Explanation | Rejected]:
+    """Each text explained alone, in order, within ``budget`` for them all (none: no bound);
+    a text the model fails on is that text's 500."""
+    left = None if budget is None else Budget(budget.seconds, budget.per_token_step)
+    outcomes: list[Explanation | Rejected] = []
+    for text, options in items:
+        started = time.perf_counter()
+        try:
+            outcome = explain(loaded, text, options, settings, left)
+        except Exception:
+            logger.exception("explaining a text failed")
+            outcome = Rejected(
+                ErrorCode.INTERNAL_ERROR, "the model failed to explain this text; retry later"
+            )
+        outcomes.append(outcome)
+        if left is not None:
+            left.seconds -= time.perf_counter() - started
+            if budget is not None and isinstance(outcome, Explanation):
+                budget.per_token_step = left.per_token_step
+    return outcomes
+
+
+def explain(
+    loaded: LoadedModel,
+    text: TextInput,
+    options: ExplainOptions,
+    settings: HandlerSettings,
+    budget: Budget | None = None,
+) -> Explanation | Rejected:
+    """One text's explanation, or why it has none; may raise if the model fails. With a
+    ``budget``, a text whose estimate exceeds its seconds is refused, and the time of the
+    one explained is recorded in it."""
+    steps = settings.explain_steps if options.n_steps is None else options.n_steps
+    if steps > settings.explain_steps:
+        return Rejected(
+            ErrorCode.INVALID_OPTION,
+            f'"n_steps" is {steps}; this server explains with at most {settings.explain_steps} '
+            "(explain_steps)",
+        )
+    (tokenized,) = tokenize(loaded.tokenizer, [text], settings.max_length)
+    tokens = len(tokenized.input_ids)
+    if tokens > settings.explain_max_tokens:
+        return Rejected(
+            ErrorCode.EXPLAIN_TOO_LONG,
+            f"the text has {tokens} tokens; explanations take at most "
+            f"{settings.explain_max_tokens} (explain_max_tokens): shorten it, or ask "
+            "/predictions for its label",
+        )
+    if budget is not None and budget.estimate(tokens, steps) > budget.seconds:
+        return Rejected(
+            ErrorCode.EXPLAIN_TOO_LONG,
+            f"explaining this text ({tokens} tokens, {steps} steps) would take about "
+            f"{budget.estimate(tokens, steps):.1f} s on this worker, over the "
+            f"{max(budget.seconds, 0.0):.1f} s its batch has left for explanations (half of "
+            "responseTimeout): send it alone, with fewer n_steps, or shorter",
+        )
+    started = time.perf_counter()
+    input_ids, attention_mask, token_type_ids = model_inputs(loaded, [tokenized])
+    baseline = torch.tensor([baseline_ids(tokenized, loaded.tokenizer.pad_token_id)])
+    device = loaded.device
+    extra = tuple(t.to(device) for t in (attention_mask, token_type_ids) if t is not None)
+    input_ids, baseline = input_ids.to(device), baseline.to(device)
+    with torch.no_grad():
+        logits = _forward(loaded.model, input_ids, *extra).cpu()
+    scores = apply_score_function(loaded.score_function, logits)[0].tolist()
+    best = max(range(len(scores)), key=lambda i: scores[i])
+    target = target_index(options.target, loaded.labels, best)
+    if isinstance(target, Rejected):
+        return target
+    layer = LayerIntegratedGradients(
+        lambda ids, *rest: _forward(loaded.model, ids, *rest), loaded.model.get_input_embeddings()
+    )
+    with torch.enable_grad():
+        attributions, delta = layer.attribute(
+            inputs=input_ids,
+            baselines=baseline,
+            target=target,
+            additional_forward_args=extra,
+            n_steps=steps,
+            internal_batch_size=internal_batch_size(settings, tokens),
+            return_convergence_delta=True,
+        )
+    if budget is not None:
+        budget.record(tokens, steps, time.perf_counter() - started)
+    return Explanation(
+        words=loaded.tokenizer.convert_ids_to_tokens(tokenized.input_ids),
+        importances=summarize(attributions),
+        delta=float(delta.reshape(-1)[0]),
+        label=loaded.labels[target],
+        score=float(scores[target]),
+        truncated=tokenized.truncated,
+        n_steps=steps,
+    )
+
+
+def summarize(attributions: torch.Tensor) -> list[float]:
+    """Summed over the hidden size, then L2-normalised (all zeros stay zeros), as floats."""
+    summed = attributions.detach().float().sum(dim=-1).squeeze(0)
+    norm = float(torch.linalg.vector_norm(summed))
+    values = (summed / norm if norm > 0 and math.isfinite(norm) else summed).tolist()
+    return [float(value) for value in values]
+
+
+def _forward(model: Any, input_ids: torch.Tensor, *extra: torch.Tensor) -> torch.Tensor:
+    """Logits, with the attention mask and token types when the model takes them."""
+    inputs = {"input_ids": input_ids, "attention_mask": extra[0]}
+    if len(extra) > 1:
+        inputs["token_type_ids"] = extra[1]
+    logits: torch.Tensor = model(**inputs).logits
+    return logits.float()
