@@ -9,9 +9,9 @@
 #                       a venv of the other build is made anew.
 #   PYTHON              the interpreter; default python3.11, else python3.12 (the server side
 #                       supports those two)
-#   INSTALLER           uv (the default: uv on PATH, else uv==$UV_VERSION installed into the
-#                       venv by pip; it installs from the sources pip is configured with) or
-#                       pip (also where uv cannot be had). Same lock, same result.
+#   INSTALLER           uv (the default: uv on PATH, else uv==$UV_VERSION put into the venv
+#                       by the interpreter's pip; it installs from the sources pip is
+#                       configured with) or pip (also where uv cannot be had). Same lock.
 set -euo pipefail
 UV_VERSION=0.13.9  # the uv that INSTALLER=uv installs where none is on PATH
 venv="${1:-.venv}"
@@ -31,14 +31,15 @@ if [ -e "$marker" ] && [ "$(cat "$marker")" != "$torch_build" ]; then
     echo "$venv holds the $(cat "$marker") build of torch: making it anew for $torch_build"
     rm -rf "$venv"
 fi
-[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+# without pip: uv installs the lock (pip among it) in a fraction of the time ensurepip takes
+[ -x "$venv/bin/python" ] || "$python" -m venv --without-pip "$venv"
 constraints="$venv/constraints.txt"
 torch_constraints "$venv/bin/python" "$constraints"
 installer="${INSTALLER:-uv}"
 uv="$(command -v uv || true)"
 if [ "$installer" = uv ] && [ -z "$uv" ]; then
     uv="$venv/bin/uv"
-    [ -x "$uv" ] || "$venv/bin/python" -m pip install --quiet "uv==$UV_VERSION" || {
+    [ -x "$uv" ] || "$python" -m pip install --quiet --prefix "$venv" "uv==$UV_VERSION" || {
         echo "note: uv could not be installed: installing with pip" >&2
         installer=pip
     }
@@ -48,12 +49,13 @@ case "$installer" in
         # uv reads no pip.conf: the sources pip is configured with, as uv flags
         mapfile -t pip_sources < <(PYTHONPATH="$PWD" "$venv/bin/python" -c 'import subprocess, sys
 from harness.environment import uv_arguments
-listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True)
-print(*uv_arguments(listed.stdout), sep="\n")')
+listed = subprocess.run([sys.argv[1], "-m", "pip", "config", "list"], capture_output=True, text=True)
+print(*uv_arguments(listed.stdout), sep="\n")' "$python")
         "$uv" pip install --quiet --python "$venv/bin/python" --index-strategy unsafe-best-match \
             "${pip_sources[@]}" "${torch_index_args[@]}" -c "$constraints" -e ".[server,dev]"
         ;;
     pip)
+        "$venv/bin/python" -m pip --version >/dev/null 2>&1 || "$venv/bin/python" -m ensurepip --upgrade >/dev/null
         "$venv/bin/python" -m pip install --quiet --upgrade pip
         "$venv/bin/python" -m pip install --quiet "${torch_index_args[@]}" -c "$constraints" -e ".[server,dev]"
         ;;
