@@ -11,7 +11,6 @@ the clone has a venv.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import tempfile

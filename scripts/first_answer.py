@@ -24,9 +24,12 @@ def main() -> int:
     parser.add_argument("make_args", nargs="*", help="after --: arguments for make serve")
     args = parser.parse_args()
     root = Path(__file__).resolve().parents[1]
-    ref = args.ref or subprocess.run(
-        ["git", "rev-parse", "--abbrev-ref", "HEAD"], cwd=root, capture_output=True, text=True
-    ).stdout.strip()
+    ref = (
+        args.ref
+        or subprocess.run(
+            ["git", "rev-parse", "--abbrev-ref", "HEAD"], cwd=root, capture_output=True, text=True
+        ).stdout.strip()
+    )
     report = measure(root, ref, args.make_args)
     print(json.dumps(report, indent=2))
     args.out.parent.mkdir(parents=True, exist_ok=True)

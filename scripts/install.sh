@@ -65,4 +65,4 @@ site_packages="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_pa
 pwd > "$site_packages/bert_serve_checkout.pth"
 "$venv/bin/python" scripts/check_torch.py "$torch_build"
 echo "$torch_build" >"$marker"
-"$venv/bin/python" -c 'import torch, transformers, ts; print(f"installed torch {torch.__version__}, transformers {transformers.__version__}")'
+"$venv/bin/python" -c 'from importlib.metadata import version; print("installed", ", ".join(f"{name} {version(name)}" for name in ("torch", "transformers", "torchserve")))'
