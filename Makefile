@@ -19,7 +19,7 @@ LOCK      := requirements/server.lock
 
 BENCH     := $(VENV)/.bench-installed
 
-.PHONY: install lock model compare-training package serve stop status metrics smoke test test-client unit check bench check-defaults floor tune compare-precision chaos soak fuzz deploy-layout image image-test clean distclean FORCE
+.PHONY: install lock model compare-training first-answer package serve stop status metrics smoke test test-client unit check bench check-defaults floor tune compare-precision chaos soak fuzz deploy-layout image image-test clean distclean FORCE
 
 ## install: .venv with the server and dev extras at the versions of requirements/server.lock
 ##        (TORCH=cuda for the CUDA build of torch; the CPU build otherwise)
@@ -46,6 +46,11 @@ model: build/bert-sentiment/config.json
 ##        to back: seconds and held-out accuracy -> build/training-schemes.json
 compare-training: $(STAMP)
 	$(PY) scripts/compare_training.py --out build/training-schemes.json
+
+## first-answer: time `make serve` on a fresh clone of this branch with empty pip/uv caches,
+##        step by step, to the first answer 200 -> build/first-answer.json (then `make stop` there)
+first-answer: | $(STAMP)
+	$(PY) scripts/first_answer.py --out build/first-answer.json
 
 # The .mar follows what it was built from, not file times alone: this stamp records the model
 # folder (its files' sizes and times) and the handler config (its hash), and is rewritten only

@@ -151,3 +151,35 @@ def wheel_distributions(wheelhouse: Path) -> dict[str, str]:
         name, version = wheel.name.split("-")[:2]
         wheels[canonical(name)] = version
     return wheels
+
+
+# pip's settings that decide where packages come from, and uv's flag for each
+PIP_SOURCE_FLAGS = {
+    "index-url": "--index-url",
+    "extra-index-url": "--extra-index-url",
+    "find-links": "--find-links",
+    "constraint": "--constraint",
+}
+
+
+def uv_arguments(pip_config_list: str) -> list[str]:
+    """``uv pip install`` flags for the package sources pip is configured with, from ``pip
+    config list``: ``--find-links /opt/wheels ...``, so that uv installs from where pip would
+    (uv reads no pip.conf). As in pip, a ``PIP_*`` variable (``:env:``) wins over the files,
+    and a later file over an earlier one."""
+    chosen: dict[str, list[str]] = {}
+    from_env: set[str] = set()
+    for line in pip_config_list.splitlines():
+        key, sep, quoted = line.partition("=")
+        name = key.rpartition(".")[2]
+        if not sep or name not in PIP_SOURCE_FLAGS or name in from_env:
+            continue
+        chosen[name] = quoted.strip().strip("'\"").split()
+        if key.startswith(":env:"):
+            from_env.add(name)
+    return [
+        part
+        for name in PIP_SOURCE_FLAGS
+        for value in chosen.get(name, [])
+        for part in (PIP_SOURCE_FLAGS[name], value)
+    ]

@@ -9,7 +9,11 @@
 #                       a venv of the other build is made anew.
 #   PYTHON              the interpreter; default python3.11, else python3.12 (the server side
 #                       supports those two)
+#   INSTALLER           uv (the default: uv on PATH, else uv==$UV_VERSION put into the venv
+#                       by the interpreter's pip; it installs from the sources pip is
+#                       configured with) or pip (also where uv cannot be had). Same lock.
 set -euo pipefail
+UV_VERSION=0.13.9  # the uv that INSTALLER=uv installs where none is on PATH
 venv="${1:-.venv}"
 marker="$venv/.torch-build"
 TORCH_BUILD_DEFAULT="$(cat "$marker" 2>/dev/null || true)"
@@ -27,13 +31,38 @@ if [ -e "$marker" ] && [ "$(cat "$marker")" != "$torch_build" ]; then
     echo "$venv holds the $(cat "$marker") build of torch: making it anew for $torch_build"
     rm -rf "$venv"
 fi
-[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
-"$venv/bin/python" -m pip install --quiet --upgrade pip
+# without pip: uv installs the lock (pip among it) in a fraction of the time ensurepip takes
+[ -x "$venv/bin/python" ] || "$python" -m venv --without-pip "$venv"
 constraints="$venv/constraints.txt"
 torch_constraints "$venv/bin/python" "$constraints"
-"$venv/bin/python" -m pip install --quiet "${torch_index_args[@]}" -c "$constraints" -e ".[server,dev]"
+installer="${INSTALLER:-uv}"
+uv="$(command -v uv || true)"
+if [ "$installer" = uv ] && [ -z "$uv" ]; then
+    uv="$venv/bin/uv"
+    [ -x "$uv" ] || "$python" -m pip install --quiet --prefix "$venv" "uv==$UV_VERSION" || {
+        echo "note: uv could not be installed: installing with pip" >&2
+        installer=pip
+    }
+fi
+case "$installer" in
+    uv)
+        # uv reads no pip.conf: the sources pip is configured with, as uv flags
+        mapfile -t pip_sources < <(PYTHONPATH="$PWD" "$venv/bin/python" -c 'import subprocess, sys
+from harness.environment import uv_arguments
+listed = subprocess.run([sys.argv[1], "-m", "pip", "config", "list"], capture_output=True, text=True)
+print(*uv_arguments(listed.stdout), sep="\n")' "$python")
+        "$uv" pip install --quiet --python "$venv/bin/python" --index-strategy unsafe-best-match \
+            "${pip_sources[@]}" "${torch_index_args[@]}" -c "$constraints" -e ".[server,dev]"
+        ;;
+    pip)
+        "$venv/bin/python" -m pip --version >/dev/null 2>&1 || "$venv/bin/python" -m ensurepip --upgrade >/dev/null
+        "$venv/bin/python" -m pip install --quiet --upgrade pip
+        "$venv/bin/python" -m pip install --quiet "${torch_index_args[@]}" -c "$constraints" -e ".[server,dev]"
+        ;;
+    *) echo "INSTALLER=$installer: expected uv or pip" >&2; exit 2 ;;
+esac
 site_packages="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 pwd > "$site_packages/bert_serve_checkout.pth"
 "$venv/bin/python" scripts/check_torch.py "$torch_build"
 echo "$torch_build" >"$marker"
-"$venv/bin/python" -c 'import torch, transformers, ts; print(f"installed torch {torch.__version__}, transformers {transformers.__version__}")'
+"$venv/bin/python" -c 'from importlib.metadata import version; print("installed", ", ".join(f"{name} {version(name)}" for name in ("torch", "transformers", "torchserve")))'

@@ -20,6 +20,7 @@ from harness.environment import (
     lock_text,
     parse_lock,
     pins_from_report,
+    uv_arguments,
     wheel_distributions,
     with_torch_build,
 )
@@ -138,3 +139,25 @@ def test_a_new_lock_says_what_changed_and_refuses_a_cuda_torch() -> None:
 def test_a_lock_line_that_is_not_a_pin_is_refused() -> None:
     with pytest.raises(ValueError, match="not a pin"):
         parse_lock("requests>=2\n")
+
+
+def test_uv_installs_from_the_sources_pip_is_configured_with() -> None:
+    """``pip config list`` -> uv's flags: a PIP_* variable wins over the files, a later file
+    over an earlier one; settings that are not package sources are left out."""
+    listed = """global.cert='/etc/ssl/certs/ca.crt'
+global.extra-index-url='file:///opt/pypi/simple file:///opt/more/simple'
+global.find-links='/opt/old-wheels'
+:env:.find-links='/opt/wheels'
+site.find-links='/opt/site-wheels'
+site.index-url='https://mirror.example/simple'
+global.constraint='/etc/pip/constraints.txt'
+:env:.default-timeout='180'
+"""
+    assert uv_arguments(listed) == [
+        "--index-url", "https://mirror.example/simple",
+        "--extra-index-url", "file:///opt/pypi/simple",
+        "--extra-index-url", "file:///opt/more/simple",
+        "--find-links", "/opt/wheels",
+        "--constraint", "/etc/pip/constraints.txt",
+    ]  # fmt: skip
+    assert uv_arguments("") == []

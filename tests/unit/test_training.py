@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import replace
+from difflib import SequenceMatcher
 from itertools import pairwise
 from pathlib import Path
 
@@ -105,6 +106,27 @@ def test_held_out_reviews_are_never_trained_on() -> None:
     trained |= {normalized(text) for text, _ in train_set}
     assert len(held_out) == 96
     assert not trained & {normalized(text) for text, _ in held_out}
+
+
+def test_no_training_review_is_a_near_copy_of_a_held_out_one() -> None:
+    """Not even reworded a little: every training-only review differs from every held-out
+    review by more than a fifth of its characters (difflib's ratio < 0.8; "The plot holes are
+    big enough ..." against "The plot holes were big enough ..." is 0.97)."""
+
+    def near(text: str, other: str) -> bool:
+        return SequenceMatcher(None, normalized(text), normalized(other)).ratio() >= 0.8
+
+    assert near("The plot holes are big enough.", "The plot holes were big enough.")
+    recipe = Recipe()
+    held_out = split(read_reviews(recipe.data), recipe.held_out, recipe.seed)[1]
+    copies = [
+        (text, other)
+        for path in recipe.extra
+        for text, _ in read_reviews(path)
+        for other, _ in held_out
+        if near(text, other)
+    ]
+    assert not copies, copies[:5]
 
 
 def test_training_only_reviews_are_labelled_and_balanced() -> None:
