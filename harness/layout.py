@@ -37,7 +37,15 @@ MOUNT = "/mnt/models"
 MAR_PATH = ROOT / "model_store" / "bert.mar"
 DEFAULT_OUT = ROOT / "build" / "kserve"
 PUBLIC_KEYS = ("inference_address", "metrics_address")
-RUNTIME_PACKAGES = ("torch", "torchserve", "transformers", "tokenizers", "safetensors", "pyyaml")
+RUNTIME_PACKAGES = (
+    "torch",
+    "torchserve",
+    "transformers",
+    "tokenizers",
+    "safetensors",
+    "pyyaml",
+    "captum",
+)
 DROPPED_KEYS = ("token_expiration_min",)
 
 
