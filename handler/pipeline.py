@@ -365,7 +365,8 @@ def _is_expired(outcome: Outcome) -> bool:
 def _log_batch(
     requests: Sequence[IncomingRequest], outcomes: Sequence[Outcome], stats: BatchStats
 ) -> None:
-    """One line per batch (read back by ``harness.batchlog``)."""
+    """One line per batch (read back by ``harness.batchlog``), and one naming its refused
+    requests: a line each would cost a spike of refusals more than the refusals."""
     rejected = [
         (r.request_id, o.code.value)
         for r, o in zip(requests, outcomes, strict=True)
@@ -388,5 +389,5 @@ def _log_batch(
         stats.threads,
         expired,
     )
-    for request_id, code in rejected:
-        logger.info("request %s rejected: %s", request_id, code)
+    if rejected:
+        logger.info("rejected: %s", " ".join(f"{rid}={code}" for rid, code in rejected))

@@ -295,6 +295,7 @@ def test_a_batch_the_pace_would_empty_is_refused_whole_while_the_pace_is_fresh()
 
 
 def test_the_batch_log_line_counts_the_expired_requests(caplog) -> None:
+    """Two lines a batch whatever it refuses: its counts, and its refused requests by id."""
     late = {"X-Request-Start": f"t={NOW - 5}", "X-Request-Timeout": "1"}
     with caplog.at_level(logging.INFO, logger="handler.pipeline"):
         run_batch(
@@ -303,6 +304,7 @@ def test_the_batch_log_line_counts_the_expired_requests(caplog) -> None:
             HandlerSettings(),
             now=NOW,
         )
-    (line,) = [r.getMessage() for r in caplog.records if "batch_size=" in r.getMessage()]
+    line, refused = [r.getMessage() for r in caplog.records]
     assert line.startswith("batch_size=2 valid=1 rejected=1 ")
     assert line.endswith(" expired=1")
+    assert refused == "rejected: a=deadline_exceeded", "one line names the batch's refusals"

@@ -40,7 +40,7 @@ MODEL_LOG - batch_size=16 valid=0 rejected=16 sub_batches=[] real_tokens=0 padde
 tokenize_ms=0.0 forward_ms=0.0 threads=0 expired=16
 MODEL_LOG - batch_size=16 valid=12 rejected=4 sub_batches=[12] real_tokens=1 padded_tokens=1 \
 tokenize_ms=3.0 forward_ms=300.0 threads=1 expired=4
-MODEL_LOG - request 3f2a rejected: deadline_exceeded
+MODEL_LOG - rejected: 3f2a=deadline_exceeded 3f2b=deadline_exceeded
 """
 
 
