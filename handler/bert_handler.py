@@ -101,7 +101,7 @@ class BertHandler(BaseHandler):  # type: ignore[misc]
             self.loaded,
             texts,
             self.settings.max_length,
-            self.settings.max_batch_tokens,
+            self.loaded.max_batch_tokens,
         )
 
     def explain_texts(

@@ -49,12 +49,12 @@ def baseline_ids(tokenized: TokenizedText, pad_id: int) -> list[int]:
     ]
 
 
-def internal_batch_size(settings: HandlerSettings, tokens: int) -> int:
+def internal_batch_size(settings: HandlerSettings, max_batch_tokens: int, tokens: int) -> int:
     """Steps per forward and backward pass: the setting, or as many rows of this text as
     ``max_batch_tokens`` holds (the predictions' budget per pass), at least one."""
     if settings.explain_internal_batch_size:
         return settings.explain_internal_batch_size
-    return max(1, settings.max_batch_tokens // tokens)
+    return max(1, max_batch_tokens // tokens)
 
 
 def target_index(target: str | int | None, labels: tuple[str, ...], best: int) -> int | Rejected:
@@ -196,7 +196,7 @@ def explain(
             target=target,
             additional_forward_args=extra,
             n_steps=steps,
-            internal_batch_size=internal_batch_size(settings, tokens),
+            internal_batch_size=internal_batch_size(settings, loaded.max_batch_tokens, tokens),
             return_convergence_delta=True,
         )
     if budget is not None:

@@ -9,7 +9,6 @@ function (``handler.scoring``); per-request options are applied afterwards, per 
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -17,7 +16,7 @@ from typing import Any
 
 import torch
 
-from handler.model import LoadedModel
+from handler.model import LoadedModel, forward
 from handler.scoring import ScoreOptions, apply_score_function
 
 TextInput = str | tuple[str, str]
@@ -141,35 +140,6 @@ def collate(rows: Sequence[list[int]], pad_id: int) -> tuple[torch.Tensor, torch
     lengths = torch.tensor([len(row) for row in rows], dtype=torch.long)
     attention_mask = (torch.arange(input_ids.shape[1]) < lengths[:, None]).long()
     return input_ids, attention_mask
-
-
-def forward(
-    loaded: LoadedModel,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    token_type_ids: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Float32 logits on the CPU, one row per input: one move to the device and one back.
-
-    On CUDA the host tensors are pinned (when enabled) so the copy can be asynchronous. The
-    forward runs in the precision's plan (``handler.precision``): bf16 weights on the CPU, or
-    autocast on CUDA; logits leave as float32 either way.
-    """
-    device = loaded.device
-    on_cuda = device.type == "cuda"
-    inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
-    if token_type_ids is not None:
-        inputs["token_type_ids"] = token_type_ids
-    if on_cuda and loaded.pin_memory:
-        inputs = {name: tensor.pin_memory() for name, tensor in inputs.items()}
-    autocast = loaded.precision.autocast
-    with (
-        torch.inference_mode(),
-        torch.autocast(device.type, dtype=autocast) if autocast else contextlib.nullcontext(),
-    ):
-        on_device = {name: t.to(device, non_blocking=on_cuda) for name, t in inputs.items()}
-        logits: torch.Tensor = loaded.model(**on_device).logits.float().cpu()
-    return logits
 
 
 def to_prediction(

@@ -3,8 +3,10 @@ servable: weights from safetensors only, a fast tokenizer, the attention the mod
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,9 @@ class LoadedModel:
     """Set for multi-label models (sigmoid over several labels): answers carry ``labels``."""
     uses_token_types: bool = False
     """The tokenizer's model inputs include token type ids (BERT yes; RoBERTa, DistilBERT no)."""
+    max_batch_tokens: int = 0
+    """Padded tokens per forward pass (``handler.inference``): the setting, or measured at
+    load (``measured_budget``)."""
 
 
 def select_device(preference: str, gpu_id: int | None) -> torch.device:
@@ -106,7 +111,7 @@ def load_model(model_dir: Path, settings: HandlerSettings, gpu_id: int | None) -
         settings.max_length,
         torch.get_num_threads(),
     )
-    return LoadedModel(
+    loaded = LoadedModel(
         model=model,
         tokenizer=tokenizer,
         labels=labels,
@@ -116,7 +121,14 @@ def load_model(model_dir: Path, settings: HandlerSettings, gpu_id: int | None) -
         score_function=function,
         multi_label_threshold=settings.multi_label_threshold if multi_label else None,
         uses_token_types="token_type_ids" in tokenizer.model_input_names,
+        max_batch_tokens=settings.max_batch_tokens,
     )
+    if settings.max_batch_tokens:
+        return loaded
+    cap = settings.max_texts_per_request * settings.max_length
+    budget, why = measured_budget(loaded, settings.max_length, cap)
+    logger.info("%s", why)
+    return replace(loaded, max_batch_tokens=budget)
 
 
 def load_classifier(
@@ -133,3 +145,77 @@ def load_classifier(
         attn_implementation=attention.implementation,
     )
     return model.to(device=device, dtype=weights).eval()
+
+
+def forward(
+    loaded: LoadedModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    token_type_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Float32 logits on the CPU, one row per input: one move to the device and one back.
+
+    On CUDA the host tensors are pinned (when enabled) so the copy can be asynchronous. The
+    forward runs in the precision's plan (``handler.precision``): bf16 weights on the CPU, or
+    autocast on CUDA; logits leave as float32 either way.
+    """
+    device = loaded.device
+    on_cuda = device.type == "cuda"
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+    if token_type_ids is not None:
+        inputs["token_type_ids"] = token_type_ids
+    if on_cuda and loaded.pin_memory:
+        inputs = {name: tensor.pin_memory() for name, tensor in inputs.items()}
+    autocast = loaded.precision.autocast
+    with (
+        torch.inference_mode(),
+        torch.autocast(device.type, dtype=autocast) if autocast else contextlib.nullcontext(),
+    ):
+        on_device = {name: t.to(device, non_blocking=on_cuda) for name, t in inputs.items()}
+        logits: torch.Tensor = loaded.model(**on_device).logits.float().cpu()
+    return logits
+
+
+FIXED_SHARE = 0.1
+"""``measured_budget``: a forward pass is large enough once its fixed cost is this share of it."""
+
+
+def pass_cost(loaded: LoadedModel, max_length: int, repeats: int = 3) -> tuple[float, float]:
+    """(fixed seconds, seconds per padded token) of one forward pass on this device, from a
+    pass of 8 tokens and one of 2 rows of ``max_length`` (the fastest of ``repeats`` each,
+    after a warm-up): a pass costs its fixed part plus its tokens."""
+    pad = loaded.tokenizer.pad_token_id
+
+    def seconds(rows: int, length: int) -> float:
+        ids = torch.full((rows, length), pad, dtype=torch.long)
+        mask = torch.ones_like(ids)
+        times = []
+        for _ in range(repeats + 1):
+            started = time.perf_counter()
+            forward(loaded, ids, mask)  # logits come back to the CPU: the device is done
+            times.append(time.perf_counter() - started)
+        return min(times[1:])
+
+    small, large = 8, 2 * max_length
+    small_s, large_s = seconds(1, small), seconds(2, max_length)
+    per_token = (large_s - small_s) / (large - small)
+    return small_s - per_token * small, per_token
+
+
+def measured_budget(loaded: LoadedModel, max_length: int, cap: int) -> tuple[int, str]:
+    """``max_batch_tokens`` for this model on this device, and why: the padded tokens at which
+    a pass's fixed cost is ``FIXED_SHARE`` of it. A larger pass saves little more, while a
+    group that large makes short texts pay for long ones' padding (a CPU's case); where the
+    fixed cost dominates (a GPU's), the budget reaches ``cap`` and a batch is one pass."""
+    fixed_s, per_token_s = pass_cost(loaded, max_length)
+    if per_token_s <= 0:
+        budget = cap
+    else:
+        budget = round(fixed_s / per_token_s * (1 - FIXED_SHARE) / FIXED_SHARE)
+    budget = min(max(budget, max_length), cap)
+    return budget, (
+        f"max_batch_tokens {budget}: a pass costs {fixed_s * 1e3:.2f} ms + "
+        f"{per_token_s * 1e6:.2f} us per padded token on {loaded.device}, so from about "
+        f"{budget} tokens its fixed cost is under {FIXED_SHARE:.0%} of it "
+        f"(between max_length {max_length} and {cap})"
+    )

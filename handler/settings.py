@@ -34,8 +34,9 @@ class HandlerSettings:
     """Characters per text; longer texts are rejected before tokenization (413)."""
     max_texts_per_request: int = 64
     """Texts in one ``{"texts": [...]}`` request; a longer list answers 413."""
-    max_batch_tokens: int = 256
-    """Padded tokens (rows x longest row) per forward pass; larger batches are split."""
+    max_batch_tokens: int = 0
+    """Padded tokens (rows x longest row) per forward pass; larger batches are split by
+    length. 0: measured on the device at worker start (``handler.model.measured_budget``)."""
     device: str = "auto"
     """``auto`` takes the GPU TorchServe assigned when there is one, else the CPU."""
     torch_threads: int = 0
@@ -75,8 +76,8 @@ class HandlerSettings:
             f"max_texts_per_request must be at least 1, got {self.max_texts_per_request}",
         )
         _require(
-            self.max_batch_tokens >= self.max_length,
-            f"max_batch_tokens ({self.max_batch_tokens}) must be at least "
+            self.max_batch_tokens == 0 or self.max_batch_tokens >= self.max_length,
+            f"max_batch_tokens ({self.max_batch_tokens}) must be 0 (measured) or at least "
             f"max_length ({self.max_length}), or a long text could never run",
         )
         for name, choices in CHOICES.items():

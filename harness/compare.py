@@ -48,14 +48,14 @@ def timed_passes(
     """Classify ``texts`` in ``batch_size`` windows, repeating whole passes for ``seconds``
     (at least one), after one window of warm-up."""
     windows = [texts[start : start + batch_size] for start in range(0, len(texts), batch_size)]
-    classify(loaded, windows[0], settings.max_length, settings.max_batch_tokens)
+    classify(loaded, windows[0], settings.max_length, loaded.max_batch_tokens)
     predictions: list[Prediction] = []
     done = 0
     started = time.perf_counter()
     while not predictions or time.perf_counter() - started < seconds:
         this_pass = []
         for window in windows:
-            got, _ = classify(loaded, window, settings.max_length, settings.max_batch_tokens)
+            got, _ = classify(loaded, window, settings.max_length, loaded.max_batch_tokens)
             this_pass += got
         predictions = predictions or this_pass
         done += len(texts)

@@ -77,11 +77,11 @@ def batch_sizes_timed(
     ``gpu_id`` where given)."""
     settings = HandlerSettings(torch_threads=1)
     loaded = load_model(model_dir, settings, gpu_id=gpu_id)
-    classify(loaded, list(corpus[:32]), settings.max_length, settings.max_batch_tokens)
+    classify(loaded, list(corpus[:32]), settings.max_length, loaded.max_batch_tokens)
     runs = {}
     for batch_size in batch_sizes:
         timed = timed_batches(
-            loaded, corpus, batch_size, seconds, settings.max_length, settings.max_batch_tokens
+            loaded, corpus, batch_size, seconds, settings.max_length, loaded.max_batch_tokens
         )
         runs[str(batch_size)] = {
             "texts_per_s": timed.texts_per_s,
@@ -205,14 +205,14 @@ def execution_options(model_dir: Path, corpus: Sequence[str], seconds: float) ->
     settings = HandlerSettings()
     for name, load in execution_loaders(model_dir).items():
         loaded = load()
-        predictions, _ = classify(loaded, texts, settings.max_length, settings.max_batch_tokens)
+        predictions, _ = classify(loaded, texts, settings.max_length, loaded.max_batch_tokens)
         accuracy = sum(
             loaded.labels.index(p.label) == y for p, y in zip(predictions, labels, strict=True)
         ) / len(labels)
         scores = [p.scores for p in predictions]
         reference = reference or scores
         timed = timed_batches(
-            loaded, corpus, 16, seconds, settings.max_length, settings.max_batch_tokens
+            loaded, corpus, 16, seconds, settings.max_length, loaded.max_batch_tokens
         )
         out[name] = {
             "texts_per_s": timed.texts_per_s,

@@ -191,11 +191,11 @@ def measure_rates(
     for batch_size in batch_sizes:
         texts = sample_texts(batch_size * 8)
         windows = [texts[i : i + batch_size] for i in range(0, len(texts), batch_size)]
-        classify(loaded, windows[-1], settings.max_length, settings.max_batch_tokens)
+        classify(loaded, windows[-1], settings.max_length, loaded.max_batch_tokens)
         done, started = 0, time.perf_counter()
         while done == 0 or time.perf_counter() - started < seconds:
             window = windows[done // batch_size % len(windows)]
-            classify(loaded, window, settings.max_length, settings.max_batch_tokens)
+            classify(loaded, window, settings.max_length, loaded.max_batch_tokens)
             done += batch_size
         rates[batch_size] = round(done / (time.perf_counter() - started), 1)
     return rates

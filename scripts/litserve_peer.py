@@ -54,7 +54,7 @@ class SentimentAPI(ls.LitAPI):  # type: ignore[misc]
             constant = [CONSTANT_ANSWER] * len(batch)
             return constant if isinstance(texts, list) else constant[0]
         predictions, _ = classify(
-            self.loaded, batch, self.settings.max_length, self.settings.max_batch_tokens
+            self.loaded, batch, self.settings.max_length, self.loaded.max_batch_tokens
         )
         answers = [
             {"label": item.label, "score": item.score, "scores": item.scores}

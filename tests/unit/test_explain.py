@@ -158,9 +158,9 @@ def test_the_baseline_keeps_only_the_special_tokens(loaded) -> None:
 
 
 def test_internal_batches_follow_the_token_budget_unless_set() -> None:
-    assert internal_batch_size(HandlerSettings(max_batch_tokens=256), 12) == 21
-    assert internal_batch_size(HandlerSettings(max_batch_tokens=256), 200) == 1
-    assert internal_batch_size(HandlerSettings(explain_internal_batch_size=7), 12) == 7
+    assert internal_batch_size(HandlerSettings(), 256, 12) == 21
+    assert internal_batch_size(HandlerSettings(), 256, 200) == 1
+    assert internal_batch_size(HandlerSettings(explain_internal_batch_size=7), 256, 12) == 7
 
 
 def test_internal_batches_do_not_change_the_importances(loaded) -> None:

@@ -20,7 +20,7 @@ def test_defaults() -> None:
     settings = HandlerSettings()
     assert settings.max_length == 128
     assert settings.max_chars == 10_000
-    assert settings.max_batch_tokens == 256
+    assert settings.max_batch_tokens == 0, "measured at worker start"
     assert settings.device == "auto"
     assert settings.torch_threads == 0
     assert settings.labels == ()
@@ -119,6 +119,7 @@ def test_wrong_type_is_rejected(key: str, value: Any) -> None:
             {"max_length": 256, "max_batch_tokens": 255}, "max_batch_tokens", id="budget-too-small"
         ),
         pytest.param({"max_batch_tokens": 127}, "max_batch_tokens", id="budget-below-default"),
+        pytest.param({"max_batch_tokens": -1}, "max_batch_tokens", id="budget-negative"),
         pytest.param({"device": "gpu"}, "device must be one of", id="device-gpu"),
         pytest.param({"device": "CPU"}, "device", id="device-upper-case"),
         pytest.param({"device": "cuda:0"}, "device", id="device-indexed"),
@@ -162,7 +163,7 @@ def test_repository_model_config_builds_valid_settings() -> None:
     assert isinstance(config.get("handler"), dict)
     settings = HandlerSettings.from_mapping(config["handler"])
     assert settings.max_chars >= 1
-    assert settings.max_batch_tokens >= settings.max_length
+    assert settings.max_batch_tokens == 0, "the shipped config measures the budget at start"
 
 
 @pytest.mark.parametrize("key", BATCH_KEYS)
