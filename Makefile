@@ -61,16 +61,24 @@ $(MAR_SOURCE): $(MODEL_DIR)/config.json FORCE | $(STAMP)
 $(MAR): $(MAR_SOURCE) handler/*.py scripts/package.py harness/archive.py | $(STAMP)
 	$(PACKAGE)
 
-## package: rebuild the .mar (MODEL_DIR=path/to/hf-folder to serve your own model)
+## package: rebuild the .mar (MODEL_DIR=path/to/hf-folder to serve your own model;
+##        NAME=toxicity VERSION=2: model_store/toxicity.mar of that name and version)
 package: $(STAMP) $(MODEL_DIR)/config.json
-	$(PACKAGE)
+	$(PACKAGE) $(if $(NAME),--name $(NAME)) $(if $(VERSION),--version $(VERSION))
 
 ## serve: install, build, package, start TorchServe and wait until the model is READY
 ##        (PRECISION=bf16: the fast mode on a CPU with native bf16; see docs/bench/README.md)
+##        MODELS="sentiment=DIR toxicity:2=DIR2": several models on one server (docs/models.md)
 serve:
 	@bash scripts/check_java.sh
+ifeq ($(strip $(MODELS)),)
 	@$(MAKE) --no-print-directory $(MAR)
 	$(PY) scripts/torchserve_ctl.py start --state-dir $(STATE_DIR)
+else
+	@$(MAKE) --no-print-directory $(STAMP)
+	$(PY) scripts/torchserve_ctl.py start --state-dir $(STATE_DIR) --models "$(MODELS)" \
+	  --model-config $(MODEL_CONFIG) $(if $(PRECISION),--precision $(PRECISION))
+endif
 
 stop:
 	@if [ -x $(PY) ]; then $(PY) scripts/torchserve_ctl.py stop --state-dir $(STATE_DIR); fi
