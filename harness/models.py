@@ -28,14 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.archive import package_if_changed
-from harness.config import (
-    BASE_CONFIG,
-    MODEL_NAME,
-    MODEL_VERSION,
-    ROOT,
-    read_models,
-    read_properties,
-)
+from harness.config import MODEL_NAME, MODEL_VERSION, ROOT
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
 """What TorchServe accepts as a model name (and what we accept as a version)."""
@@ -158,6 +151,8 @@ def without(properties: dict[str, str], refused: dict[str, str]) -> dict[str, st
     """``properties`` without the model versions ``refused`` (``NAME:VERSION`` -> reason) in
     ``models=`` and ``load_models``; a name left without its default gets the first version
     left as its default (first in ``load_models``)."""
+    if not refused:
+        return dict(properties)
     models = served_models(properties)
     files: list[str] = []
     kept: dict[str, dict[str, dict[str, Any]]] = {}
@@ -176,28 +171,31 @@ def without(properties: dict[str, str], refused: dict[str, str]) -> dict[str, st
 
 def package_models(
     specs: Sequence[ModelSpec],
+    store: Path,
+    configured: dict[str, dict[str, dict[str, Any]]],
     model_config: Path | None = None,
     precision: str | None = None,
-    base_config: Path = BASE_CONFIG,
 ) -> tuple[dict[str, str] | None, dict[str, str]]:
-    """Package each model whose source changed into the config's model store; the overrides
-    that serve those that could be packaged (None if none could), and why each other one is
-    refused (``NAME:VERSION`` -> the package check's reasons)."""
-    store = Path(read_properties(base_config)["model_store"])
-    store = store if store.is_absolute() else ROOT / store
+    """Package into ``store`` each model whose source changed; the overrides that serve those
+    that could be packaged with the settings ``configured`` (a config's ``models=``; None if
+    none could), and why each other one is refused (``NAME:VERSION`` -> the package check's
+    reasons)."""
     refused: dict[str, str] = {}
     for spec in specs:
         archive = store / archive_name(spec, specs)
         config = handler_config_for(spec.name, model_config or DEFAULT_MODEL_CONFIG)
+        if not (spec.model_dir / "config.json").is_file():
+            refused[spec.key] = f"{spec.model_dir} has no config.json: not a Hugging Face folder"
+            continue
         try:
             built = package_if_changed(
                 spec.model_dir, archive, config, spec.name, spec.version, precision
             )
-        except (SystemExit, OSError, ValueError) as error:
+        except SystemExit as error:
             refused[spec.key] = str(error)
             continue
         print(f"{spec.key}: {archive.name} {'packaged' if built else 'unchanged'}")
     kept = [spec for spec in specs if spec.key not in refused]
     if not kept:
         return None, refused
-    return serving_overrides(kept, read_models(base_config)), refused
+    return serving_overrides(kept, configured) | {"model_store": str(store)}, refused

@@ -41,7 +41,7 @@ from harness.config import (
     properties_text,
     read_properties,
 )
-from harness.models import served_models
+from harness.models import served_models, without
 
 DEFAULT_STATE_DIR = ROOT / ".run"
 CTL_SCRIPT = ROOT / "scripts" / "torchserve_ctl.py"
@@ -59,6 +59,14 @@ class FrontendExited(ServerError):
     """The frontend died before it was ready: on free ports picked a moment earlier, most
     likely a port taken in between (a busy machine's outgoing connections use the same
     range), so ``start_on_free_ports`` tries again on new ones."""
+
+
+class WorkerLoadFailed(ServerError):
+    """Workers died loading their model: ``models`` says which (``NAME:VERSION``) and why."""
+
+    def __init__(self, message: str, models: dict[str, str]) -> None:
+        super().__init__(message)
+        self.models = models
 
 
 START_ATTEMPTS = 3
@@ -375,6 +383,36 @@ def start(
     state_dir = state_dir.resolve()
     source = effective_properties(overrides, base_config)
     check_startable(Server(state_dir=state_dir, properties=source))
+    failed: dict[str, str] = {}
+    while True:
+        log = Server(state_dir, {}).model_log
+        log_start = log.stat().st_size if log.is_file() else 0
+        server, resolved = launch_sized(state_dir, without(source, failed), env)
+        refused = resolved.refused | failed
+        in_force = sizing.report(resolved) | {"refused": refused}
+        server.sizing_file.write_text(
+            json.dumps({"source": source, "in_force": in_force}, indent=2)
+        )
+        try:
+            wait_ready(server, ready_timeout, log_start)
+            return server
+        except WorkerLoadFailed as error:
+            stop(server)
+            left = served_models(without(resolved.properties, error.models))
+            if not left:
+                raise
+            print(f"[server] {error}; starting again without them", file=sys.stderr)
+            failed |= error.models
+        except BaseException:
+            stop(server)
+            raise
+
+
+def launch_sized(
+    state_dir: Path, source: dict[str, str], env: Mapping[str, str] | None
+) -> tuple[Server, sizing.Resolved]:
+    """Size ``source`` for this machine (``harness.sizing``) and launch it; models that sizing
+    refused are named on stderr, and when none is left nothing is launched."""
     resolved = sizing.resolve(source)
     refusals = "; ".join(f"model {key} refused: {why}" for key, why in resolved.refused.items())
     if not served_models(resolved.properties):
@@ -385,17 +423,8 @@ def start(
     server = Server(
         state_dir=state_dir, properties=resolved.properties, env=threads | dict(env or {})
     )
-    log_start = server.model_log.stat().st_size if server.model_log.is_file() else 0
     launch(server)
-    server.sizing_file.write_text(
-        json.dumps({"source": source, "in_force": sizing.report(resolved)}, indent=2)
-    )
-    try:
-        wait_ready(server, ready_timeout, log_start)
-    except BaseException:
-        stop(server)
-        raise
-    return server
+    return server, resolved
 
 
 @contextmanager
@@ -506,6 +535,33 @@ def worker_load_error(log_text: str) -> str | None:
     return errors[0] if errors else "a worker died while loading the model"
 
 
+WORKER_TAG = re.compile(r" W-\d+-(\S+)-std(?:out|err) ")
+"""The worker's tag in a model log line: ``W-<port>-<name>_<version>-stdout``."""
+
+
+def worker_load_errors(log_text: str) -> dict[str, str]:
+    """``worker_load_error`` for each worker tag's lines (``<name>_<version>``)."""
+    by_tag: dict[str, list[str]] = {}
+    for line in log_text.splitlines():
+        match = WORKER_TAG.search(line)
+        by_tag.setdefault(match.group(1) if match else "", []).append(line)
+    return {
+        tag: error
+        for tag, lines in by_tag.items()
+        if (error := worker_load_error("\n".join(lines))) is not None
+    }
+
+
+def failed_models(server: Server, errors: dict[str, str]) -> dict[str, str]:
+    """The worker tags of ``errors`` as the ``NAME:VERSION`` they serve."""
+    keys = {
+        f"{name}_{version}": f"{name}:{version}"
+        for name in server.model_names()
+        for version in server.versions(name)
+    }
+    return {keys.get(tag, tag): error for tag, error in errors.items()}
+
+
 def wait_ready(server: Server, timeout: float, log_start: int | None = None) -> None:
     """Poll /ping and the workers until READY, failing fast if the frontend died or a worker
     died loading the model (it would fail the same way on every restart). ``log_start``: the
@@ -521,8 +577,15 @@ def wait_ready(server: Server, timeout: float, log_start: int | None = None) -> 
                 f"TorchServe exited during start; see {server.state_dir / 'logs'}; "
                 f"its last lines: {log_tail(server)}"
             )
-        if log.is_file() and (error := worker_load_error(read_from(log, log_start))):
-            raise ServerError(f"the model's worker failed to load: {error}; see {log}")
+        if log.is_file() and (errors := worker_load_errors(read_from(log, log_start))):
+            failed = failed_models(server, errors)
+            if len(server.model_names()) == 1 and len(server.versions(server.model_name)) == 1:
+                (error,) = failed.values()
+                raise WorkerLoadFailed(
+                    f"the model's worker failed to load: {error}; see {log}", failed
+                )
+            reasons = "; ".join(f"{key}: {error}" for key, error in failed.items())
+            raise WorkerLoadFailed(f"workers failed to load: {reasons}; see {log}", failed)
         try:
             ping = requests.get(f"{server.inference_url}/ping", headers=server.headers(), timeout=5)
             if ping.status_code == 200 and server.workers_ready():

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from handler.settings import PRECISION_CHOICES
+from harness.config import effective_properties, read_models
 from harness.models import package_models, parse_models
 from harness.server import (
     DEFAULT_STATE_DIR,
@@ -38,7 +39,10 @@ def start(state_dir: Path, args: argparse.Namespace) -> int:
         except ValueError as error:
             print(f"error: {error}", file=sys.stderr)
             return 1
-        overrides, refused = package_models(specs, args.model_config, args.precision)
+        store = Path(effective_properties()["model_store"])
+        overrides, refused = package_models(
+            specs, store, read_models(), args.model_config, args.precision
+        )
         for key, why in refused.items():
             print(f"model {key} refused: {why}", file=sys.stderr)
         if overrides is None:
