@@ -158,6 +158,39 @@ def test_bad_items_sent_to_one_model_never_change_the_others_answers(served: Ser
         assert answer.json()["scores"] == pytest.approx(alone[index % len(PAIRS)], abs=TOLERANCE)
 
 
+def test_clients_name_the_model_and_version_and_list_what_is_served(
+    served: Served, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Client(model=, version=) reaches that version; `bert-serve models` lists each version,
+    the default, the head kind and the labels, from the management API."""
+    from bert_serve import Client
+    from bert_serve.cli import main
+
+    server, item = served.server, PAIRS[1]
+    for version in ("1", "2", None):
+        client = Client(
+            server.inference_url, model="nli", version=version, token=server.key("inference")
+        )
+        expected = served.references[f"nli:{version or '2'}"](item)
+        assert largest_difference(client.classify(*item).scores, expected) <= TOLERANCE
+    token = server.key("management") or ""
+    assert (
+        main(["models", "--management-url", server.management_url, "--token", token, "--json"]) == 0
+    )
+    listed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    by_key = {(entry["name"], entry["version"]): entry for entry in listed}
+    assert set(by_key) == {("toxicity", "1.0"), ("nli", "1"), ("nli", "2")}
+    defaults = {key for key, entry in by_key.items() if entry["default"]}
+    assert defaults == {("toxicity", "1.0"), ("nli", "2")}
+    assert by_key["toxicity", "1.0"]["head"] == "multi_label"
+    assert by_key["toxicity", "1.0"]["labels"] == ["toxic", "insult", "threat", "spam", "off_topic"]
+    assert by_key["nli", "1"]["head"] == "single_label"
+    assert by_key["nli", "1"]["architecture"] == "RobertaForSequenceClassification"
+    assert main(["models", "--management-url", server.management_url, "--token", token]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split()[:4] == ["NAME", "VERSION", "DEFAULT", "HEAD"] and len(table) == 4
+
+
 def test_switching_the_default_version_under_load_loses_no_request(served: Served) -> None:
     """16 closed-loop clients on /predictions/nli while the management API's set-default
     moves nli's default from 2 to 1: every request answers 200, and after the switch the
