@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,6 +28,7 @@ from harness.load import ClosedLoop, Job, statuses
 from harness.models import package_models, parse_models
 from harness.server import Server, running
 from tests.architectures import build_architecture
+from tests.conftest import ROOT
 from tests.heads import ITEMS, Reference, largest_difference
 
 TOLERANCE = 1e-4
@@ -189,6 +193,49 @@ def test_clients_name_the_model_and_version_and_list_what_is_served(
     assert main(["models", "--management-url", server.management_url, "--token", token]) == 0
     table = capsys.readouterr().out.splitlines()
     assert table[0].split()[:4] == ["NAME", "VERSION", "DEFAULT", "HEAD"] and len(table) == 4
+
+
+def test_smoke_and_metrics_cover_each_model(served: Served) -> None:
+    """`make smoke` checks every served model; the handler's metrics carry each model's name
+    and version, and `make metrics` prints a line per model."""
+    server = served.server
+    env = os.environ | {"PYTHON": sys.executable}
+    state = str(server.state_dir)
+    smoke = subprocess.run(
+        ["bash", "scripts/smoke.sh", state],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert smoke.returncode == 0, smoke.stdout + smoke.stderr
+    assert "model toxicity:" in smoke.stdout and "model nli:" in smoke.stdout
+    exposition = requests.get(f"{server.metrics_url}/metrics", timeout=10).text
+    for model, version in (("toxicity", "1.0"), ("nli", "1"), ("nli", "2")):
+        assert f'Batches{{ModelName="{model}",ModelVersion="{version}",' in exposition
+    summary = subprocess.run(
+        [
+            sys.executable,
+            "scripts/metrics_summary.py",
+            "--state-dir",
+            state,
+            "--seconds",
+            "1",
+            "--every",
+            "1",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert summary.returncode == 0, summary.stderr
+    assert [line.split("|")[0].strip() for line in summary.stdout.splitlines()] == [
+        "toxicity",
+        "nli",
+    ]
 
 
 def test_switching_the_default_version_under_load_loses_no_request(served: Served) -> None:
