@@ -147,15 +147,17 @@ soak: $(MAR) | $(STAMP)
 	$(PY) scripts/soak.py --out docs/soak
 
 ## deploy-layout: the container / KServe layout (config/ + model-store/) -> build/kserve
-deploy-layout: $(MAR) | $(STAMP)
-	$(PY) scripts/deploy_layout.py --out build/kserve
+##        (MODELS="sentiment=DIR toxicity=DIR2": a model store of several models)
+deploy-layout: $(if $(strip $(MODELS)),,$(MAR)) | $(STAMP)
+	$(PY) scripts/deploy_layout.py --out build/kserve $(if $(strip $(MODELS)),--models "$(MODELS)")
 
 ## image: the container image (deploy/Dockerfile) with podman or docker; prints its size and parts
-##        (IMAGE=name:tag, BASE_IMAGE=..., TORCH=cuda for the GPU variant, TORCH_INDEX=...)
+##        (IMAGE=name:tag, BASE_IMAGE=..., TORCH=cuda for the GPU variant, TORCH_INDEX=...,
+##        MODELS="sentiment=DIR toxicity=DIR2" for a model store of several models)
 IMAGE ?= bert-serve:0.1.0
 IMAGE_TEST_OUT ?= build/image/image-test.json
-image: $(MAR) | $(STAMP)
-	IMAGE=$(IMAGE) PYTHON=$(PY) bash scripts/image.sh
+image: $(if $(strip $(MODELS)),,$(MAR)) | $(STAMP)
+	IMAGE=$(IMAGE) PYTHON=$(PY) MODELS="$(MODELS)" bash scripts/image.sh
 
 ## image-test: run that image: READY, the README's requests, /metrics, memory, SIGTERM -> build/image/
 image-test: | $(STAMP)

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.archive import package_if_changed
 from harness.config import MODEL_NAME, MODEL_VERSION, ROOT
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
@@ -180,6 +179,8 @@ def package_models(
     that could be packaged with the settings ``configured`` (a config's ``models=``; None if
     none could), and why each other one is refused (``NAME:VERSION`` -> the package check's
     reasons)."""
+    from harness.archive import package_if_changed  # here: the image's sizing imports this module
+
     refused: dict[str, str] = {}
     for spec in specs:
         archive = store / archive_name(spec, specs)
