@@ -61,16 +61,24 @@ $(MAR_SOURCE): $(MODEL_DIR)/config.json FORCE | $(STAMP)
 $(MAR): $(MAR_SOURCE) handler/*.py scripts/package.py harness/archive.py | $(STAMP)
 	$(PACKAGE)
 
-## package: rebuild the .mar (MODEL_DIR=path/to/hf-folder to serve your own model)
+## package: rebuild the .mar (MODEL_DIR=path/to/hf-folder to serve your own model;
+##        NAME=toxicity VERSION=2: model_store/toxicity.mar of that name and version)
 package: $(STAMP) $(MODEL_DIR)/config.json
-	$(PACKAGE)
+	$(PACKAGE) $(if $(NAME),--name $(NAME)) $(if $(VERSION),--version $(VERSION))
 
 ## serve: install, build, package, start TorchServe and wait until the model is READY
 ##        (PRECISION=bf16: the fast mode on a CPU with native bf16; see docs/bench/README.md)
+##        MODELS="sentiment=DIR toxicity:2=DIR2": several models on one server (docs/models.md)
 serve:
 	@bash scripts/check_java.sh
+ifeq ($(strip $(MODELS)),)
 	@$(MAKE) --no-print-directory $(MAR)
 	$(PY) scripts/torchserve_ctl.py start --state-dir $(STATE_DIR)
+else
+	@$(MAKE) --no-print-directory $(STAMP)
+	$(PY) scripts/torchserve_ctl.py start --state-dir $(STATE_DIR) --models "$(MODELS)" \
+	  --model-config $(MODEL_CONFIG) $(if $(PRECISION),--precision $(PRECISION))
+endif
 
 stop:
 	@if [ -x $(PY) ]; then $(PY) scripts/torchserve_ctl.py stop --state-dir $(STATE_DIR); fi
@@ -139,15 +147,17 @@ soak: $(MAR) | $(STAMP)
 	$(PY) scripts/soak.py --out docs/soak
 
 ## deploy-layout: the container / KServe layout (config/ + model-store/) -> build/kserve
-deploy-layout: $(MAR) | $(STAMP)
-	$(PY) scripts/deploy_layout.py --out build/kserve
+##        (MODELS="sentiment=DIR toxicity=DIR2": a model store of several models)
+deploy-layout: $(if $(strip $(MODELS)),,$(MAR)) | $(STAMP)
+	$(PY) scripts/deploy_layout.py --out build/kserve $(if $(strip $(MODELS)),--models "$(MODELS)")
 
 ## image: the container image (deploy/Dockerfile) with podman or docker; prints its size and parts
-##        (IMAGE=name:tag, BASE_IMAGE=..., TORCH=cuda for the GPU variant, TORCH_INDEX=...)
+##        (IMAGE=name:tag, BASE_IMAGE=..., TORCH=cuda for the GPU variant, TORCH_INDEX=...,
+##        MODELS="sentiment=DIR toxicity=DIR2" for a model store of several models)
 IMAGE ?= bert-serve:0.1.0
 IMAGE_TEST_OUT ?= build/image/image-test.json
-image: $(MAR) | $(STAMP)
-	IMAGE=$(IMAGE) PYTHON=$(PY) bash scripts/image.sh
+image: $(if $(strip $(MODELS)),,$(MAR)) | $(STAMP)
+	IMAGE=$(IMAGE) PYTHON=$(PY) MODELS="$(MODELS)" bash scripts/image.sh
 
 ## image-test: run that image: READY, the README's requests, /metrics, memory, SIGTERM -> build/image/
 image-test: | $(STAMP)

@@ -1,5 +1,9 @@
 """`bert-serve classify`: classify one text, or every line of a file into a JSONL of results.
 
+`--model NAME` and `--version V` pick the model (default `bert`, its default version).
+`bert-serve models` lists what the server serves: each model's versions, the default, the head
+kind and the labels (from TorchServe's management API, on the server's machine).
+
 `bert-serve explain "text"` prints which tokens made the label: one line per token with its
 importance and a bar (right: towards the label, left: against it), coloured on a terminal
 (not when `NO_COLOR` is set or the output is not a terminal); `--json` prints the answer.
@@ -39,6 +43,7 @@ from bert_serve.client import (
     token_from_key_file,
 )
 from bert_serve.exceptions import BertServeError, BodyTooLarge, Rejected
+from bert_serve.models import DEFAULT_MANAGEMENT_URL, ServedModel, list_models
 
 EXIT_OK, EXIT_ITEM_FAILED, EXIT_FAILED = 0, 1, 2
 KEY_FILE_CANDIDATES = (Path("key_file.json"), Path(".run") / "key_file.json")
@@ -81,7 +86,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     explain.add_argument("--json", action="store_true", help="print the answer as JSON")
     add_connection_arguments(explain)
+    models = commands.add_parser("models", help="the models the server serves")
+    models.add_argument(
+        "--management-url",
+        default=os.environ.get("BERT_SERVE_MANAGEMENT_URL", DEFAULT_MANAGEMENT_URL),
+        help="TorchServe's management API (127.0.0.1 only: run this on the server's machine)",
+    )
+    add_token_arguments(models, "management")
+    models.add_argument("--json", action="store_true", help="one JSON object per version")
     args = parser.parse_args(argv)
+    if args.command == "models":
+        return args
     if args.command == "explain":
         if args.n_steps is not None and args.n_steps < 1:
             parser.error(f"--n-steps must be at least 1, got {args.n_steps}")
@@ -98,13 +113,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def add_connection_arguments(command: argparse.ArgumentParser) -> None:
     """Where the server is, how to authenticate, and how long to wait and retry."""
     command.add_argument("--url", default=os.environ.get("BERT_SERVE_URL", DEFAULT_URL))
-    command.add_argument("--model", default=DEFAULT_MODEL)
-    auth = command.add_mutually_exclusive_group()
-    auth.add_argument("--token", help="TorchServe inference key (or $BERT_SERVE_TOKEN)")
-    auth.add_argument(
-        "--key-file",
-        help="TorchServe's key_file.json (or $BERT_SERVE_KEY_FILE; default: ./key_file.json or ./.run/key_file.json if present)",
-    )
+    command.add_argument("--model", default=DEFAULT_MODEL, help="the model's name")
+    command.add_argument("--version", help="the model's version (default: its default version)")
+    add_token_arguments(command, "inference")
     command.add_argument(
         "--timeout",
         type=float,
@@ -125,7 +136,16 @@ def add_connection_arguments(command: argparse.ArgumentParser) -> None:
     )
 
 
-def resolve_token(args: argparse.Namespace) -> str | None:
+def add_token_arguments(command: argparse.ArgumentParser, kind: str) -> None:
+    auth = command.add_mutually_exclusive_group()
+    auth.add_argument("--token", help=f"TorchServe {kind} key (or $BERT_SERVE_TOKEN)")
+    auth.add_argument(
+        "--key-file",
+        help="TorchServe's key_file.json (or $BERT_SERVE_KEY_FILE; default: ./key_file.json or ./.run/key_file.json if present)",
+    )
+
+
+def resolve_token(args: argparse.Namespace, kind: str = "inference") -> str | None:
     """--token, --key-file, their environment variables, else a key file where TorchServe or
     `make serve` leaves it; None (no Authorization header) if there is none."""
     token = args.token or (None if args.key_file else os.environ.get("BERT_SERVE_TOKEN"))
@@ -133,9 +153,9 @@ def resolve_token(args: argparse.Namespace) -> str | None:
         return str(token)
     key_file = args.key_file or os.environ.get("BERT_SERVE_KEY_FILE")
     if key_file:
-        return token_from_key_file(key_file)
+        return token_from_key_file(key_file, kind)
     found = next((path for path in KEY_FILE_CANDIDATES if path.is_file()), None)
-    return token_from_key_file(found) if found else None
+    return token_from_key_file(found, kind) if found else None
 
 
 def read_lines(stream: IO[bytes]) -> Iterator[str]:
@@ -289,12 +309,39 @@ def summary(outcomes: Counter[str]) -> str:
     return ", ".join(parts)
 
 
+def model_lines(models: list[ServedModel]) -> list[str]:
+    """One aligned line per version: name, version, default mark, head, labels."""
+    rows = [("NAME", "VERSION", "DEFAULT", "HEAD", "ARCHITECTURE", "LABELS")]
+    rows += [
+        (m.name, m.version, "*" if m.default else "", m.head, m.architecture, ", ".join(m.labels))
+        for m in models
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    return [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[5]
+        for row in rows
+    ]
+
+
+def show_models(args: argparse.Namespace) -> int:
+    models = list_models(args.management_url, resolve_token(args, "management"))
+    if args.json:
+        for model in models:
+            print(json.dumps(model.to_json()))
+    else:
+        print("\n".join(model_lines(models)))
+    return EXIT_OK
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
+        if args.command == "models":
+            return show_models(args)
         client = Client(
             args.url,
             model=args.model,
+            version=args.version,
             token=resolve_token(args),
             timeout=args.timeout,
             retries=args.retries,

@@ -210,12 +210,13 @@ class ItemResult:
         return {"error": {"code": self.error.code, "message": self.error.message}}
 
 
-def token_from_key_file(path: str | Path) -> str:
-    """The inference token from the `key_file.json` TorchServe writes when token auth is on."""
+def token_from_key_file(path: str | Path, kind: str = "inference") -> str:
+    """A token (`inference`, or `management` for `bert-serve models`) from the `key_file.json`
+    TorchServe writes when token auth is on."""
     try:
-        return str(json.loads(Path(path).read_text())["inference"]["key"])
+        return str(json.loads(Path(path).read_text())[kind]["key"])
     except (OSError, ValueError, KeyError, TypeError) as error:
-        raise InvalidKeyFile(f"cannot read an inference key from {path}: {error}") from error
+        raise InvalidKeyFile(f"cannot read a {kind} key from {path}: {error}") from error
 
 
 def score_options(top_k: int | None = None, raw_scores: bool = False) -> dict[str, Any]:
@@ -362,7 +363,8 @@ def is_retried(error: BertServeError) -> bool:
 
 
 class Client:
-    """Talks to one bert-serve model; safe to share between threads.
+    """Talks to one bert-serve model (`model`, at its default version unless `version`); safe
+    to share between threads.
 
     `timeout` is the deadline of one attempt (connect, and each wait for the answer); the
     default follows from the server's responseTimeout (`DEFAULT_TIMEOUT_S`). A call makes at
@@ -377,6 +379,7 @@ class Client:
         url: str = DEFAULT_URL,
         *,
         model: str = DEFAULT_MODEL,
+        version: str | None = None,
         token: str | None = None,
         timeout: float = DEFAULT_TIMEOUT_S,
         retries: int = 4,
@@ -387,8 +390,9 @@ class Client:
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
     ):
-        self.predict_url = f"{url.rstrip('/')}/predictions/{model}"
-        self.explain_url = f"{url.rstrip('/')}/explanations/{model}"
+        route = f"{model}/{version}" if version else model
+        self.predict_url = f"{url.rstrip('/')}/predictions/{route}"
+        self.explain_url = f"{url.rstrip('/')}/explanations/{route}"
         self.timeout = timeout
         self.retries = retries
         self.backoff = backoff

@@ -7,6 +7,7 @@ the unit tests do. This module must define exactly one class: TorchServe looks i
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
@@ -22,7 +23,7 @@ from handler.errors import ErrorCode
 from handler.explain import Budget, explain_all
 from handler.inference import BatchStats, Explanation, Prediction, TextInput, classify
 from handler.metrics import MetricsEmitter
-from handler.model import LoadedModel, load_model
+from handler.model import LoadedModel, description, load_model
 from handler.pipeline import answer_batch, refuse
 from handler.protocol import (
     JSON_MEDIA,
@@ -89,7 +90,8 @@ class BertHandler(BaseHandler):  # type: ignore[misc]
         gpu_id = properties.get("gpu_id")
         gpu_id = int(gpu_id) if gpu_id is not None and int(gpu_id) >= 0 else None
         self.loaded: LoadedModel = load_model(model_dir, self.settings, gpu_id)
-        self.metrics = MetricsEmitter(context.metrics, context.model_name)
+        self.version = str(((context.manifest or {}).get("model") or {}).get("modelVersion", ""))
+        self.metrics = MetricsEmitter(context.metrics, context.model_name, self.version)
         self.pace = Pace()
         timeout = (context.model_yaml_config or {}).get("responseTimeout")
         self.explain_budget = Budget.for_timeout(timeout)
@@ -112,6 +114,10 @@ class BertHandler(BaseHandler):  # type: ignore[misc]
     def handle(self, data: Any, context: Any) -> list[str]:
         received = time.perf_counter()
         batch = list(data or [])
+        if len(batch) == 1 and context.get_request_header(0, "describe") == "True":
+            # the management API's describe (?customized=true): TorchServe sends it alone
+            answer = description(self.loaded, self.settings, context.model_name, self.version)
+            return [json.dumps(answer)]
         try:
             responses, headers = answer_batch(
                 incoming_requests(batch, context),

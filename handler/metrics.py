@@ -9,21 +9,24 @@ are sums, so an operator derives rates and means in Prometheus, e.g. mean formed
 ``rate(BatchItems) / rate(Batches)`` and padding efficiency =
 ``rate(RealTokens) / rate(PaddedTokens)``.
 
-    metric            dimensions                 per batch, adds
-    Batches           ModelName, Level           1
-    BatchItems        ModelName, Level           requests in the batch (a list request is one)
-    SubBatches        ModelName, Level           forward passes run
-    ItemsAccepted     ModelName, Level           texts classified (each text of a list counts)
-    ItemsRejected     Reason, ModelName, Level   requests or texts rejected, by error code;
-                                                 Reason=deadline_exceeded counts the requests
-                                                 whose stated deadline passed before their
-                                                 batch began or would pass before it ends
-                                                 (none of their texts was forwarded)
-    ItemsTruncated    ModelName, Level           texts cut at max_length
-    RealTokens        ModelName, Level           tokens of the texts
-    PaddedTokens      ModelName, Level           tokens the forward passes computed
-    TokenizeMs        ModelName, Level           tokenization time
-    ForwardMs         ModelName, Level           forward time
+Every metric carries the model's name and version (``ModelName``, ``ModelVersion``), so one
+server of several models, or of two versions of one, reports each apart.
+
+    metric            dimensions (all end ModelName, ModelVersion, Level)   per batch, adds
+    Batches                                 1
+    BatchItems                              requests in the batch (a list request is one)
+    SubBatches                              forward passes run
+    ItemsAccepted                           texts classified (each text of a list counts)
+    ItemsRejected     Reason, ...           requests or texts rejected, by error code;
+                                            Reason=deadline_exceeded counts the requests
+                                            whose stated deadline passed before their
+                                            batch began or would pass before it ends
+                                            (none of their texts was forwarded)
+    ItemsTruncated                          texts cut at max_length
+    RealTokens                              tokens of the texts
+    PaddedTokens                            tokens the forward passes computed
+    TokenizeMs                              tokenization time
+    ForwardMs                               forward time
 
 The histograms draw distributions (p50, p99). TorchServe 0.12 gives every histogram the
 Prometheus client's default buckets, 0.005 0.01 0.025 0.05 0.075 0.1 0.25 0.5 0.75 1 2.5 5
@@ -35,11 +38,11 @@ buckets is interpolated within one bucket (between 0.25 and 0.5 s, say). One obs
 batch (per forward pass for ForwardSeconds), never one per request: every request of a batch
 gets its answer when the batch ends, so HandlerSeconds counts batches, not requests.
 
-    histogram             dimensions          per batch, observes
-    HandlerSeconds        ModelName, Level    receipt of the batch -> its outcomes, seconds
-    ForwardSeconds        ModelName, Level    each forward pass, seconds
-    BatchSizeHundreds     ModelName, Level    requests in the batch / 100
-    BatchTokensThousands  ModelName, Level    tokens its forward passes computed (padded) / 1000
+    histogram             per batch, observes (dimensions: ModelName, ModelVersion, Level)
+    HandlerSeconds        receipt of the batch -> its outcomes, seconds
+    ForwardSeconds        each forward pass, seconds
+    BatchSizeHundreds     requests in the batch / 100
+    BatchTokensThousands  tokens its forward passes computed (padded) / 1000
 
 Each update goes through TorchServe's metrics API: the declared metric from
 ``context.metrics.get_metric`` and its ``add_or_update(value, dimension_values)``, which writes
@@ -60,7 +63,7 @@ from handler.protocol import ItemOutcome, Rejected
 logger = logging.getLogger(__name__)
 
 LEVEL = "Model"
-DIMENSIONS = ["ModelName", "Level"]
+DIMENSIONS = ["ModelName", "ModelVersion", "Level"]
 BATCH_COUNTERS = (
     "Batches",
     "BatchItems",
@@ -147,8 +150,9 @@ class MetricsEmitter:
     """Updates one batch's metrics: only those TorchServe's cache declares, checked once
     here; a metrics failure never fails a batch."""
 
-    def __init__(self, cache: Any, model_name: str) -> None:
+    def __init__(self, cache: Any, model_name: str, model_version: str = "") -> None:
         self.model_name = model_name
+        self.model_version = model_version
         self.counters: dict[str, Any] = {}
         self.histograms: dict[str, Any] = {}
         missing = [*COUNTER_DIMENSIONS, *HISTOGRAMS]
@@ -180,7 +184,7 @@ class MetricsEmitter:
     ) -> list[tuple[Any, float, list[str]]]:
         """The batch's updates, (declared metric, value, dimension values): each counter's
         increment, each rejection reason's count, each histogram observation."""
-        dimensions = [self.model_name, LEVEL]
+        dimensions = [self.model_name, self.model_version, LEVEL]
         updates: list[tuple[Any, float, list[str]]] = []
         for name, value in batch_metrics(outcomes, stats).items():
             if name in self.counters:

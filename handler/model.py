@@ -219,3 +219,37 @@ def measured_budget(loaded: LoadedModel, max_length: int, cap: int) -> tuple[int
         f"{budget} tokens its fixed cost is under {FIXED_SHARE:.0%} of it "
         f"(between max_length {max_length} and {cap})"
     )
+
+
+def head_kind(loaded: LoadedModel) -> str:
+    """What kind of classifier it is, as its scores read: ``multi_label`` (a sigmoid per label,
+    every label over the threshold answered), ``one_logit`` (one sigmoid score), ``regression``
+    (the raw value) or ``single_label`` (a softmax across labels)."""
+    if loaded.multi_label_threshold is not None:
+        return "multi_label"
+    if loaded.score_function is ScoreFunction.NONE:
+        return "regression"
+    if loaded.score_function is ScoreFunction.SIGMOID:
+        return "one_logit"
+    return "single_label"
+
+
+def description(
+    loaded: LoadedModel, settings: HandlerSettings, name: str, version: str
+) -> dict[str, Any]:
+    """What TorchServe's ``GET /models/{name}/{version}?customized=true`` answers as the
+    model's ``customizedMetadata`` (``bert-serve models``)."""
+    architectures = getattr(loaded.model.config, "architectures", None) or []
+    return {
+        "model": name,
+        "version": version,
+        "architecture": architectures[0] if architectures else loaded.model.config.model_type,
+        "head": head_kind(loaded),
+        "labels": list(loaded.labels),
+        "score_function": loaded.score_function.value,
+        "multi_label_threshold": loaded.multi_label_threshold,
+        "max_length": settings.max_length,
+        "max_batch_tokens": loaded.max_batch_tokens,
+        "precision": settings.precision,
+        "device": str(loaded.device),
+    }

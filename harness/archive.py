@@ -75,9 +75,15 @@ def packaged_files(model_dir: Path) -> list[Path]:
     ]
 
 
-def source_record(model_dir: Path, model_config: Path = MODEL_CONFIG) -> str:
+def source_record(
+    model_dir: Path,
+    model_config: Path = MODEL_CONFIG,
+    name: str = MODEL_NAME,
+    version: str = MODEL_VERSION,
+) -> str:
     """What an archive is built from, as stable JSON text: the model folder with each packaged
-    file's size and modification time, and the handler config with its content hash."""
+    file's size and modification time, the handler config with its content hash, and the name
+    and version it is served under."""
     files = {
         item.name: {"size": item.stat().st_size, "mtime_ns": item.stat().st_mtime_ns}
         for item in packaged_files(model_dir)
@@ -87,6 +93,8 @@ def source_record(model_dir: Path, model_config: Path = MODEL_CONFIG) -> str:
         "model_files": files,
         "model_config": str(model_config.resolve()),
         "model_config_sha256": hashlib.sha256(model_config.read_bytes()).hexdigest(),
+        "name": name,
+        "version": version,
     }
     return json.dumps(record, indent=2, sort_keys=True) + "\n"
 
@@ -123,39 +131,56 @@ def archiver_command() -> str:
     )
 
 
-def run_archiver(handler: Path, export_path: Path, *options: str) -> None:
-    """torch-model-archiver: ``export_path/bert.mar`` with ``handler`` and ``options``, staged
-    in a TMPDIR of its own (it empties ``$TMPDIR/<model name>`` first, so two packagings at
-    once on one machine would otherwise mix or delete each other's files)."""
-    export_path.mkdir(parents=True, exist_ok=True)
+def run_archiver(
+    handler: Path,
+    archive: Path,
+    *options: str,
+    name: str = MODEL_NAME,
+    version: str = MODEL_VERSION,
+) -> None:
+    """torch-model-archiver: ``archive`` (a .mar of model ``name`` and ``version``) with
+    ``handler`` and ``options``, staged in a TMPDIR of its own (it empties
+    ``$TMPDIR/<model name>`` first, so two packagings at once on one machine would otherwise
+    mix or delete each other's files), then moved to its file name (the archiver names the file
+    after the model; two versions of one model need two files)."""
+    archive.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="archiver-") as temp:
         subprocess.run(
             [
                 archiver_command(),
                 "--model-name",
-                MODEL_NAME,
+                name,
                 "--version",
-                MODEL_VERSION,
+                version,
                 "--handler",
                 str(handler),
                 *options,
                 "--export-path",
-                str(export_path),
+                temp,
                 "--force",
             ],
             check=True,
             env=os.environ | {"TMPDIR": temp},
         )
+        shutil.move(Path(temp) / f"{name}.mar", archive)
 
 
-def package(model_dir: Path, export_path: Path, model_config: Path = MODEL_CONFIG) -> Path:
-    """Build ``export_path/bert.mar``. Its stamp is refreshed first: a failed build then
-    leaves a stamp newer than the old archive, so make tries again."""
+def package(
+    model_dir: Path,
+    export_path: Path,
+    model_config: Path = MODEL_CONFIG,
+    name: str = MODEL_NAME,
+    version: str = MODEL_VERSION,
+    file_name: str | None = None,
+) -> Path:
+    """Build ``export_path/NAME.mar`` (or ``file_name``) of model ``name`` and ``version``.
+    Its stamp is refreshed first: a failed build then leaves a stamp newer than the old
+    archive, so make tries again."""
     check_model_dir(model_dir, model_config)
     check_model_config(model_config)
     export_path.mkdir(parents=True, exist_ok=True)
-    archive = export_path / f"{MODEL_NAME}.mar"
-    record = source_record(model_dir, model_config)
+    archive = export_path / (file_name or f"{name}.mar")
+    record = source_record(model_dir, model_config, name, version)
     update_stamp(stamp_for(archive), record)
     with tempfile.TemporaryDirectory(prefix="bert-mar-") as temp:
         staging = Path(temp) / "extra"
@@ -163,11 +188,13 @@ def package(model_dir: Path, export_path: Path, model_config: Path = MODEL_CONFI
         stage(model_dir, staging, record)
         run_archiver(
             HANDLER_DIR / "bert_handler.py",
-            export_path,
+            archive,
             "--extra-files",
             str(staging),
             "--config-file",
             str(model_config),
+            name=name,
+            version=version,
         )
     return archive
 
@@ -210,3 +237,39 @@ def package_variant(
         variant_config_for(archive), MODEL_CONFIG, changes, handler_changes
     )
     return package(model_dir, store, config_file)
+
+
+PACKAGING_CODE = (ROOT / "scripts" / "package.py", Path(__file__))
+"""Besides the handler: what the Makefile's .mar rule lists as the archive's prerequisites."""
+
+
+def is_stale(archive: Path, record: str) -> bool:
+    """As the Makefile decides for bert.mar: missing, built from another source record, or
+    older than the handler's or the packaging's code or its stamp (a build that failed)."""
+    if not archive.is_file() or not stamp_for(archive).is_file():
+        return True
+    if stamp_for(archive).read_text() != record:
+        return True
+    code = [*HANDLER_DIR.glob("*.py"), *PACKAGING_CODE, stamp_for(archive)]
+    return max(path.stat().st_mtime_ns for path in code) > archive.stat().st_mtime_ns
+
+
+def package_if_changed(
+    model_dir: Path,
+    archive: Path,
+    model_config: Path,
+    name: str,
+    version: str,
+    precision: str | None = None,
+) -> bool:
+    """Package ``archive`` unless it is already built from this source; True if it was.
+    SystemExit, with every reason, for a folder that cannot be served (``check_model_dir``)."""
+    if precision:
+        model_config = write_variant_config(
+            variant_config_for(archive), model_config, handler_changes={"precision": precision}
+        )
+    model_dir, model_config = model_dir.resolve(), model_config.resolve()
+    if not is_stale(archive, source_record(model_dir, model_config, name, version)):
+        return False
+    package(model_dir, archive.parent, model_config, name, version, archive.name)
+    return True

@@ -52,8 +52,9 @@ class Plan:
 
 def constant_archive(store: Path) -> Path:
     """``store/bert.mar`` with the constant handler and nothing else."""
-    run_archiver(FLOOR_HANDLER, store)
-    return store / f"{MODEL_NAME}.mar"
+    archive = store / f"{MODEL_NAME}.mar"
+    run_archiver(FLOOR_HANDLER, archive)
+    return archive
 
 
 @contextmanager

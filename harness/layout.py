@@ -81,11 +81,24 @@ def requirements() -> str:
     return "".join(lines)
 
 
-def write_layout(out: Path, base_config: Path = BASE_CONFIG, mar: Path = MAR_PATH) -> Path:
-    """Write ``out/config/``, ``out/model-store/`` and ``out/requirements.txt``; return out."""
-    if not mar.is_file():
-        raise SystemExit(f"{mar} is missing: run `make package` first")
+def write_layout(
+    out: Path,
+    base_config: Path = BASE_CONFIG,
+    mar: Path = MAR_PATH,
+    models: dict[str, str] | None = None,
+) -> Path:
+    """Write ``out/config/``, ``out/model-store/`` and ``out/requirements.txt``; return out.
+    ``models``: the ``model_store``, ``load_models`` and ``models`` of several models
+    (``harness.models.package_models``), whose archives are copied instead of ``mar``."""
     base = read_properties(base_config)
+    archives = [mar]
+    if models is not None:
+        store = Path(models["model_store"])
+        archives = [store / name for name in models["load_models"].split(",")]
+        base |= {key: models[key] for key in ("load_models", "models")}
+    for archive in archives:
+        if not archive.is_file():
+            raise SystemExit(f"{archive} is missing: run `make package` first")
     properties = container_properties(base)
     if out.exists():
         shutil.rmtree(out)
@@ -106,6 +119,7 @@ def write_layout(out: Path, base_config: Path = BASE_CONFIG, mar: Path = MAR_PAT
     if log_config is not None:
         source = log_config if log_config.is_absolute() else ROOT / log_config
         shutil.copy2(source, out / "config" / log_config.name)
-    shutil.copy2(mar, out / "model-store" / mar.name)
+    for archive in archives:
+        shutil.copy2(archive, out / "model-store" / archive.name)
     (out / "requirements.txt").write_text(requirements())
     return out

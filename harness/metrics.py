@@ -28,9 +28,9 @@ SHOWN_AS = {
 }
 
 
-def parse_metrics(text: str, model: str = MODEL_NAME) -> Series:
-    """{(metric, Reason label or ""): value} summed over the model's series; a histogram's
-    buckets as (``<name>_bucket``, ``le=<upper bound>``)."""
+def parse_metrics(text: str, model: str = MODEL_NAME, version: str | None = None) -> Series:
+    """{(metric, Reason label or ""): value} summed over the model's series (of ``version``
+    alone when given); a histogram's buckets as (``<name>_bucket``, ``le=<upper bound>``)."""
     values: Series = {}
     for line in text.splitlines():
         match = SAMPLE.match(line)
@@ -38,6 +38,10 @@ def parse_metrics(text: str, model: str = MODEL_NAME) -> Series:
             continue
         labels = match.group(2)
         if f'ModelName="{model}"' not in labels and f'model_name="{model}"' not in labels:
+            continue
+        if version is not None and not (
+            f'ModelVersion="{version}"' in labels or f'model_version="{version}"' in labels
+        ):
             continue
         reason = re.search(r'Reason="([^"]*)"', labels)
         bound = re.search(r'le="([^"]*)"', labels)
@@ -47,8 +51,14 @@ def parse_metrics(text: str, model: str = MODEL_NAME) -> Series:
     return values
 
 
-def scrape(metrics_url: str) -> Series:
-    return parse_metrics(requests.get(f"{metrics_url}/metrics", timeout=10).text)
+def scrape(metrics_url: str, model: str = MODEL_NAME) -> Series:
+    return scrape_models(metrics_url, [model])[model]
+
+
+def scrape_models(metrics_url: str, models: list[str]) -> dict[str, Series]:
+    """Each model's series, from one scrape."""
+    text = requests.get(f"{metrics_url}/metrics", timeout=10).text
+    return {model: parse_metrics(text, model) for model in models}
 
 
 def buckets(series: Series, name: str) -> list[tuple[float, float]]:

@@ -34,7 +34,6 @@ import requests
 from harness import sizing
 from harness.config import (
     BASE_CONFIG,
-    MODEL_NAME,
     ROOT,
     effective_properties,
     local_port_overrides,
@@ -42,6 +41,7 @@ from harness.config import (
     properties_text,
     read_properties,
 )
+from harness.models import served_models, without
 
 DEFAULT_STATE_DIR = ROOT / ".run"
 CTL_SCRIPT = ROOT / "scripts" / "torchserve_ctl.py"
@@ -59,6 +59,14 @@ class FrontendExited(ServerError):
     """The frontend died before it was ready: on free ports picked a moment earlier, most
     likely a port taken in between (a busy machine's outgoing connections use the same
     range), so ``start_on_free_ports`` tries again on new ones."""
+
+
+class WorkerLoadFailed(ServerError):
+    """Workers died loading their model: ``models`` says which (``NAME:VERSION``) and why."""
+
+    def __init__(self, message: str, models: dict[str, str]) -> None:
+        super().__init__(message)
+        self.models = models
 
 
 START_ATTEMPTS = 3
@@ -127,9 +135,31 @@ class Server:
     def inference_url(self) -> str:
         return self.properties["inference_address"].replace("0.0.0.0", "127.0.0.1")
 
+    def model_names(self) -> list[str]:
+        """The names this instance serves, as its config's ``models=`` lists them."""
+        return list(served_models(self.properties))
+
+    def versions(self, name: str) -> list[str]:
+        return list(served_models(self.properties)[name])
+
+    def default_version(self, name: str) -> str:
+        """The version its config makes the default (the first it loads)."""
+        versions = served_models(self.properties)[name]
+        marked = [v for v, entry in versions.items() if entry.get("defaultVersion")]
+        return (marked or list(versions))[0]
+
+    @property
+    def model_name(self) -> str:
+        """The first model it serves (``bert`` for ``make serve`` without MODELS)."""
+        return self.model_names()[0]
+
     @property
     def predict_url(self) -> str:
-        return f"{self.inference_url}/predictions/{MODEL_NAME}"
+        return self.predict_url_for(self.model_name)
+
+    def predict_url_for(self, name: str, version: str | None = None) -> str:
+        suffix = f"/{version}" if version else ""
+        return f"{self.inference_url}/predictions/{name}{suffix}"
 
     @property
     def management_url(self) -> str:
@@ -183,24 +213,41 @@ class Server:
             return None
         return pid
 
-    def model(self) -> dict[str, Any]:
-        """The model as the management API describes it (batch settings, workers, ...)."""
+    def describe(self, name: str, version: str | None = None) -> list[dict[str, Any]]:
+        """The management API's description of a model: its default version, ``version``, or
+        every version ("all")."""
+        suffix = f"/{version}" if version else ""
         response = requests.get(
-            f"{self.management_url}/models/{MODEL_NAME}",
+            f"{self.management_url}/models/{name}{suffix}",
             headers=self.headers("management"),
             timeout=30,
         )
         response.raise_for_status()
-        return dict(response.json()[0])
+        return [dict(entry) for entry in response.json()]
+
+    def model(self, name: str | None = None) -> dict[str, Any]:
+        """A model's default version as the management API describes it (batch settings,
+        workers, ...); the first model unless ``name``."""
+        return self.describe(name or self.model_name)[0]
 
     def workers(self) -> list[Worker]:
-        """The model's workers; [] while the management API does not answer (starting,
-        stopping), so a caller polling for a state simply polls again."""
+        """Every served model's workers, all versions; [] while the management API does not
+        answer (starting, stopping), so a caller polling for a state simply polls again."""
         try:
-            listed = self.model().get("workers", [])
+            listed = [
+                worker
+                for name in self.model_names()
+                for entry in self.describe(name, "all")
+                for worker in entry.get("workers", [])
+            ]
             return [Worker(str(w["id"]), int(w["pid"]), str(w["status"])) for w in listed]
         except (requests.RequestException, ValueError, KeyError, IndexError, TypeError):
             return []
+
+    def archives(self) -> list[Path]:
+        """The .mar files it loads at start."""
+        store = Path(self.properties["model_store"])
+        return [store / name for name in self.properties.get("load_models", "").split(",") if name]
 
     def worker_pid(self) -> int | None:
         """The pid of the first READY worker; None while none is READY."""
@@ -208,8 +255,19 @@ class Server:
         return ready[0] if ready else None
 
     def workers_ready(self) -> bool:
-        workers = self.workers()
-        return bool(workers) and all(worker.ready for worker in workers)
+        """Every served model version has workers, all READY."""
+        try:
+            for name, versions in served_models(self.properties).items():
+                described = self.describe(name, "all")
+                if len(described) < len(versions):
+                    return False
+                for entry in described:
+                    listed = entry.get("workers", [])
+                    if not listed or any(w["status"] != "READY" for w in listed):
+                        return False
+        except (requests.RequestException, ValueError, KeyError, TypeError):
+            return False
+        return True
 
     def is_worker(self, pid: int) -> bool:
         """True if ``pid`` is a process this server's frontend started (so safe to signal)."""
@@ -286,10 +344,9 @@ def check_startable(server: Server) -> None:
     problems = models_entry_problems(server.properties.get("models", "{}"))
     if problems:
         raise ServerError("; ".join(problems))
-    store = Path(server.properties["model_store"])
-    for model in filter(None, server.properties.get("load_models", "").split(",")):
-        if not (store / model).is_file():
-            raise ServerError(f"{store / model} is missing: run `make package` first")
+    for archive in server.archives():
+        if not archive.is_file():
+            raise ServerError(f"{archive} is missing: run `make package` first")
 
 
 def launch(server: Server) -> None:
@@ -326,22 +383,48 @@ def start(
     state_dir = state_dir.resolve()
     source = effective_properties(overrides, base_config)
     check_startable(Server(state_dir=state_dir, properties=source))
+    failed: dict[str, str] = {}
+    while True:
+        log = Server(state_dir, {}).model_log
+        log_start = log.stat().st_size if log.is_file() else 0
+        server, resolved = launch_sized(state_dir, without(source, failed), env)
+        refused = resolved.refused | failed
+        in_force = sizing.report(resolved) | {"refused": refused}
+        server.sizing_file.write_text(
+            json.dumps({"source": source, "in_force": in_force}, indent=2)
+        )
+        try:
+            wait_ready(server, ready_timeout, log_start)
+            return server
+        except WorkerLoadFailed as error:
+            stop(server)
+            left = served_models(without(resolved.properties, error.models))
+            if not left:
+                raise
+            print(f"[server] {error}; starting again without them", file=sys.stderr)
+            failed |= error.models
+        except BaseException:
+            stop(server)
+            raise
+
+
+def launch_sized(
+    state_dir: Path, source: dict[str, str], env: Mapping[str, str] | None
+) -> tuple[Server, sizing.Resolved]:
+    """Size ``source`` for this machine (``harness.sizing``) and launch it; models that sizing
+    refused are named on stderr, and when none is left nothing is launched."""
     resolved = sizing.resolve(source)
+    refusals = "; ".join(f"model {key} refused: {why}" for key, why in resolved.refused.items())
+    if not served_models(resolved.properties):
+        raise ServerError(f"no model left to serve: {refusals}")
+    if refusals:
+        print(f"[server] {refusals}; serving the others", file=sys.stderr)
     threads = {} if THREADS_ENV in os.environ else {THREADS_ENV: str(resolved.torch_threads)}
     server = Server(
         state_dir=state_dir, properties=resolved.properties, env=threads | dict(env or {})
     )
-    log_start = server.model_log.stat().st_size if server.model_log.is_file() else 0
     launch(server)
-    server.sizing_file.write_text(
-        json.dumps({"source": source, "in_force": sizing.report(resolved)}, indent=2)
-    )
-    try:
-        wait_ready(server, ready_timeout, log_start)
-    except BaseException:
-        stop(server)
-        raise
-    return server
+    return server, resolved
 
 
 @contextmanager
@@ -394,16 +477,19 @@ def start_or_reuse(state_dir: Path, overrides: dict[str, str] | None = None) -> 
         pid = server.pid()
         if pid is not None:
             started = (server.tmp_dir / ".model_server.pid").stat().st_mtime
-            archive = Path(server.properties["model_store"]) / f"{MODEL_NAME}.mar"
-            if not server.sizing_file.is_file() or server.sizing()[
-                "source"
-            ] != effective_properties(overrides):
+            source = server.sizing()["source"] if server.sizing_file.is_file() else None
+            if source != effective_properties(overrides):
                 print("config.properties changed since TorchServe started: restarting")
-            elif archive.stat().st_mtime > started:
-                print(f"{archive.name} changed since TorchServe started: restarting")
+            elif changed := [
+                archive.name
+                for archive in Server(state_dir, source).archives()
+                if not archive.is_file() or archive.stat().st_mtime > started
+            ]:
+                print(f"{', '.join(changed)} changed since TorchServe started: restarting")
             else:
+                names = ", ".join(archive.name for archive in server.archives())
                 print(
-                    f"TorchServe already runs from {state_dir} (pid {pid}), config and {archive.name} unchanged"
+                    f"TorchServe already runs from {state_dir} (pid {pid}), config and {names} unchanged"
                 )
                 return server
             stop(server)
@@ -449,6 +535,33 @@ def worker_load_error(log_text: str) -> str | None:
     return errors[0] if errors else "a worker died while loading the model"
 
 
+WORKER_TAG = re.compile(r" W-\d+-(\S+)-std(?:out|err) ")
+"""The worker's tag in a model log line: ``W-<port>-<name>_<version>-stdout``."""
+
+
+def worker_load_errors(log_text: str) -> dict[str, str]:
+    """``worker_load_error`` for each worker tag's lines (``<name>_<version>``)."""
+    by_tag: dict[str, list[str]] = {}
+    for line in log_text.splitlines():
+        match = WORKER_TAG.search(line)
+        by_tag.setdefault(match.group(1) if match else "", []).append(line)
+    return {
+        tag: error
+        for tag, lines in by_tag.items()
+        if (error := worker_load_error("\n".join(lines))) is not None
+    }
+
+
+def failed_models(server: Server, errors: dict[str, str]) -> dict[str, str]:
+    """The worker tags of ``errors`` as the ``NAME:VERSION`` they serve."""
+    keys = {
+        f"{name}_{version}": f"{name}:{version}"
+        for name in server.model_names()
+        for version in server.versions(name)
+    }
+    return {keys.get(tag, tag): error for tag, error in errors.items()}
+
+
 def wait_ready(server: Server, timeout: float, log_start: int | None = None) -> None:
     """Poll /ping and the workers until READY, failing fast if the frontend died or a worker
     died loading the model (it would fail the same way on every restart). ``log_start``: the
@@ -464,8 +577,15 @@ def wait_ready(server: Server, timeout: float, log_start: int | None = None) -> 
                 f"TorchServe exited during start; see {server.state_dir / 'logs'}; "
                 f"its last lines: {log_tail(server)}"
             )
-        if log.is_file() and (error := worker_load_error(read_from(log, log_start))):
-            raise ServerError(f"the model's worker failed to load: {error}; see {log}")
+        if log.is_file() and (errors := worker_load_errors(read_from(log, log_start))):
+            failed = failed_models(server, errors)
+            if len(server.model_names()) == 1 and len(server.versions(server.model_name)) == 1:
+                (error,) = failed.values()
+                raise WorkerLoadFailed(
+                    f"the model's worker failed to load: {error}; see {log}", failed
+                )
+            reasons = "; ".join(f"{key}: {error}" for key, error in failed.items())
+            raise WorkerLoadFailed(f"workers failed to load: {reasons}; see {log}", failed)
         try:
             ping = requests.get(f"{server.inference_url}/ping", headers=server.headers(), timeout=5)
             if ping.status_code == 200 and server.workers_ready():

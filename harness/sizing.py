@@ -10,19 +10,28 @@ The rule, in the order it is applied:
   batches run side by side instead of one batch's small matrices being split across cores; on
   GPUs, one per GPU, with the cores shared among them. Capped so that the workers' memory (the
   model's weights and ``WORKER_OVERHEAD_BYTES`` each) fits in half of the memory.
-- **Batch size** (``batchSize``): one worker's rate is measured at start on the .mar's own model
+- **Several models** (each version of a name counts as one): the cores left after the workers
+  the config states are shared out equally among the others, the first ones taking one more
+  while cores remain (2 models on 9 cores: 5 and 4); each model has at least one worker, so
+  workers x threads never exceeds the cores unless there are more models than cores (which the
+  reasons then say). On GPUs each model has one worker per GPU. The memory cap takes one
+  worker at a time from the model with the most until all fit.
+- **Batch size** (``batchSize``): one worker's rate is measured at start on each .mar's own model
   and code at batch sizes ``BATCH_SIZES``; the smallest whose rate is within ``NEAR_BEST`` of the
   best is chosen (a larger batch only adds latency for what it no longer gains). Batches form
   from what is queued within ``maxBatchDelay`` (1 ms in the shipped config), so a large
   ``batchSize`` costs a lone request nothing.
 - **Queue** (``job_queue_size``): what the workers drain in ``PATIENT_S``, the wait of a patient
   client, at the rate measured for that batch size; so a patient client is never refused while
-  it could still be answered in time.
+  it could still be answered in time. TorchServe has one size for every model's own queue:
+  with several models, the largest of theirs.
 - **JVM heap** (``-Xmx``): room for that queue of the largest bodies the frontend accepts
-  (``max_request_size``) over ``BASE_HEAP_MB``, at most a quarter of the memory (the JVM's own
+  (``max_request_size``), once per model, over ``BASE_HEAP_MB``, at most a quarter of the memory (the JVM's own
   default share); where that cap binds, the queue is cut to what the heap holds.
 
-The batch delay stays in the config (``models=``).
+The batch delay stays in the config (``models=``). A model whose archive cannot be read or
+whose model cannot be loaded for measuring is left out (``Resolved.refused``, with the reason):
+the others are served.
 """
 
 from __future__ import annotations
@@ -37,11 +46,12 @@ import sys
 import tempfile
 import time
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from harness.config import properties_text, read_properties
+from harness.models import without as without_models
 
 PATIENT_S = 60.0
 MEASURE_S = 0.6
@@ -104,18 +114,48 @@ def read_machine(gpus: int) -> Machine:
 
 def workers_for(machine: Machine, worker_bytes: int) -> tuple[int, list[str]]:
     """One worker per GPU, else per core; no more than half of the memory holds."""
+    (workers,), reasons = shared_workers(machine, [worker_bytes])
+    return workers, reasons
+
+
+def shared_workers(
+    machine: Machine, worker_bytes: list[int], stated: int = 0, stated_bytes: int = 0
+) -> tuple[list[int], list[str]]:
+    """Workers for models of ``worker_bytes`` each (one entry per model), besides ``stated``
+    workers the config sets (holding ``stated_bytes``): one per GPU per model, else the cores
+    left shared out equally; then cut, one at a time from the model with the most (the last of
+    them), until the workers fit in half of the memory."""
+    count = len(worker_bytes)
     if machine.gpus:
-        workers, reasons = machine.gpus, [f"{machine.gpus} GPU(s): one worker each"]
+        workers = [machine.gpus] * count
+        reasons = [f"{machine.gpus} GPU(s): one worker each per model"]
     else:
-        workers = max(1, math.floor(machine.cores))
+        cores = max(count, math.floor(machine.cores) - stated)
+        workers = [cores // count + (i < cores % count) for i in range(count)]
         reasons = [f"{machine.cores:g} cores: one worker per core"]
-    fits = max(1, int(machine.memory_bytes * WORKER_MEMORY_SHARE // worker_bytes))
-    if fits < workers:
+        if count > 1 or stated:
+            reasons = [
+                f"{machine.cores:g} cores, {stated} worker(s) set by the config: the rest "
+                f"shared among {count} model(s), one worker per core: {workers}"
+            ]
+        if count + stated > machine.cores:
+            reasons.append(
+                f"{count + stated} workers on {machine.cores:g} cores: every model needs one, "
+                "so they share cores"
+            )
+    budget = machine.memory_bytes * WORKER_MEMORY_SHARE - stated_bytes
+
+    def used() -> float:
+        return sum(n * size for n, size in zip(workers, worker_bytes, strict=True))
+
+    before = list(workers)
+    while used() > budget and max(workers) > 1:
+        workers[max(range(count), key=lambda i: (workers[i], i))] -= 1
+    if workers != before:
         reasons.append(
-            f"cut to {fits} worker(s): {worker_bytes // MB} MiB each must fit in half of "
-            f"{machine.memory_bytes // MB} MiB"
+            f"cut to {workers} worker(s): {[size // MB for size in worker_bytes]} MiB each "
+            f"must fit in half of {machine.memory_bytes // MB} MiB"
         )
-        workers = fits
     return workers, reasons
 
 
@@ -132,9 +172,10 @@ def threads_for(machine: Machine, workers: int) -> int:
 
 
 def derive(
-    machine: Machine, workers: int, texts_per_s: float, max_request_bytes: int
+    machine: Machine, workers: int, texts_per_s: float, max_request_bytes: int, queues: int = 1
 ) -> tuple[int, int, list[str]]:
-    """(job_queue_size, heap MiB, why) for ``workers`` that each classify ``texts_per_s``."""
+    """(job_queue_size, heap MiB, why) for ``workers`` that each classify ``texts_per_s``;
+    the heap holds ``queues`` such queues (one per model)."""
     queue = max(1, int(texts_per_s * workers * PATIENT_S))
     reasons = [
         f"queue {queue}: {workers} worker(s) x {texts_per_s:g} texts/s (measured at start) "
@@ -142,15 +183,16 @@ def derive(
     ]
     heap_cap_mb = int(machine.memory_bytes * HEAP_SHARE // MB)
     body_mb = max_request_bytes / MB
-    heap_mb = int(BASE_HEAP_MB + math.ceil(queue * body_mb))
+    heap_mb = int(BASE_HEAP_MB + math.ceil(queues * queue * body_mb))
     if heap_mb > heap_cap_mb:
         heap_mb = max(BASE_HEAP_MB, heap_cap_mb)
-        queue = max(1, int((heap_mb - BASE_HEAP_MB) / body_mb))
+        queue = max(1, int((heap_mb - BASE_HEAP_MB) / body_mb / queues))
         reasons.append(
             f"queue cut to {queue}: a heap of {heap_mb} MiB (a quarter of the memory) holds "
-            f"that many bodies of {body_mb:g} MiB"
+            f"{queues} queue(s) of that many bodies of {body_mb:g} MiB"
         )
-    reasons.append(f"heap {heap_mb} MiB: {BASE_HEAP_MB} MiB + the queue of largest bodies")
+    shown = "the queue" if queues == 1 else f"{queues} queues (one per model)"
+    reasons.append(f"heap {heap_mb} MiB: {BASE_HEAP_MB} MiB + {shown} of largest bodies")
     return queue, heap_mb, reasons
 
 
@@ -242,49 +284,135 @@ class Resolved:
     """The config with every derived value filled in."""
     torch_threads: int
     reasons: tuple[str, ...]
+    refused: dict[str, str] = field(default_factory=dict)
+    """``NAME:VERSION`` -> why that model is left out of ``properties``."""
+
+
+@dataclass(frozen=True)
+class Served:
+    """One model version of a ``models=`` entry and its archive."""
+
+    name: str
+    version: str
+    entry: dict[str, Any]
+    mar: Path
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}:{self.version}"
+
+
+def served_list(properties: dict[str, str]) -> list[Served]:
+    store = Path(properties["model_store"])
+    return [
+        Served(name, version, entry, store / entry.get("marName", f"{name}.mar"))
+        for name, versions in json.loads(properties["models"]).items()
+        for version, entry in versions.items()
+    ]
+
+
+def with_workers(machine: Machine, models: list[Served]) -> tuple[list[Served], int, list[str]]:
+    """Each model with its workers (the config's, else ``shared_workers``), and the torch
+    threads per worker."""
+    sizes = {model.key: model.mar.stat().st_size + WORKER_OVERHEAD_BYTES for model in models}
+    stated = [model for model in models if "minWorkers" in model.entry]
+    unstated = [model for model in models if "minWorkers" not in model.entry]
+    stated_count = sum(int(model.entry["minWorkers"]) for model in stated)
+    reasons = ["workers: as the config sets"] if stated else []
+    if unstated:
+        stated_bytes = sum(int(m.entry["minWorkers"]) * sizes[m.key] for m in stated)
+        counts, why = shared_workers(
+            machine, [sizes[m.key] for m in unstated], stated_count, stated_bytes
+        )
+        reasons += why
+        chosen = {m.key: n for m, n in zip(unstated, counts, strict=True)}
+        models = [
+            model
+            if model.key not in chosen
+            else replace(
+                model,
+                entry={"minWorkers": chosen[model.key], "maxWorkers": chosen[model.key]}
+                | model.entry,
+            )
+            for model in models
+        ]
+    total = sum(int(model.entry["minWorkers"]) for model in models)
+    threads = threads_for(machine, total)
+    reasons.append(f"{threads} torch thread(s) per worker: the cores shared among them")
+    return models, threads, reasons
+
+
+def with_batch_size(
+    model: Served, threads: int, machine: Machine, measure_queue: bool
+) -> tuple[Served, float | None, list[str]]:
+    """The model with its batch size (the config's, else measured) and its rate at that size;
+    a rate of None where the archive holds no model or nothing needs measuring."""
+    if not holds_a_model(model.mar):
+        return (
+            model,
+            None,
+            [
+                f"{model.mar.name} holds no model folder: batch size, queue and heap as "
+                "TorchServe sets them"
+            ],
+        )
+    if "batchSize" in model.entry and not measure_queue:
+        return model, None, []
+    stated = "batchSize" in model.entry
+    sizes = (int(model.entry["batchSize"]),) if stated else BATCH_SIZES
+    mar = model.mar
+    rates = measured_rates(str(mar), mar.stat().st_mtime_ns, sizes, threads, machine.gpus)
+    if stated:
+        return model, rates[sizes[0]], []
+    batch_size, why = batch_size_for(rates)
+    entry = model.entry | {"batchSize": batch_size}
+    return replace(model, entry=entry), rates[batch_size], [why]
 
 
 def resolve(properties: dict[str, str], gpus: int | None = None) -> Resolved:
-    """``properties`` with what they leave out derived from this machine: the model's
-    workers and ``batchSize`` (``models=``), ``job_queue_size`` and the heap (``-Xmx`` in ``vmargs``); and the
-    torch threads per worker. Values the config states are kept. One model per config."""
-    models = json.loads(properties["models"])
-    ((name, versions),) = models.items()
-    ((version, entry),) = versions.items()
+    """``properties`` with what they leave out derived from this machine: each model's
+    workers and ``batchSize`` (``models=``), ``job_queue_size`` and the heap (``-Xmx`` in
+    ``vmargs``); and the torch threads per worker. Values the config states are kept. A model
+    whose archive cannot be read or loaded is left out, with the reason (``refused``)."""
     if gpus is None:
         # TorchServe's number_of_gpu caps the GPUs it hands to workers (0: CPU only)
         gpus = min(gpu_count(), int(properties.get("number_of_gpu", sys.maxsize)))
     machine = read_machine(gpus)
-    mar = Path(properties["model_store"]) / entry.get("marName", f"{name}.mar")
-    worker_bytes = mar.stat().st_size + WORKER_OVERHEAD_BYTES
-    if "minWorkers" in entry:
-        workers, reasons = int(entry["minWorkers"]), ["workers: as the config sets"]
-    else:
-        workers, reasons = workers_for(machine, worker_bytes)
-        entry = {"minWorkers": workers, "maxWorkers": workers} | entry
-    threads = threads_for(machine, workers)
-    reasons.append(f"{threads} torch thread(s) per worker: the cores shared among them")
+    models = served_list(properties)
+    refused = {m.key: f"{m.mar} is missing" for m in models if not m.mar.is_file()}
+    models = [model for model in models if model.key not in refused]
+    models, threads, reasons = with_workers(machine, models) if models else ([], 1, [])
     resolved = dict(properties)
     max_request = int(properties.get("max_request_size", DEFAULT_MAX_REQUEST_BYTES))
     has_heap = heap_mb_in(properties.get("vmargs", "")) is not None
-    if not holds_a_model(mar):
-        reasons.append(
-            f"{mar.name} holds no model folder: batch size, queue and heap as TorchServe sets them"
-        )
-    elif "batchSize" not in entry or "job_queue_size" not in properties or not has_heap:
-        sizes = (int(entry["batchSize"]),) if "batchSize" in entry else BATCH_SIZES
-        rates = measured_rates(str(mar), mar.stat().st_mtime_ns, sizes, threads, machine.gpus)
-        if "batchSize" not in entry:
-            batch_size, why_batch = batch_size_for(rates)
-            entry = entry | {"batchSize": batch_size}
-            reasons.append(why_batch)
-        queue, heap_mb, why = derive(machine, workers, rates[int(entry["batchSize"])], max_request)
+    measure_queue = "job_queue_size" not in properties or not has_heap
+    sized: list[Served] = []
+    drains: list[tuple[int, float]] = []
+    for model in models:
+        try:
+            model, rate, why = with_batch_size(model, threads, machine, measure_queue)
+        except Exception as error:  # the model's own code failed: leave it out, serve the rest
+            refused[model.key] = f"{type(error).__name__}: {error}"
+            continue
+        label = f"{model.key}: " if len(models) > 1 else ""
+        reasons += [label + reason for reason in why]
+        sized.append(model)
+        if rate is not None:
+            drains.append((int(model.entry["minWorkers"]), rate))
+    if drains and measure_queue:
+        workers, rate = max(drains, key=lambda drain: drain[0] * drain[1])
+        queue, heap_mb, why = derive(machine, workers, rate, max_request, queues=len(drains))
         resolved.setdefault("job_queue_size", str(queue))
         if not has_heap:
             resolved["vmargs"] = f"{properties.get('vmargs', '')} -Xmx{heap_mb}m".strip()
         reasons += why
-    resolved["models"] = json.dumps({name: {version: entry}})
-    return Resolved(resolved, threads, tuple(reasons))
+    models_entry: dict[str, dict[str, Any]] = {}
+    for model in sized:
+        models_entry.setdefault(model.name, {})[model.version] = model.entry
+    resolved["models"] = json.dumps(models_entry)
+    if refused:
+        resolved = without_models(resolved, refused)
+    return Resolved(resolved, threads, tuple(reasons), refused)
 
 
 def gpu_count() -> int:
@@ -297,6 +425,7 @@ def report(resolved: Resolved) -> dict[str, Any]:
     """What ``make status`` and the start-up output show: the values in force and why."""
     return {
         "models": json.loads(resolved.properties["models"]),
+        "refused": dict(resolved.refused),
         "job_queue_size": resolved.properties.get("job_queue_size"),
         "vmargs": resolved.properties.get("vmargs", ""),
         "torch_threads": resolved.torch_threads,
@@ -316,6 +445,11 @@ def main() -> int:
     given = args.torchserve_args[1:] if args.torchserve_args[:1] == ["--"] else args.torchserve_args
     config = torchserve.parse_known_args(given)[0].ts_config
     resolved = resolve(read_properties(config))
+    for key, why in resolved.refused.items():
+        print(f"sizing: model {key} refused: {why}", file=sys.stderr)
+    if not json.loads(resolved.properties["models"]):
+        print("sizing: no model left to serve", file=sys.stderr)
+        return 1
     args.out.write_text(properties_text(resolved.properties))
     for reason in resolved.reasons:
         print(f"sizing: {reason}", file=sys.stderr)

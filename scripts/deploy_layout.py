@@ -2,6 +2,7 @@
 (``harness.layout`` says what it rewrites and why).
 
     python scripts/deploy_layout.py [--out build/kserve]
+    python scripts/deploy_layout.py --models "sentiment=DIR toxicity=DIR2"   # several models
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from harness.config import effective_properties, read_models
 from harness.layout import DEFAULT_OUT, write_layout
+from harness.models import package_models, parse_models
 
 
 def main() -> int:
@@ -18,8 +21,17 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--models", help='"NAME[:VERSION]=DIR ..." (default: model_store/bert.mar)')
     args = parser.parse_args()
-    out = write_layout(args.out.resolve())
+    models = None
+    if args.models:
+        store = Path(effective_properties()["model_store"])
+        models, refused = package_models(parse_models(args.models), store, read_models())
+        for key, why in refused.items():
+            print(f"model {key} refused: {why}", file=sys.stderr)
+        if models is None or refused:
+            return 1
+    out = write_layout(args.out.resolve(), models=models)
     for path in sorted(p for p in out.rglob("*") if p.is_file()):
         print(path.relative_to(out))
     print(f"layout written to {out}")

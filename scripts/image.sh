@@ -44,10 +44,10 @@ fi
 source scripts/torch_build.sh
 context=build/image/context
 wheels="build/image/wheels-$torch_build"
-"$python" scripts/deploy_layout.py --out "$context" >/dev/null
+"$python" scripts/deploy_layout.py --out "$context" ${MODELS:+--models "$MODELS"} >/dev/null
 cp deploy/entrypoint.sh "$context/entrypoint.sh"
 mkdir -p "$context/lib/harness"
-cp harness/config.py harness/sizing.py "$context/lib/harness/"
+cp harness/config.py harness/models.py harness/sizing.py "$context/lib/harness/"
 : >"$context/lib/harness/__init__.py"
 # Their dependencies at the locked versions too (requirements/server.lock, the tested ones),
 # torch as the build asked for.

@@ -1,7 +1,7 @@
 """A live summary of the handler's metrics while traffic runs (``make metrics``).
 
 Scrapes TorchServe's Prometheus endpoint every ``--every`` seconds for at most ``--seconds``
-and prints, per interval: batches/s, mean formed batch size, forward passes per batch,
+and prints, per interval and per served model (one line each, its name first): batches/s, mean formed batch size, forward passes per batch,
 accepted/s, rejected/s by reason, truncated, padding efficiency, tokenize and forward
 milliseconds per batch, TorchServe's mean queue time, and p50/p99 of the handler's histograms
 (handler time, forward time, batch size, batch tokens) as the bucket that holds each.
@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness.metrics import scrape, summary
+from harness.metrics import scrape_models, summary
 from harness.server import DEFAULT_STATE_DIR, server_for
 
 
@@ -30,11 +30,15 @@ def main() -> int:
     args = parser.parse_args()
     server = server_for(args.state_dir.resolve())
     deadline = time.monotonic() + args.seconds
-    previous, previous_time = scrape(server.metrics_url), time.monotonic()
+    models = server.model_names()
+    width = max(len(model) for model in models)
+    previous, previous_time = scrape_models(server.metrics_url, models), time.monotonic()
     while time.monotonic() < deadline:
         time.sleep(args.every)
-        current, now = scrape(server.metrics_url), time.monotonic()
-        print(summary(previous, current, now - previous_time), flush=True)
+        current, now = scrape_models(server.metrics_url, models), time.monotonic()
+        for model in models:
+            line = summary(previous[model], current[model], now - previous_time)
+            print(f"{model:<{width}} | {line}", flush=True)
         previous, previous_time = current, now
     return 0
 

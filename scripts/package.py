@@ -5,12 +5,13 @@ What the archive holds and how its source is recorded: ``harness/archive.py``.
     python scripts/package.py --model-dir build/bert-sentiment
     python scripts/package.py --model-dir build/bert-sentiment --stamp-only
     python scripts/package.py --model-dir build/bert-sentiment --precision bf16
+    python scripts/package.py --model-dir build/toxicity --name toxicity --version 2
 
 The folder is checked first with the worker's own check (``handler/model_check.py``): one
 that cannot be served is refused in seconds, every reason printed with its fix, exit 1.
 
 ``--precision`` packs the handler config with ``handler.precision`` replaced (kept beside the
-archive as ``bert.mar.model-config.yaml``), so ``make serve PRECISION=bf16`` serves the fast
+archive as ``NAME.mar.model-config.yaml``), so ``make serve PRECISION=bf16`` serves the fast
 mode and ``make serve`` without it repackages the config as written.
 """
 
@@ -31,7 +32,8 @@ from harness.archive import (
     variant_config_for,
     write_variant_config,
 )
-from harness.config import MODEL_NAME, ROOT
+from harness.config import MODEL_NAME, MODEL_VERSION, ROOT
+from harness.models import NAME_PATTERN
 
 
 def main() -> int:
@@ -51,13 +53,22 @@ def main() -> int:
         help="pack the handler config with this precision (default: as the config says)",
     )
     parser.add_argument(
+        "--name",
+        default=MODEL_NAME,
+        help="the model's name: model_store/NAME.mar, /predictions/NAME",
+    )
+    parser.add_argument("--version", default=MODEL_VERSION, help="the model's version")
+    parser.add_argument(
         "--stamp-only",
         action="store_true",
         help="only refresh the archive's .source stamp (rewritten when the source changed)",
     )
     args = parser.parse_args()
+    for what in ("name", "version"):
+        if not NAME_PATTERN.fullmatch(getattr(args, what)):
+            parser.error(f"--{what} must be letters, digits, '_', '-' or '.'")
     model_dir, model_config = args.model_dir.resolve(), args.model_config.resolve()
-    archive = args.export_path.resolve() / f"{MODEL_NAME}.mar"
+    archive = args.export_path.resolve() / f"{args.name}.mar"
     if args.precision:
         model_config = write_variant_config(
             variant_config_for(archive), model_config, handler_changes={"precision": args.precision}
@@ -65,10 +76,10 @@ def main() -> int:
     if args.stamp_only:
         check_model_dir(model_dir, model_config)
         stamp = stamp_for(archive)
-        if update_stamp(stamp, source_record(model_dir, model_config)):
+        if update_stamp(stamp, source_record(model_dir, model_config, args.name, args.version)):
             print(f"{stamp.name}: the model folder or handler config changed; repackaging")
         return 0
-    archive = package(model_dir, args.export_path.resolve(), model_config)
+    archive = package(model_dir, args.export_path.resolve(), model_config, args.name, args.version)
     print(f"packaged {archive} ({archive.stat().st_size / 1e6:.1f} MB)")
     return 0
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# curl smoke tests against a running server: healthy ping, one positive, one negative,
-# one bad input. Usage: scripts/smoke.sh [STATE_DIR]   (default .run, as `make serve` uses)
+# curl smoke tests against a running server: healthy ping, then for each model it serves a text
+# and a JSON body answered (for `bert`, the default sentiment model: positive and negative) and
+# two bad inputs refused. Usage: scripts/smoke.sh [STATE_DIR]   (default .run, as `make serve` uses)
 # The token is read from the server's key file and passed to curl on a file descriptor,
 # so it never appears in the output or in the process list.
 set -euo pipefail
@@ -9,7 +10,7 @@ state_dir="${1:-.run}"
 python="${PYTHON:-.venv/bin/python}"
 ctl=(scripts/torchserve_ctl.py --state-dir "$state_dir")
 url=$("$python" "${ctl[0]}" url "${ctl[@]:1}")
-predict=$("$python" "${ctl[0]}" predict-url "${ctl[@]:1}")
+models=$("$python" "${ctl[0]}" models "${ctl[@]:1}")
 token=$("$python" "${ctl[0]}" key "${ctl[@]:1}")
 failures=0
 passed=0
@@ -28,12 +29,18 @@ call() {  # call EXPECTED_STATUS EXPECTED_FRAGMENT curl-args...
 }
 
 call 200 '"status": "Healthy"' "$url/ping"
-call 200 '"label": "positive"' -H 'Content-Type: text/plain' \
-  --data 'An absolute delight from start to finish.' "$predict"
-call 200 '"label": "negative"' -H 'Content-Type: application/json' \
-  --data '{"text": "A tedious, joyless mess."}' "$predict"
-call 200 '"label": "positive"' --data-urlencode 'text=Loved it & would watch again: 10/10!' "$predict"
-call 400 '"code": "empty_text"' -H 'Content-Type: text/plain' --data '   ' "$predict"
-call 400 '"code": "invalid_json"' -H 'Content-Type: application/json' --data '{"text": ' "$predict"
+for model in $models; do
+  predict=$("$python" "${ctl[0]}" predict-url --model "$model" "${ctl[@]:1}")
+  echo "model $model: $predict"
+  if [ "$model" = bert ]; then good='"label": "positive"' bad='"label": "negative"' form='"label": "positive"'
+  else good='"scores"' bad='"scores"' form='"scores"'; fi
+  call 200 "$good" -H 'Content-Type: text/plain' \
+    --data 'An absolute delight from start to finish.' "$predict"
+  call 200 "$bad" -H 'Content-Type: application/json' \
+    --data '{"text": "A tedious, joyless mess."}' "$predict"
+  call 200 "$form" --data-urlencode 'text=Loved it & would watch again: 10/10!' "$predict"
+  call 400 '"code": "empty_text"' -H 'Content-Type: text/plain' --data '   ' "$predict"
+  call 400 '"code": "invalid_json"' -H 'Content-Type: application/json' --data '{"text": ' "$predict"
+done
 echo "smoke: $passed passed, $failures failed"
 [ "$failures" -eq 0 ]

@@ -2,10 +2,11 @@
 (``harness.server``: it only ever stops the instance it started).
 
     python scripts/torchserve_ctl.py start [--state-dir .run]
+    python scripts/torchserve_ctl.py start --models "sentiment=DIR toxicity:2=DIR2"
     python scripts/torchserve_ctl.py stop  [--state-dir .run]
     python scripts/torchserve_ctl.py status
     python scripts/torchserve_ctl.py key inference      # for $(...) in curl commands
-    python scripts/torchserve_ctl.py url | predict-url
+    python scripts/torchserve_ctl.py url | predict-url [--model NAME] | models
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from handler.settings import PRECISION_CHOICES
+from harness.config import effective_properties, read_models
+from harness.models import package_models, parse_models
 from harness.server import (
     DEFAULT_STATE_DIR,
     Server,
@@ -24,11 +28,27 @@ from harness.server import (
     stop,
 )
 
-COMMANDS = ["start", "stop", "status", "key", "url", "predict-url"]
+COMMANDS = ["start", "stop", "status", "key", "url", "predict-url", "models"]
 
 
-def start(state_dir: Path) -> int:
-    server = start_or_reuse(state_dir)
+def start(state_dir: Path, args: argparse.Namespace) -> int:
+    overrides = None
+    if args.models:
+        try:
+            specs = parse_models(args.models)
+        except ValueError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 1
+        store = Path(effective_properties()["model_store"])
+        overrides, refused = package_models(
+            specs, store, read_models(), args.model_config, args.precision
+        )
+        for key, why in refused.items():
+            print(f"model {key} refused: {why}", file=sys.stderr)
+        if overrides is None:
+            print("error: no model left to serve", file=sys.stderr)
+            return 1
+    server = start_or_reuse(state_dir, overrides)
     print(
         f"TorchServe is ready on {server.inference_url} (pid {server.pid()}, state in {state_dir})"
     )
@@ -44,6 +64,8 @@ def print_sizing(server: Server) -> None:
         for version, entry in versions.items():
             settings = ", ".join(f"{key} {value}" for key, value in entry.items())
             print(f"model {name} {version}: {settings}")
+    for key, why in chosen.get("refused", {}).items():
+        print(f"model {key} refused: {why}")
     print(
         f"job_queue_size {chosen['job_queue_size']}; torch threads per worker {chosen['torch_threads']}"
     )
@@ -52,8 +74,8 @@ def print_sizing(server: Server) -> None:
         print(f"  why: {reason}")
 
 
-def query(command: str, server: Server, kind: str) -> int:
-    """stop, status, key, url, predict-url on an instance that has a state folder."""
+def query(command: str, server: Server, kind: str, model: str | None = None) -> int:
+    """stop, status, key, url, predict-url, models on an instance that has a state folder."""
     if command == "stop":
         stop(server)
         print("TorchServe stopped")
@@ -66,7 +88,9 @@ def query(command: str, server: Server, kind: str) -> int:
     elif command == "url":
         print(server.inference_url)
     elif command == "predict-url":
-        print(server.predict_url)
+        print(server.predict_url_for(model or server.model_name))
+    elif command == "models":
+        print("\n".join(server.model_names()))
     else:
         print(server.key(kind) or "")
     return 0
@@ -81,15 +105,23 @@ def main() -> int:
         "kind", nargs="?", default="inference", help="with key: inference, management or API"
     )
     parser.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR)
+    parser.add_argument(
+        "--models", help='start: "NAME[:VERSION]=DIR ..." to serve (default: model_store/bert.mar)'
+    )
+    parser.add_argument(
+        "--model-config", type=Path, help="start --models: the handler config of every model"
+    )
+    parser.add_argument("--precision", choices=PRECISION_CHOICES, help="start --models")
+    parser.add_argument("--model", help="predict-url: which model (default: the first)")
     args = parser.parse_args()
     state_dir = args.state_dir.resolve()
     try:
         if args.command == "start":
-            return start(state_dir)
+            return start(state_dir, args)
         if args.command == "stop" and not (state_dir / "config.properties").is_file():
             print("TorchServe is not running")
             return 0
-        return query(args.command, server_for(state_dir), args.kind)
+        return query(args.command, server_for(state_dir), args.kind, args.model)
     except ServerError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

@@ -86,6 +86,7 @@ def _load_service(
     manifest = {
         "model": {
             "modelName": "bert",
+            "modelVersion": "1.0",
             "configFile": "model-config.yaml",
             "handler": "bert_handler.py",
         }

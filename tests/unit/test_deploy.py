@@ -324,3 +324,45 @@ def test_the_proxy_fronts_torchserve_with_the_shipped_config(layout_config: dict
     assert f"listen {named_port(pod_container('proxy'), 'proxy')};" == proxy.POD_LISTEN
     assert proxy.POD_LISTEN in conf and proxy.POD_UPSTREAM in conf
     assert proxy.POD_UPSTREAM == f"server 127.0.0.1:{port(layout_config['inference_address'])};"
+
+
+def test_the_images_sizing_step_has_every_harness_module_it_imports() -> None:
+    """The entrypoint runs harness/sizing.py from the image's lib: each harness module it
+    imports (and they import) at module level is copied there by scripts/image.sh."""
+    import ast
+
+    copied = set(re.findall(r"harness/(\w+)\.py", (ROOT / "scripts" / "image.sh").read_text()))
+    needed, todo = set(), ["sizing"]
+    while todo:
+        module = todo.pop()
+        needed.add(module)
+        tree = ast.parse((ROOT / "harness" / f"{module}.py").read_text())
+        for node in tree.body:
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("harness."):
+                imported = node.module.split(".")[1]  # type: ignore[union-attr]
+                if imported not in needed:
+                    todo.append(imported)
+    assert needed <= copied, f"scripts/image.sh does not copy {sorted(needed - copied)}"
+
+
+def test_a_layout_of_several_models_holds_each_archive_and_serves_each(tmp_path: Path) -> None:
+    """make deploy-layout MODELS=...: every archive in model-store/, the config loading each
+    (default version first) with its own models= entry."""
+    from harness.models import parse_models, serving_overrides
+
+    store = tmp_path / "store"
+    store.mkdir()
+    specs = parse_models("sentiment=a toxicity:1=b toxicity:2=c")
+    models = serving_overrides(specs, {}) | {"model_store": str(store)}
+    for name in models["load_models"].split(","):
+        (store / name).write_bytes(b"mar")
+    out = deploy_layout.write_layout(tmp_path / "layout", models=models)
+    assert sorted(p.name for p in (out / "model-store").iterdir()) == [
+        "sentiment.mar",
+        "toxicity-v1.mar",
+        "toxicity-v2.mar",
+    ]
+    config = read_properties(out / "config" / "config.properties")
+    assert config["load_models"] == models["load_models"]
+    assert json.loads(config["models"]) == json.loads(models["models"])
+    assert config["model_store"] == f"{deploy_layout.MOUNT}/model-store"

@@ -160,3 +160,26 @@ def test_sub_batches_give_the_same_scores(tiny_worker) -> None:
     split = [body(a)["scores"] for a in predict(split_service, [Sent(t) for t in texts])]
     for one, other in zip(whole, split, strict=True):
         assert one == pytest.approx(other, abs=1e-4)
+
+
+def test_the_management_describe_answers_the_models_head_and_labels(service) -> None:
+    """TorchServe's GET /models/{name}/{version}?customized=true sends a lone request with a
+    ``describe: True`` header: it answers what `bert-serve models` lists, not a prediction."""
+    (answer,) = predict(service[0], [Sent(None, None, headers=(("describe", "True"),))])
+    assert answer.status == 200
+    described = body(answer)
+    assert 128 <= described.pop("max_batch_tokens") <= 64 * 128, "measured at the worker's start"
+    assert described | {"device": "cpu"} == {
+        "model": "bert",
+        "version": "1.0",
+        "architecture": "BertForSequenceClassification",
+        "head": "single_label",
+        "labels": ["negative", "positive"],
+        "score_function": "softmax",
+        "multi_label_threshold": None,
+        "max_length": 128,
+        "precision": "fp32",
+        "device": "cpu",
+    }
+    (plain,) = predict(service[0], [GOOD])
+    assert "label" in body(plain)

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from handler.inference import TextInput, classify, tokenize, with_options
-from handler.model import LoadedModel, load_model
+from handler.model import LoadedModel, head_kind, load_model
 from handler.scoring import ScoreFunction, ScoreOptions
 from handler.settings import HandlerSettings
 from tests.heads import HEADS, ITEMS, Reference, build_head_model, largest_difference
@@ -81,6 +81,7 @@ def test_scores_equal_the_pipeline_alone_together_and_in_length_groups(
     pairs included: the tokenizer handles them, as the pipeline's does)."""
     loaded, reference = models(kind, encoder)
     assert loaded.score_function is EXPECTED_FUNCTION[kind]
+    assert head_kind(loaded) == ("single_label" if kind == "pair" else kind)
     together, stats = classify(loaded, ITEMS, MAX_LENGTH, 100_000)
     grouped, grouped_stats = classify(loaded, ITEMS, MAX_LENGTH, MAX_LENGTH)
     assert len(stats.sub_batches) == 1 and len(grouped_stats.sub_batches) > 1

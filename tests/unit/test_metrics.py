@@ -81,17 +81,20 @@ def cache() -> MetricsCacheYamlImpl:
 def test_every_metric_is_declared_and_emitted(cache, caplog) -> None:
     """TorchServe drops undeclared metrics silently: each one must reach the [METRICS] log."""
     with caplog.at_level(logging.INFO):
-        MetricsEmitter(cache, "bert").emit(OUTCOMES, STATS)
+        MetricsEmitter(cache, "bert", "1.0").emit(OUTCOMES, STATS)
     emitted = "\n".join(r.getMessage() for r in caplog.records if "[METRICS]" in r.getMessage())
     for name in batch_metrics(OUTCOMES, STATS):
         assert f"[METRICS]{name}." in emitted, name
-    assert "ItemsRejected.Count:2|#Reason:empty_text,ModelName:bert,Level:Model" in emitted
+    assert (
+        "ItemsRejected.Count:2|#Reason:empty_text,ModelName:bert,ModelVersion:1.0,Level:Model"
+        in emitted
+    )
     for line in [
-        "HandlerSeconds.Seconds:0.03125|#ModelName:bert,Level:Model|#type:HISTOGRAM",
-        "ForwardSeconds.Seconds:0.012|#ModelName:bert,Level:Model|#type:HISTOGRAM",
-        "ForwardSeconds.Seconds:0.0075|#ModelName:bert,Level:Model|#type:HISTOGRAM",
-        "BatchSizeHundreds.Hundreds:0.05|#ModelName:bert,Level:Model|#type:HISTOGRAM",
-        "BatchTokensThousands.Thousands:0.2|#ModelName:bert,Level:Model|#type:HISTOGRAM",
+        "HandlerSeconds.Seconds:0.03125|#ModelName:bert,ModelVersion:1.0,Level:Model|#type:HISTOGRAM",
+        "ForwardSeconds.Seconds:0.012|#ModelName:bert,ModelVersion:1.0,Level:Model|#type:HISTOGRAM",
+        "ForwardSeconds.Seconds:0.0075|#ModelName:bert,ModelVersion:1.0,Level:Model|#type:HISTOGRAM",
+        "BatchSizeHundreds.Hundreds:0.05|#ModelName:bert,ModelVersion:1.0,Level:Model|#type:HISTOGRAM",
+        "BatchTokensThousands.Thousands:0.2|#ModelName:bert,ModelVersion:1.0,Level:Model|#type:HISTOGRAM",
     ]:
         assert line in emitted, line
     assert "could not emit" not in caplog.text
@@ -109,7 +112,7 @@ METRIC_PATTERN picks a line, ``Metric.PATTERN`` parses it (Java's ``matches``: w
 def test_each_update_is_a_line_the_frontend_parses(cache, caplog) -> None:
     """Through TorchServe's own metric objects: one line per update, in its format."""
     with caplog.at_level(logging.INFO):
-        MetricsEmitter(cache, "bert").emit(OUTCOMES, STATS)
+        MetricsEmitter(cache, "bert", "1.0").emit(OUTCOMES, STATS)
     lines = [r.getMessage() for r in caplog.records if "[METRICS]" in r.getMessage()]
     rejections = len(rejections_by_reason(OUTCOMES))
     observations = sum(map(len, batch_observations(OUTCOMES, STATS).values()))
@@ -125,14 +128,14 @@ def test_each_update_is_a_line_the_frontend_parses(cache, caplog) -> None:
         "ItemsRejected",
         "Count",
         "1",
-        "Reason:invalid_json,ModelName:bert,Level:Model",
+        "Reason:invalid_json,ModelName:bert,ModelVersion:1.0,Level:Model",
         "COUNTER",
     ) in parsed
     assert (
         "ForwardSeconds",
         "Seconds",
         "0.0075",
-        "ModelName:bert,Level:Model",
+        "ModelName:bert,ModelVersion:1.0,Level:Model",
         "HISTOGRAM",
     ) in parsed
 
@@ -159,7 +162,7 @@ def test_a_metrics_file_without_the_histograms_keeps_the_counters(tmp_path, capl
     metrics = MetricsCacheYamlImpl(config_file_path=str(path))
     metrics.initialize_cache()
     with caplog.at_level(logging.INFO):
-        emitter = MetricsEmitter(metrics, "bert")
+        emitter = MetricsEmitter(metrics, "bert", "1.0")
         for _ in range(3):
             emitter.emit(OUTCOMES, STATS)
     (warning,) = handler_warnings(caplog)
@@ -185,7 +188,7 @@ def test_a_broken_or_missing_cache_warns_once_and_never_fails_a_batch(caplog) ->
 
     for cache in (Broken(), None):
         caplog.clear()
-        emitter = MetricsEmitter(cache, "bert")
+        emitter = MetricsEmitter(cache, "bert", "1.0")
         for _ in range(3):
             emitter.emit(OUTCOMES, STATS)
         assert len(handler_warnings(caplog)) == 1, handler_warnings(caplog)
@@ -204,11 +207,14 @@ def test_a_metric_declared_with_other_dimensions_is_named_and_left_out(tmp_path,
     metrics = MetricsCacheYamlImpl(config_file_path=str(path))
     metrics.initialize_cache()
     with caplog.at_level(logging.INFO):
-        emitter = MetricsEmitter(metrics, "bert")
+        emitter = MetricsEmitter(metrics, "bert", "1.0")
         emitter.emit(OUTCOMES, STATS)
     (warning,) = handler_warnings(caplog)
     assert str(path) in warning and "1 of the handler's 14 metrics" in warning
-    assert "ItemsRejected (dimensions must be ['Reason', 'ModelName', 'Level'])" in warning
+    assert (
+        "ItemsRejected (dimensions must be ['Reason', 'ModelName', 'ModelVersion', 'Level'])"
+        in warning
+    )
     assert "[METRICS]Batches." in caplog.text and "[METRICS]ItemsRejected" not in caplog.text
 
 

@@ -68,3 +68,14 @@ def test_the_summary_shows_what_happened_between_two_scrapes() -> None:
     assert "handler p50 <= 50ms p99 <= 75ms" in text, text
     assert "batch size p50 <= 25 p99 <= 25" in text, text
     assert "forward -" in text and "batch tokens -" in text
+
+
+def test_a_models_series_are_read_apart_and_by_version() -> None:
+    """Two models, and two versions of one, on one server: each read on its own."""
+    text = "\n".join(
+        f'Batches{{ModelName="{model}",ModelVersion="{version}",Level="Model",Hostname="vm",}} {n}'
+        for model, version, n in (("nli", "1", 2.0), ("nli", "2", 5.0), ("toxicity", "1.0", 7.0))
+    )
+    assert parse_metrics(text, "nli") == {("Batches", ""): 7.0}
+    assert parse_metrics(text, "nli", "2") == {("Batches", ""): 5.0}
+    assert parse_metrics(text, "toxicity") == {("Batches", ""): 7.0}

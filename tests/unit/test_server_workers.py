@@ -49,7 +49,10 @@ def server(tmp_path: Path, listing: Listing) -> Iterator[Server]:
     (tmp_path / "tmp").mkdir()
     (tmp_path / "tmp" / ".model_server.pid").write_text(str(os.getpid()))
     with stub_server(management) as url:
-        yield Server(tmp_path, {"management_address": url, "inference_address": url})
+        models = json.dumps({"bert": {"1.0": {}}})
+        yield Server(
+            tmp_path, {"management_address": url, "inference_address": url, "models": models}
+        )
 
 
 @pytest.fixture

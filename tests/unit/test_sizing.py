@@ -168,3 +168,89 @@ def test_an_archive_without_a_model_is_not_measured(
     assert "job_queue_size" not in resolved.properties
     assert sizing.heap_mb_in(resolved.properties["vmargs"]) is None
     assert machine_of_8_cores == []
+
+
+@pytest.mark.parametrize(
+    ("machine", "models", "workers"),
+    [
+        (sizing.Machine(cores=2, memory_bytes=64 * GIB, gpus=0), 2, [1, 1]),
+        (sizing.Machine(cores=9, memory_bytes=64 * GIB, gpus=0), 2, [5, 4]),
+        (sizing.Machine(cores=16, memory_bytes=64 * GIB, gpus=0), 3, [6, 5, 5]),
+        (sizing.Machine(cores=16, memory_bytes=64 * GIB, gpus=2), 3, [2, 2, 2]),
+        # 8 workers of 1 GiB cannot fit in half of 6 GiB: 3 do, taken from the largest first
+        (sizing.Machine(cores=8, memory_bytes=6 * GIB, gpus=0), 2, [2, 1]),
+    ],
+)
+def test_models_share_the_cores_and_never_oversubscribe(
+    machine: sizing.Machine, models: int, workers: list[int]
+) -> None:
+    """Workers x threads stays within the cores: the cores are shared among the models."""
+    got, reasons = sizing.shared_workers(machine, [GIB] * models)
+    assert got == workers and reasons
+    if not machine.gpus:
+        assert sum(got) * sizing.threads_for(machine, sum(got)) <= machine.cores
+
+
+def test_more_models_than_cores_still_serve_each_and_say_so() -> None:
+    machine = sizing.Machine(cores=2, memory_bytes=64 * GIB, gpus=0)
+    got, reasons = sizing.shared_workers(machine, [GIB] * 3)
+    assert got == [1, 1, 1]
+    assert any("share cores" in reason for reason in reasons)
+
+
+def two_models(store: Path, broken: bool = False) -> dict[str, str]:
+    """A config serving ``a`` (two versions) and ``b`` from archives in ``store``."""
+    import zipfile
+
+    for name in ("a-v1.mar", "a-v2.mar", "b.mar"):
+        with zipfile.ZipFile(store / name, "w") as archive:
+            archive.writestr("model/config.json", "{}")
+    models = {
+        "a": {"1": {"marName": "a-v1.mar", "defaultVersion": True}, "2": {"marName": "a-v2.mar"}},
+        "b": {"1.0": {"marName": "b.mar", "minWorkers": 2, "maxWorkers": 2}},
+    }
+    return effective_properties(
+        {
+            "models": json.dumps(models),
+            "model_store": str(store),
+            "load_models": "a-v1.mar,a-v2.mar,b.mar",
+        }
+    )
+
+
+def test_each_model_is_measured_on_its_own_archive_and_the_cores_shared(
+    machine_of_8_cores: list[tuple[tuple[int, ...], int]], tmp_path: Path
+) -> None:
+    """8 cores, b states 2 workers: a's two versions share the other 6, one thread each; the
+    queue is the largest model's drain and the heap holds one per model."""
+    resolved = sizing.resolve(two_models(tmp_path), gpus=0)
+    models = json.loads(resolved.properties["models"])
+    workers = {f"{n}:{v}": e["minWorkers"] for n, vs in models.items() for v, e in vs.items()}
+    assert workers == {"a:1": 3, "a:2": 3, "b:1.0": 2}
+    assert resolved.torch_threads == 1
+    assert {e["batchSize"] for vs in models.values() for e in vs.values()} == {8}
+    assert len(machine_of_8_cores) == 3, "each archive measured"
+    assert resolved.properties["job_queue_size"] == str(3 * 46 * 60)
+    heap = sizing.heap_mb_in(resolved.properties["vmargs"])
+    assert heap == sizing.BASE_HEAP_MB + 3 * 3 * 46 * 60
+    assert not resolved.refused
+
+
+def test_a_model_that_cannot_be_measured_is_refused_and_the_others_served(
+    machine_of_8_cores: list[tuple[tuple[int, ...], int]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    measure = sizing.measured_rates
+
+    def failing(mar: str, *args: object) -> dict[int, float]:
+        if mar.endswith("a-v1.mar"):
+            raise ValueError("the model's config has no labels")
+        return measure(mar, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sizing, "measured_rates", failing)
+    resolved = sizing.resolve(two_models(tmp_path), gpus=0)
+    assert resolved.refused == {"a:1": "ValueError: the model's config has no labels"}
+    models = json.loads(resolved.properties["models"])
+    assert set(models["a"]) == {"2"} and models["a"]["2"]["defaultVersion"] is True
+    assert resolved.properties["load_models"] == "a-v2.mar,b.mar"

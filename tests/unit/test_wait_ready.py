@@ -42,3 +42,17 @@ def test_a_refused_folder_is_answered_with_its_one_line_reason() -> None:
     assert worker_load_error(log("Backend worker process died.")) == (
         "a worker died while loading the model"
     )
+
+
+def test_each_workers_error_is_told_apart_by_its_model() -> None:
+    """With several models, the worker tag (``W-<port>-<name>_<version>``) says whose worker
+    died, so that model alone is left out of the next start."""
+    from harness.server import worker_load_errors
+
+    other = "2026-11-23T20:31:02,118 [INFO ] W-9001-nli_2-stdout MODEL_LOG - "
+    text = log("loaded bert on cpu") + "".join(
+        other + line + "\n"
+        for line in ("Backend worker process died.", "ValueError: the weights are broken")
+    )
+    assert worker_load_errors(text) == {"nli_2": "ValueError: the weights are broken"}
+    assert worker_load_errors(log("loaded bert on cpu")) == {}
