@@ -19,7 +19,7 @@ LOCK      := requirements/server.lock
 
 BENCH     := $(VENV)/.bench-installed
 
-.PHONY: install lock model compare-training first-answer package serve stop status metrics smoke test test-client unit check bench check-defaults floor tune compare-precision chaos soak fuzz deploy-layout image image-test clean distclean FORCE
+.PHONY: install lock model compare-training first-answer package serve stop status metrics smoke test test-client unit check bench check-defaults models-share floor tune compare-precision chaos soak fuzz deploy-layout image image-test clean distclean FORCE
 
 ## install: .venv with the server and dev extras at the versions of requirements/server.lock
 ##        (TORCH=cuda for the CUDA build of torch; the CPU build otherwise)
@@ -116,6 +116,10 @@ bench: $(MAR) $(BENCH)
 ##        slower hardware: patient clients never refused, stated deadlines pay -> docs/bench/defaults.json
 check-defaults: $(MAR) $(BENCH)
 	$(PY) scripts/check_defaults.py --out docs/bench
+
+## models-share: two models on one server (32 clients each) against one alone -> docs/bench/models.json
+models-share: $(MAR) | $(STAMP)
+	$(PY) scripts/models_share.py --out docs/bench/models.json
 
 ## floor: TorchServe and LitServe serving a constant, a free forward and the real model at 1
 ##        and 8 clients, and a lone request taken apart -> docs/bench/floor.json

@@ -113,6 +113,9 @@ def test_defaults_check_runs_on_a_stand_in_model() -> None:
     assert levels["patient"]["refusals"] == 0, levels["patient"]["statuses"]
     assert 64 <= levels["stated"]["clients"] <= 256
     assert set(levels["stated"]["statuses"]) <= {"200", "504", "client_timeout"}
+    for level in levels.values():
+        assert set(level["cores"]) == {"frontend", "workers", "load_generator"}
+        assert level["cores"]["workers"] > 0 and level["cores"]["load_generator"] > 0
     assert set(result["bars"]) == {
         "patient_refusals",
         "stated_share_of_patient",
