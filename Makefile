@@ -58,8 +58,9 @@ first-answer: | $(STAMP)
 $(MAR_SOURCE): $(MODEL_DIR)/config.json FORCE | $(STAMP)
 	@$(PACKAGE) --stamp-only
 
+# --checked: the stamp's recipe, which always runs first, has just checked the folder.
 $(MAR): $(MAR_SOURCE) handler/*.py scripts/package.py harness/archive.py | $(STAMP)
-	$(PACKAGE)
+	$(PACKAGE) --checked
 
 ## package: rebuild the .mar (MODEL_DIR=path/to/hf-folder to serve your own model;
 ##        NAME=toxicity VERSION=2: model_store/toxicity.mar of that name and version)

@@ -59,6 +59,11 @@ def main() -> int:
     )
     parser.add_argument("--version", default=MODEL_VERSION, help="the model's version")
     parser.add_argument(
+        "--checked",
+        action="store_true",
+        help="skip the folder check: --stamp-only just ran it with these arguments (make does)",
+    )
+    parser.add_argument(
         "--stamp-only",
         action="store_true",
         help="only refresh the archive's .source stamp (rewritten when the source changed)",
@@ -79,7 +84,14 @@ def main() -> int:
         if update_stamp(stamp, source_record(model_dir, model_config, args.name, args.version)):
             print(f"{stamp.name}: the model folder or handler config changed; repackaging")
         return 0
-    archive = package(model_dir, args.export_path.resolve(), model_config, args.name, args.version)
+    archive = package(
+        model_dir,
+        args.export_path.resolve(),
+        model_config,
+        args.name,
+        args.version,
+        checked=args.checked,
+    )
     print(f"packaged {archive} ({archive.stat().st_size / 1e6:.1f} MB)")
     return 0
 

@@ -146,3 +146,38 @@ def test_packagings_at_the_same_time_do_not_mix(
         with zipfile.ZipFile(archive) as mar:
             assert mar.read("model/config.json") == (model_dir / "config.json").read_bytes()
             assert recorded_source(archive)["model_dir"] == str(model_dir)
+
+
+def test_make_checks_the_folder_once_and_stores_the_weights(
+    head_model_dir: Callable[..., Path], tmp_path: Path
+) -> None:
+    """make's .mar recipe packages with --checked (its --stamp-only step has just run the
+    folder check, which imports torch and transformers), and the archive stores its entries
+    rather than deflating them: deflating the weights took most of the archiver's time."""
+    archive = tmp_path / "store" / "bert.mar"
+    output = make_mar(archive, head_model_dir("single_label"))
+    assert "--stamp-only" not in output  # silent (@) in the Makefile
+    assert "--checked" in output
+    with zipfile.ZipFile(archive) as mar:
+        kinds = {info.filename: info.compress_type for info in mar.infolist()}
+    assert kinds["model/model.safetensors"] == zipfile.ZIP_STORED
+    assert set(kinds.values()) == {zipfile.ZIP_STORED}
+
+
+def test_make_refuses_a_folder_that_cannot_be_served(tmp_path: Path) -> None:
+    """--checked skips only a check that --stamp-only, which make always runs first, passed:
+    a folder without weights still stops make before anything is archived."""
+    folder = tmp_path / "no-weights"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"architectures": ["BertModel"]}))
+    archive = tmp_path / "store" / "bert.mar"
+    result = subprocess.run(
+        ["make", "--no-print-directory", str(archive), f"MAR={archive}", f"MODEL_DIR={folder}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode != 0
+    assert "cannot be served" in result.stderr and "no *.safetensors weights" in result.stderr
+    assert not archive.exists()
