@@ -54,7 +54,7 @@ class Architecture:
     model_class: str
     """The transformers class; its config is ``<prefix>Config``."""
     tokenizer: str
-    """The kind of tokenizer trained for it (for the README table)."""
+    """The kind of tokenizer trained for it (for the table in docs/own-model.md)."""
     build_tokenizer: Callable[[], Any]
     config: dict[str, Any]
     attention: str
