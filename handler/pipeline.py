@@ -1,9 +1,7 @@
 """The batch as a whole: decode each request, classify every valid text together, answer each.
 
-``answer_batch`` is what the TorchServe handler calls; it never raises. Each request gets
-exactly one ``Response``, at its own index, whatever its batch-mates sent. The wire protocols
-(``handler.protocol``) decode and render; this module only flattens their texts, classifies
-them and puts each outcome back at its place.
+``answer_batch`` never raises; each request gets exactly one ``Response``, at its own index.
+The wire protocols (``handler.protocol``) decode and render; this module never asks which.
 """
 
 from __future__ import annotations
@@ -95,12 +93,9 @@ def expire(
     now: float,
     pace: deadline.Pace | None = None,
 ) -> list[Decoded]:
-    """The decoded requests, each replaced by its ``deadline_exceeded`` refusal when the
-    deadline its client stated (``handler.deadline``) passed before the batch began or, with
-    a ``pace``, would fall before the batch is expected to end: the batch keeps the requests
-    with the latest deadlines that it can end in time (from the texts kept), so a batch too
-    large for its short deadlines is cut rather than refused whole. A refused request has
-    none of its texts tokenized or forwarded. Each deadline is read once."""
+    """The decoded requests, each replaced by its ``deadline_exceeded`` refusal when its
+    deadline passed before the batch began or, with a ``pace``, would pass before the batch
+    can end (the rules: docs/deadlines.md). Each deadline is read once."""
     dues = [deadline.deadline(request.headers, now) for request in requests]
     live = [
         _expired(d, f"passed {now - due:.3f} s before its batch began")
@@ -154,27 +149,39 @@ def _expired(decoded: Decoded, when: str) -> Decoded:
     return Decoded(decoded.protocol, Rejected(ErrorCode.DEADLINE_EXCEEDED, message))
 
 
-def valid_slots(requests: Sequence[Texts | Rejected]) -> list[tuple[Slot, TextInput]]:
-    """Every valid text (or pair) of the batch to classify with its place: (request index,
-    item index); the texts to explain are left to ``explain_slots``."""
-    return [
-        ((index, j), model_input(item))
-        for index, request in enumerate(requests)
-        if not isinstance(request, Rejected)
-        for j, item in enumerate(request.items)
-        if isinstance(item, ValidText) and item.explain is None
-    ]
-
-
-def explain_slots(requests: Sequence[Texts | Rejected]) -> list[tuple[Slot, ValidText]]:
-    """Every valid text of the batch to explain, with its place."""
+def text_slots(requests: Sequence[Texts | Rejected]) -> list[tuple[Slot, ValidText]]:
+    """Every valid text (or pair) of the batch with its place: (request index, item index)."""
     return [
         ((index, j), item)
         for index, request in enumerate(requests)
         if not isinstance(request, Rejected)
         for j, item in enumerate(request.items)
-        if isinstance(item, ValidText) and item.explain is not None
+        if isinstance(item, ValidText)
     ]
+
+
+def classify_slots(
+    slots: Sequence[tuple[Slot, TextInput]], classifier: Classifier
+) -> tuple[dict[Slot, ItemOutcome], BatchStats]:
+    """Every text in one call, each result at its place; a failure is a 500 for all of them."""
+    texts = [text for _, text in slots]
+    if not texts:
+        return {}, BatchStats()
+    try:
+        predictions, stats = classifier(texts)
+        if len(predictions) != len(texts):
+            raise AssertionError(
+                f"classifier returned {len(predictions)} predictions for {len(texts)} texts; this is a bug"
+            )
+        return {slot: p for (slot, _), p in zip(slots, predictions, strict=True)}, stats
+    except OutOfMemory:
+        logger.exception("classifying a batch of %d texts ran out of memory", len(texts))
+        message = "the device ran out of memory on this batch; retry later or with shorter texts"
+    except Exception:
+        logger.exception("classifying a batch of %d texts failed", len(texts))
+        message = "the model failed on this batch; retry later"
+    failure = Rejected(ErrorCode.INTERNAL_ERROR, message)
+    return {slot: failure for slot, _ in slots}, BatchStats(texts=len(texts))
 
 
 def explain_each(
@@ -236,36 +243,10 @@ def classify_valid(
     """Run every valid text of the batch (of every request and protocol) in one call and put
     each result back at its own place; also the request index of each text run. The texts
     to explain are explained one by one, after the predictions (``explain_each``)."""
-    slots = valid_slots(requests)
-    texts = [text for _, text in slots]
-    results: dict[Slot, ItemOutcome] = {}
-    stats = BatchStats()
-    if texts:
-        try:
-            predictions, stats = classifier(texts)
-            if len(predictions) != len(texts):
-                raise AssertionError(
-                    f"classifier returned {len(predictions)} predictions for {len(texts)} texts; this is a bug"
-                )
-            results = {
-                slot: prediction for (slot, _), prediction in zip(slots, predictions, strict=True)
-            }
-        except OutOfMemory:
-            logger.exception("classifying a batch of %d texts ran out of memory", len(texts))
-            failure = Rejected(
-                ErrorCode.INTERNAL_ERROR,
-                "the device ran out of memory on this batch; retry later or with shorter texts",
-            )
-            results = {slot: failure for slot, _ in slots}
-            stats = BatchStats(texts=len(texts))
-        except Exception:
-            logger.exception("classifying a batch of %d texts failed", len(texts))
-            failure = Rejected(
-                ErrorCode.INTERNAL_ERROR, "the model failed on this batch; retry later"
-            )
-            results = {slot: failure for slot, _ in slots}
-            stats = BatchStats(texts=len(texts))
-    to_explain = explain_slots(requests)
+    valid = text_slots(requests)
+    slots = [(slot, model_input(item)) for slot, item in valid if item.explain is None]
+    results, stats = classify_slots(slots, classifier)
+    to_explain = [(slot, item) for slot, item in valid if item.explain is not None]
     if to_explain:
         started = time.perf_counter()
         results.update(explain_each(to_explain, explainer))
@@ -287,21 +268,6 @@ def refuse(rejected: Rejected, request_id: str) -> Response:
     return FALLBACK.refuse(rejected, request_id)
 
 
-def run_batch(
-    requests: Sequence[IncomingRequest],
-    classifier: Classifier,
-    settings: HandlerSettings,
-    observe: BatchObserver | None = None,
-    now: float | None = None,
-    pace: deadline.Pace | None = None,
-    explainer: Explainer | None = None,
-) -> list[Response]:
-    """``answer_batch`` without the timing headers."""
-    return answer_batch(
-        requests, classifier, settings, observe, now=now, pace=pace, explainer=explainer
-    )[0]
-
-
 def answer_batch(
     requests: Sequence[IncomingRequest],
     classifier: Classifier,
@@ -315,13 +281,9 @@ def answer_batch(
     """One response per request, in order, and each request's timing headers
     (``handler.timings``); an unexpected failure answers 500 to this batch only.
 
-    ``observe`` sees every batch's outcomes and stats (the metrics); it must not raise.
-    ``received`` is the handler's ``time.perf_counter()`` when TorchServe handed it the batch;
-    ``now`` when the batch began (unix time; the clock by default), for the deadlines;
-    ``pace``, the worker's recent batch times, for the deadlines that would pass during it
-    (``expire``); the batch's time is recorded in it, unless it explained texts (their time
-    says nothing of the predictions' pace). ``explainer`` explains the texts of explanation
-    requests; without one they answer ``not_explainable``.
+    ``observe`` (the metrics) must not raise. ``received``: ``time.perf_counter()`` at
+    receipt; ``now``: unix time the batch began, for the deadlines. ``pace`` gets the batch's
+    time unless it explained texts (that time says nothing of the predictions' pace).
     """
     received = time.perf_counter() if received is None else received
     began = time.time() if now is None else now
