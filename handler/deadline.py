@@ -1,24 +1,9 @@
-"""When a request stops being worth working on, from what the worker can see: its headers.
+"""When a request stops being worth working on, from its headers (the rules: docs/deadlines.md).
 
-TorchServe 0.12 passes the worker no arrival time (docs/api.md, "Deadlines"): a handler sees
-headers and body only, and the moment the batch reaches it. So the queue time of a request is
-known exactly only from a stamp the request carries, set by its client or by a proxy in front:
-
-    header                          form                                 meaning
-    X-Request-Start                 t=<unix time> or <unix time>, in s,  when the request started
-                                    ms or us (told apart by magnitude)   (NGINX, Heroku, our client)
-    X-Request-Timeout               seconds, e.g. 0.4                    how long the client waits
-    grpc-timeout                    <digits><H|M|S|m|u|n>, e.g. 400m     the same, gRPC's spelling
-    x-envoy-expected-rq-timeout-ms  milliseconds                         the same, Envoy's
-
-The deadline is start + the client's wait. A request that states no wait is patient: the
-server cannot know a wait nobody stated, so it sets none. A relative wait without a start
-stamp says nothing either (the worker cannot see when the request arrived). A start stamp
-from the future (clock skew) counts as now.
-
-A request with a deadline is not worked on when it passed before its batch began, nor when
-it falls before the batch can end: ``Pace`` estimates how long the batch will take from the
-worker's recent batches.
+TorchServe 0.12 passes the worker no arrival time, so the deadline is the start stamp a client
+or proxy set (``X-Request-Start``) plus the wait its client states (``X-Request-Timeout``,
+``grpc-timeout`` or ``x-envoy-expected-rq-timeout-ms``); a request without both has none.
+``Pace`` estimates how long a batch will take from the worker's recent batches.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """The checks every wire protocol applies: media types, strict UTF-8, and one text's rules.
 
-What the worker receives for one request depends on how the client sent it:
-
-- a plain body (``text/plain``, JSON, no Content-Type, ...) arrives as ``{"body": ...}``
-  (``"data"`` on some paths); with ``decode_input_request=false`` in config.properties it
-  is always raw bytes, otherwise TorchServe may hand over a ``str`` or already-parsed JSON;
-- a form or multipart body is decoded by TorchServe's frontend into named fields.
-
-Nothing here raises for bad input: every outcome is a value.
+A plain body arrives as ``{"body": ...}`` (``"data"`` on some paths): raw bytes, or a ``str``
+or parsed JSON where TorchServe decodes it; a form body arrives as named fields. Nothing here
+raises for bad input: every outcome is a value.
 """
 
 from __future__ import annotations

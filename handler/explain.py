@@ -1,21 +1,10 @@
 """Explanations: which tokens made a label, one text at a time.
 
-The importances are those of TorchServe's stock Transformer handler, so its users can compare:
-Captum's ``LayerIntegratedGradients`` of the explained label's logit with respect to the output
-of the model's input embeddings layer (``model.get_input_embeddings()``, whatever the
-architecture names it), from a baseline of the same tokens with every token of the text replaced
-by the pad token (the special tokens stay), summed over the hidden size and L2-normalised.
-
-Each text is explained on its own (its steps batched ``internal_batch_size`` at a time), so an
-explanation does not depend on its batch-mates. A text's outcome is data: an ``Explanation``,
-or ``Rejected`` (a label the model does not have, steps over the cap, a text over
-``explain_max_tokens``); it never raises for bad input.
-
-Time: TorchServe kills a worker whose batch runs past ``responseTimeout`` and answers the whole
-batch "Worker died." (the stock handler's long texts). ``Budget`` keeps a batch's explanations
-within a share of it: it knows this worker's seconds per token-step (measured by one small
-explanation at start, then from every explanation), and a text whose estimate would pass what
-is left answers 413 ``explain_too_long`` at once, with the estimate, instead.
+The importances are those of TorchServe's stock Transformer handler (the method: docs/api.md,
+Explanations). Each text is explained alone, so its explanation does not depend on its
+batch-mates, and its outcome is data (``Explanation`` or ``Rejected``), never an exception for
+bad input. ``Budget`` keeps a batch's explanations within a share of ``responseTimeout``, past
+which TorchServe kills the worker and fails the whole batch (docs/handler.md).
 """
 
 from __future__ import annotations

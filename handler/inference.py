@@ -1,10 +1,8 @@
-"""Stages 2 and 3: tokenize the valid texts of a batch together, run them, score them.
+"""Tokenize the valid texts of a batch together, run them, score them.
 
-Texts and text pairs are tokenized once per batch without padding, then grouped by length
-into sub-batches whose padded size (rows x longest row) stays under ``max_batch_tokens``, so
-one long text does not make every short batch-mate pay for its padding. When the whole batch
-fits the budget it is one forward pass. Scores come from the logits by the model's score
-function (``handler.scoring``); per-request options are applied afterwards, per request.
+One tokenizer call per batch, unpadded; then groups by length whose padded size stays under
+``max_batch_tokens`` (docs/handler.md), so one long text does not make every short batch-mate
+pay for its padding. Per-request options are applied afterwards (``with_options``).
 """
 
 from __future__ import annotations

@@ -1,52 +1,9 @@
-"""Per-batch serving metrics, declared in TorchServe's metrics file, updated through its API.
+"""Per-batch serving metrics, updated through TorchServe's metrics API (``context.metrics``).
 
-Every name here must be declared under ``model_metrics`` in ``config/metrics.yaml`` with the
-same dimensions in the same order, or TorchServe drops it. A server started with another
-metrics file (TorchServe's default, a platform's) declares none of them: the emitter asks
-the cache once, at worker start, which ones it declares, warns once naming the file and the
-missing ones, and from then on emits only those (no lookup, no failure per batch). The counters
-are sums, so an operator derives rates and means in Prometheus, e.g. mean formed batch size =
-``rate(BatchItems) / rate(Batches)`` and padding efficiency =
-``rate(RealTokens) / rate(PaddedTokens)``.
-
-Every metric carries the model's name and version (``ModelName``, ``ModelVersion``), so one
-server of several models, or of two versions of one, reports each apart.
-
-    metric            dimensions (all end ModelName, ModelVersion, Level)   per batch, adds
-    Batches                                 1
-    BatchItems                              requests in the batch (a list request is one)
-    SubBatches                              forward passes run
-    ItemsAccepted                           texts classified (each text of a list counts)
-    ItemsRejected     Reason, ...           requests or texts rejected, by error code;
-                                            Reason=deadline_exceeded counts the requests
-                                            whose stated deadline passed before their
-                                            batch began or would pass before it ends
-                                            (none of their texts was forwarded)
-    ItemsTruncated                          texts cut at max_length
-    RealTokens                              tokens of the texts
-    PaddedTokens                            tokens the forward passes computed
-    TokenizeMs                              tokenization time
-    ForwardMs                               forward time
-
-The histograms draw distributions (p50, p99). TorchServe 0.12 gives every histogram the
-Prometheus client's default buckets, 0.005 0.01 0.025 0.05 0.075 0.1 0.25 0.5 0.75 1 2.5 5
-7.5 10 (+Inf), and no way to choose others, so each value is scaled to land in them: times in
-seconds (5 ms to 10 s), batch size in hundreds of requests (1, 2.5, 5, 7.5, 10, 25, 50, 75, 100
-requests), batch tokens in thousands (5 tokens to 10,000). The cost: nothing under 5 ms is
-resolved (on a GPU, forwards under 5 ms all fall in the first bucket), and a quantile read from the
-buckets is interpolated within one bucket (between 0.25 and 0.5 s, say). One observation per
-batch (per forward pass for ForwardSeconds), never one per request: every request of a batch
-gets its answer when the batch ends, so HandlerSeconds counts batches, not requests.
-
-    histogram             per batch, observes (dimensions: ModelName, ModelVersion, Level)
-    HandlerSeconds        receipt of the batch -> its outcomes, seconds
-    ForwardSeconds        each forward pass, seconds
-    BatchSizeHundreds     requests in the batch / 100
-    BatchTokensThousands  tokens its forward passes computed (padded) / 1000
-
-Each update goes through TorchServe's metrics API: the declared metric from
-``context.metrics.get_metric`` and its ``add_or_update(value, dimension_values)``, which writes
-the line the frontend reads.
+What each counter adds and each histogram observes, and why histogram values are scaled
+(TorchServe's fixed default buckets): docs/handler.md, Metrics. Every name must be declared
+under ``model_metrics`` in ``config/metrics.yaml`` with the same dimensions in the same order,
+or TorchServe drops it; the emitter checks once at worker start and emits only those declared.
 """
 
 from __future__ import annotations

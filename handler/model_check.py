@@ -1,25 +1,10 @@
 """Can this Hugging Face folder be served? One check, run by ``make package`` and at worker start.
 
 ``inspect_folder`` reads only ``config.json`` and the tokenizer (never the weights) and answers
-every problem it finds as data (``Problem``: what is wrong and how to fix it), so
-``scripts/package.py`` refuses a folder in seconds with the same reasons the worker would give
-after minutes. The rules:
-
-- weights in ``*.safetensors`` (pickled weights are never loaded);
-- a fast tokenizer (``tokenizer.json``, or files transformers converts into one), with no more
-  tokens than the model embeds;
-- ``config.json`` names a ``*ForSequenceClassification`` architecture that this transformers
-  has, with ``id2label``;
-- ``max_length`` fits the model's positions (RoBERTa-style models number positions after the
-  pad id, so 514 positions hold 512 tokens);
-- the tokenizer has a pad token, and it is the pad id of the model config: the handler pads
-  every row on the right with it, and RoBERTa-style models find padding (and compute positions)
-  from that id, so a tokenizer whose pad differs was not saved with this model;
-- the attention setting: ``auto`` takes ``sdpa`` where the architecture has it and its own
-  ("eager") implementation where not; ``sdpa`` on an architecture without it is refused.
-
-At worker start ``padding_difference`` also runs the loaded model once on a short text alone
-and padded beside a long one: a model whose scores move with its batch-mates is refused.
+every problem as data (``Problem``: what is wrong and how to fix it), so ``scripts/package.py``
+refuses a folder in seconds with the reasons the worker would give after minutes. The rules
+and why: docs/model.md, "What a model folder must hold". At worker start
+``padding_difference`` also refuses a model whose logits move when padded beside a long text.
 """
 
 from __future__ import annotations

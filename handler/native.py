@@ -1,21 +1,9 @@
-"""The handler's own protocol, with KServe v1's ``{"instances": [...]}``.
+"""The handler's own protocol, with KServe v1's ``{"instances": [...]}``: one text (raw body,
+form field or ``{"text": ...}``) answered with its own status, or a list answered 200 with an
+entry per text; on the explanation routes the same bodies are explained. Shapes: docs/api.md.
 
-    one text   a raw UTF-8 body, a form field ``text`` (and ``text_pair``), or JSON
-               {"text": "...", "text_pair": "...", "top_k": k, "raw_scores": bool}
-               -> {"label", "score", "scores", "truncated", ["labels"], "request_id"}
-    a list     {"texts": [...]} -> {"results": [...]}; {"instances": [...]} (KServe v1)
-               -> {"predictions": [...]}; an item is a string or {"text", "text_pair"},
-               and each is answered on its own: a prediction or {"error": {...}}
-    refused    {"error": {"code", "message"}, "request_id"} with the code's status
-
-On ``/explanations/{model}`` and KServe v1's ``:explain`` (``handler.protocol.is_explanation``)
-the same bodies are explained instead: one text -> {"words", "importances", "delta", "label",
-"score", "truncated", "n_steps", "request_id"}; a list answers them under "results" (texts) or
-"explanations" (instances). JSON may add ``"target"`` (a label or class index) and
-``"n_steps"`` (``handler.explain``).
-
-A bare form body without ``name=value`` pairs (what ``curl -d "some text"`` sends) arrives as
-no field at all, so the text is gone before the handler runs; the 400 says how to send it.
+A bare form body without ``name=value`` pairs (``curl -d "some text"``) arrives as no field at
+all, so the text is gone before the handler runs; the 400 says how to send it.
 """
 
 from __future__ import annotations

@@ -1,33 +1,10 @@
 """The Open Inference Protocol (KServe v2) REST inference request, in the same batch as the rest.
 
-TorchServe routes ``POST /v2/models/{model}/infer`` to this handler with the body unchanged
-(its own ``kservev2`` envelope reads only the first request of a batch). A v2 request is a
-JSON object with an ``"inputs"`` key; its texts join the TorchServe batch like a list request's.
-
-    request   {"id": "...",                                        optional
-               "inputs": [{"name": "text", "datatype": "BYTES", "shape": [n] or [n, 1],
-                           "data": ["...", ...]},                   n texts, flat or nested
-                          {"name": "text_pair", ...}],              optional, same shape
-               "outputs": [{"name": "label"}, ...],                 optional: which, in order
-               "parameters": {...}}                                 optional, ignored
-    response  {"model_name": "...", "id": <the request's id, else the request id>,
-               "outputs": [{"name": "label", "datatype": "BYTES", "shape": [n], "data": [...]},
-                           {"name": "scores", "datatype": "FP32", "shape": [n, num_labels],
-                            "parameters": {"labels": "<JSON array: the columns' labels>"}, ...},
-                           {"name": "truncated", "datatype": "BOOL", "shape": [n], ...}]}
-    error     {"error": "<code>: <message>"}, with the status of the code (handler/errors.py)
-
-The protocol has no per-item error, so a bad text (empty, too long, not a string) rejects its
-whole v2 request and the message names its index, e.g. ``text[3]``. The other requests of the
-TorchServe batch are not affected. Outputs are always JSON (a ``binary_data_output`` parameter
-is ignored, which the protocol allows); binary tensor data in the request (the
-``Inference-Header-Content-Length`` header) is not supported and answers 400.
-
-TorchServe tells the handler nothing about the route except that ``/predictions`` requests
-carry a ``url_path`` header and KServe's routes (v1 ``:predict`` and v2 ``/infer``) carry an
-``explain`` header without it. On those routes the body is JSON by protocol, so a missing
-Content-Type means JSON (tritonclient sends none; ``handler.protocol.route_content_type``);
-any other Content-Type there answers 400.
+TorchServe routes ``POST /v2/models/{model}/infer`` here with the body unchanged (its own
+``kservev2`` envelope reads only the first request of a batch). A JSON object with
+``"inputs"`` is claimed, and its texts join the batch like a list request's; the request and
+answer shapes are in docs/api.md. The protocol has no per-item error, so a bad text rejects
+its whole v2 request, and the message names its index (``text[3]``).
 """
 
 from __future__ import annotations

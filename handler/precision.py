@@ -1,16 +1,10 @@
 """The precision of the forward pass: which one this hardware can run, and how it is applied.
 
-``fp32`` is exact and runs everywhere. ``bf16`` needs a CPU that computes in bf16 natively
-(AVX-512 BF16 or AMX on x86, the BF16 extension on Arm) or a CUDA GPU that supports it;
-elsewhere PyTorch would emulate it, slower than fp32. ``fp16`` is for CUDA only (CPUs have
-no fast fp16 matmuls for this model). A precision the hardware cannot honour fails at worker
-start with the reason, instead of serving slowly or wrongly.
-
-How it is applied, as measured on this project's CPU (AVX-512 BF16 and AMX; see
-docs/bench/README.md): on the CPU the weights are cast to bf16 (oneDNN's bf16 kernels; faster
-than autocast, which converts the fp32 weights on every call, at the same accuracy); on CUDA the forward runs under autocast,
-which keeps the numerically sensitive ops (softmax, layer norm) in fp32. Either way the
-logits leave the forward as float32, so scoring is the same code for every precision.
+A precision the hardware cannot run natively (``bf16`` without native bf16, ``fp16`` off
+CUDA) fails at worker start with the reason, instead of serving slowly. On the CPU the weights
+are cast (oneDNN's bf16 kernels beat autocast, which converts the fp32 weights on every call;
+docs/bench/README.md); on CUDA the forward runs under autocast, which keeps softmax and layer
+norm in fp32. The logits leave as float32 either way, so scoring is the same code.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""What every wire protocol shares: the request as delivered, the values, and the interface.
-
-A wire protocol (``handler.native``: ours and KServe v1; ``handler.open_inference``: KServe
-v2) is one module with one object behind ``WireProtocol``: ``decode`` turns a request into
-its texts (each valid or refused on its own) or refuses it whole; ``render`` answers the
-texts' outcomes, in order; ``refuse`` answers a request refused whole. The pipeline only
-flattens the texts, classifies them and puts the outcomes back; it never asks which
-protocol it holds (after LitServe's ``LitSpec`` hooks). ``handler.pipeline.PROTOCOLS`` lists
-them in the order they are asked.
+"""What every wire protocol shares: the request as delivered, the values, and ``WireProtocol``,
+the interface each protocol module implements (after LitServe's ``LitSpec`` hooks; the method
+table: docs/handler.md). ``handler.pipeline.PROTOCOLS`` lists them in the order they are asked.
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """From logits to scores: which function a model's head needs, and the per-request options.
 
 The function follows transformers' ``pipeline("text-classification")``, the reference the
-answers are tested against:
-
-    problem_type                          num_labels   function
-    "regression"                          any          none (the raw value)
-    "multi_label_classification"          any          sigmoid per label
-    "single_label_classification" / none  1            sigmoid
-    "single_label_classification" / none  2 or more    softmax across labels
-
-A model whose config has no ``problem_type`` says nothing about its head; for those the
-``score_function`` handler setting may pick another function (say sigmoid for a multi-label
-model saved without its problem type). A setting that contradicts a stated problem type is
-refused at start: the config, not the setting, would be right about the model's training.
+answers are tested against (``pipeline_function``). For a config with no ``problem_type`` the
+``score_function`` setting may pick another; one that contradicts a stated problem type is
+refused at start, since the config, not the setting, knows how the model was trained.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Handler settings: one frozen object, built once at worker start from the model config.
-
-The source is the ``handler:`` section of ``config/model-config.yaml``, which
-torch-model-archiver packs into the .mar and TorchServe hands to the worker as
-``context.model_yaml_config["handler"]``. Batch size, batch delay and workers are not
-handler settings: they live in ``config/config.properties`` only.
+"""Handler settings: one frozen object, built once at worker start from the ``handler:``
+section of ``config/model-config.yaml`` (TorchServe hands it to the worker as
+``context.model_yaml_config["handler"]``). Batch size, delay and workers are TorchServe's.
 """
 
 from __future__ import annotations
