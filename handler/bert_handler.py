@@ -25,13 +25,7 @@ from handler.inference import BatchStats, Explanation, Prediction, TextInput, cl
 from handler.metrics import MetricsEmitter
 from handler.model import LoadedModel, description, load_model
 from handler.pipeline import answer_batch, refuse
-from handler.protocol import (
-    JSON_MEDIA,
-    IncomingRequest,
-    Rejected,
-    header_value,
-    route_content_type,
-)
+from handler.protocol import JSON_MEDIA, IncomingRequest, Rejected, header_value, route_content_type
 from handler.scoring import ExplainOptions
 from handler.settings import HandlerSettings
 
@@ -99,12 +93,7 @@ class BertHandler(BaseHandler):  # type: ignore[misc]
         self.initialized = True
 
     def classify(self, texts: Sequence[TextInput]) -> tuple[list[Prediction], BatchStats]:
-        return classify(
-            self.loaded,
-            texts,
-            self.settings.max_length,
-            self.loaded.max_batch_tokens,
-        )
+        return classify(self.loaded, texts, self.settings.max_length, self.loaded.max_batch_tokens)
 
     def explain_texts(
         self, items: Sequence[tuple[TextInput, ExplainOptions]]

@@ -44,18 +44,13 @@ class Prediction:
 
 @dataclass(frozen=True)
 class Explanation:
-    """Which tokens made a label (``handler.explain``), in the stock handler's field names."""
+    """Which tokens made a label (``handler.explain``; the fields: docs/api.md, Explanations)."""
 
     words: list[str]
-    """The tokens as the tokenizer split them, special tokens included."""
     importances: list[float]
-    """One per token: its attribution summed over the hidden size, the vector L2-normalised."""
     delta: float
-    """Captum's convergence delta: how far the attributions' sum is from the logit's change."""
     label: str
-    """The label explained."""
     score: float
-    """Its score, by the model's score function."""
     truncated: bool
     n_steps: int
 
@@ -75,7 +70,6 @@ class BatchStats:
     forward_started: list[float] = field(default_factory=list)
     """Each sub-batch's forward start, ``time.perf_counter()`` seconds."""
     sub_batch_forward_ms: list[float] = field(default_factory=list)
-    sub_batch_padded_tokens: list[int] = field(default_factory=list)
     sub_batch_of: list[int] = field(default_factory=list)
     """For each text, in the order given, the sub-batch it was forwarded in."""
     handler_ms: float = 0.0
@@ -86,14 +80,9 @@ class BatchStats:
 
 
 def tokenize(tokenizer: Any, texts: Sequence[TextInput], max_length: int) -> list[TokenizedText]:
-    """One tokenizer call for the whole batch, singles and pairs mixed, not padded.
-
-    The fast tokenizer's Rust backend takes a mixed batch of texts and (text, text_pair)
-    tuples in one ``encode_batch``. Truncation is what transformers applies for
-    ``truncation=True``: ``longest_first`` at ``max_length``, on the tokenizer's side, so
-    a pair loses tokens from whichever of its texts is longer at each step. The backend is
-    reconfigured on every call, as transformers itself does before each encode.
-    """
+    """One call of the Rust backend for the whole batch, singles and pairs mixed, not padded,
+    truncated as transformers' ``truncation=True`` does (``longest_first`` at ``max_length``).
+    The backend is reconfigured on every call, as transformers does before each encode."""
     backend = tokenizer.backend_tokenizer
     backend.enable_truncation(
         max_length, strategy="longest_first", direction=tokenizer.truncation_side
@@ -168,10 +157,8 @@ def to_prediction(
 
 
 def with_options(prediction: Prediction, options: ScoreOptions) -> Prediction:
-    """The prediction as one request asked for it: logits or scores, top k or every label.
-
-    ``label`` and ``labels`` stay the model's decision; only ``score`` and ``scores`` change.
-    """
+    """The prediction as one request asked for it: logits or scores, top k or every label;
+    ``label`` and ``labels`` stay the model's decision."""
     if options == ScoreOptions():
         return prediction
     scores = prediction.scores
@@ -208,10 +195,7 @@ class OutOfMemory(RuntimeError):
 
 
 def classify(
-    loaded: LoadedModel,
-    texts: Sequence[TextInput],
-    max_length: int,
-    max_batch_tokens: int,
+    loaded: LoadedModel, texts: Sequence[TextInput], max_length: int, max_batch_tokens: int
 ) -> tuple[list[Prediction], BatchStats]:
     """Predictions in the order of ``texts``; may raise if the model fails."""
     stats = BatchStats(texts=len(texts))
@@ -240,7 +224,6 @@ def classify(
             ) from error
         stats.sub_batch_forward_ms.append((time.perf_counter() - forward_started) * 1000)
         stats.forward_started.append(forward_started)
-        stats.sub_batch_padded_tokens.append(input_ids.numel())
         group_scores = apply_score_function(loaded.score_function, group_logits)
         for index, raw, scored in zip(
             group, group_logits.tolist(), group_scores.tolist(), strict=True

@@ -85,15 +85,11 @@ def load_model(model_dir: Path, settings: HandlerSettings, gpu_id: int | None) -
     if precision == Plan(torch.float32, None):
         moved = padding_difference(model, tokenizer, device)
         if moved > PADDING_TOLERANCE:
-            raise ModelRefused(
-                model_dir,
-                [
-                    Problem(
-                        f"padding a text beside a longer one changes its logits by {moved:.3g}",
-                        "check the tokenizer's pad token and the attention setting",
-                    )
-                ],
+            problem = Problem(
+                f"padding a text beside a longer one changes its logits by {moved:.3g}",
+                "check the tokenizer's pad token and the attention setting",
             )
+            raise ModelRefused(model_dir, [problem])
     labels = label_names(model.config.id2label, model.config.num_labels, settings.labels)
     function, source = resolve_score_function(
         getattr(model.config, "problem_type", None), len(labels), settings.score_function
@@ -132,10 +128,7 @@ def load_model(model_dir: Path, settings: HandlerSettings, gpu_id: int | None) -
 
 
 def load_classifier(
-    model_dir: Path,
-    device: torch.device,
-    weights: torch.dtype,
-    attention: Attention,
+    model_dir: Path, device: torch.device, weights: torch.dtype, attention: Attention
 ) -> Any:
     """The model from safetensors only, on its device in eval mode."""
     model = AutoModelForSequenceClassification.from_pretrained(
@@ -153,12 +146,8 @@ def forward(
     attention_mask: torch.Tensor,
     token_type_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Float32 logits on the CPU, one row per input: one move to the device and one back.
-
-    On CUDA the host tensors are pinned (when enabled) so the copy can be asynchronous. The
-    forward runs in the precision's plan (``handler.precision``): bf16 weights on the CPU, or
-    autocast on CUDA; logits leave as float32 either way.
-    """
+    """Float32 logits on the CPU, one row per input, in the precision's plan: one move to the
+    device (pinned, so asynchronous, on CUDA when enabled) and one back."""
     device = loaded.device
     on_cuda = device.type == "cuda"
     inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
@@ -222,9 +211,7 @@ def measured_budget(loaded: LoadedModel, max_length: int, cap: int) -> tuple[int
 
 
 def head_kind(loaded: LoadedModel) -> str:
-    """What kind of classifier it is, as its scores read: ``multi_label`` (a sigmoid per label,
-    every label over the threshold answered), ``one_logit`` (one sigmoid score), ``regression``
-    (the raw value) or ``single_label`` (a softmax across labels)."""
+    """What kind of classifier it is, as its scores read."""
     if loaded.multi_label_threshold is not None:
         return "multi_label"
     if loaded.score_function is ScoreFunction.NONE:

@@ -113,14 +113,10 @@ def file_problems(model_dir: Path) -> list[Problem]:
         )
     if not list(model_dir.glob("*.safetensors")):
         pickled = sorted(p.name for p in model_dir.glob("*") if p.suffix in {".bin", ".pt", ".pth"})
+        only = f" (only pickled {', '.join(pickled)}, which is never loaded)" if pickled else ""
         problems.append(
             Problem(
-                "no *.safetensors weights"
-                + (
-                    f" (only pickled {', '.join(pickled)}, which is never loaded)"
-                    if pickled
-                    else ""
-                ),
+                "no *.safetensors weights" + only,
                 "convert once: AutoModelForSequenceClassification.from_pretrained(DIR)"
                 ".save_pretrained(DIR, safe_serialization=True)",
             )

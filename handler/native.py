@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from handler.decoding import (
@@ -153,9 +153,9 @@ def decode_body(
     body: Any, media: str, max_chars: int, max_texts: int, explaining: bool = False
 ) -> NativeRequest | Rejected:
     """A whole request body: JSON when the Content-Type says so, else UTF-8 text."""
+    if isinstance(body, bytes | bytearray | str) and not is_json(media):
+        return _explained(checked_text(body, max_chars), explaining, ExplainOptions())
     if isinstance(body, bytes | bytearray):
-        if not is_json(media):
-            return _explained(checked_text(body, max_chars), explaining, ExplainOptions())
         text = utf8(body)
         if isinstance(text, Rejected):
             return text
@@ -163,9 +163,6 @@ def decode_body(
             body = json.loads(text)
         except (ValueError, RecursionError) as error:
             return Rejected(ErrorCode.INVALID_JSON, f"the body is not valid JSON: {short(error)}")
-        return _text_from_json(body, max_chars, max_texts, explaining)
-    if isinstance(body, str) and not is_json(media):
-        return _explained(checked_text(body, max_chars), explaining, ExplainOptions())
     return _text_from_json(body, max_chars, max_texts, explaining)
 
 
@@ -340,22 +337,10 @@ def prediction_fields(prediction: Prediction) -> dict[str, Any]:
     return fields
 
 
-def explanation_fields(explanation: Explanation) -> dict[str, Any]:
-    """The stock handler's ``words``, ``importances`` and ``delta``, and what was explained."""
-    return {
-        "words": explanation.words,
-        "importances": explanation.importances,
-        "delta": explanation.delta,
-        "label": explanation.label,
-        "score": explanation.score,
-        "truncated": explanation.truncated,
-        "n_steps": explanation.n_steps,
-    }
-
-
 def outcome_fields(outcome: Prediction | Explanation) -> dict[str, Any]:
+    """An explanation answers every field it has, in order."""
     if isinstance(outcome, Explanation):
-        return explanation_fields(outcome)
+        return asdict(outcome)
     return prediction_fields(outcome)
 
 

@@ -37,10 +37,7 @@ from handler.timings import Headers, timing_headers
 
 logger = logging.getLogger(__name__)
 
-PROTOCOLS: tuple[WireProtocol[Any], ...] = (
-    open_inference.PROTOCOL,
-    native.PROTOCOL,
-)
+PROTOCOLS: tuple[WireProtocol[Any], ...] = (open_inference.PROTOCOL, native.PROTOCOL)
 """Asked in this order; the first that claims a request decodes and answers it. The last
 claims every request, and answers the failures no protocol could be asked about."""
 FALLBACK = PROTOCOLS[-1]
@@ -236,9 +233,7 @@ def _answered(valid: ValidText, result: ItemOutcome | None) -> ItemOutcome:
 
 
 def classify_valid(
-    requests: Sequence[Texts | Rejected],
-    classifier: Classifier,
-    explainer: Explainer | None = None,
+    requests: Sequence[Texts | Rejected], classifier: Classifier, explainer: Explainer | None = None
 ) -> tuple[list[Outcome], BatchStats, list[int]]:
     """Run every valid text of the batch (of every request and protocol) in one call and put
     each result back at its own place; also the request index of each text run. The texts

@@ -24,10 +24,7 @@ def milliseconds(value: float) -> str:
 
 
 def timing_headers(
-    requests: int,
-    text_owners: Sequence[int],
-    stats: BatchStats,
-    received: float,
+    requests: int, text_owners: Sequence[int], stats: BatchStats, received: float
 ) -> list[Headers]:
     """One set of headers per request. ``text_owners[k]`` is the request index of the k-th
     text the classifier was given; ``received`` the handler's ``perf_counter`` at receipt."""
@@ -35,10 +32,7 @@ def timing_headers(
     if len(stats.sub_batch_of) == len(text_owners) and stats.forward_started:
         for owner, sub_batch in zip(text_owners, stats.sub_batch_of, strict=True):
             forwarded[owner].add(sub_batch)
-    common = (
-        (COMPUTE_TIME, milliseconds(stats.handler_ms)),
-        (BATCH_SIZE, str(requests)),
-    )
+    common = ((COMPUTE_TIME, milliseconds(stats.handler_ms)), (BATCH_SIZE, str(requests)))
     headers: list[Headers] = []
     for sub_batches in forwarded:
         if not sub_batches:
