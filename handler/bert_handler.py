@@ -1,8 +1,5 @@
-"""TorchServe entry point: wires the pure stages of ``handler`` to TorchServe's context.
-
-torch-model-archiver puts this file at the root of the .mar (TorchServe imports it as
-``bert_handler``) and the ``handler`` package beside it, so both import the same modules
-the unit tests do. This module must define exactly one class: TorchServe looks it up.
+"""TorchServe entry point, at the root of the .mar beside the ``handler`` package: wires its
+pure stages to TorchServe's context. It must define exactly one class: TorchServe looks it up.
 """
 
 from __future__ import annotations
@@ -24,7 +21,7 @@ from handler.explain import Budget, explain_all
 from handler.inference import BatchStats, Explanation, Prediction, TextInput, classify
 from handler.metrics import MetricsEmitter
 from handler.model import LoadedModel, description, load_model
-from handler.pipeline import answer_batch, refuse
+from handler.pipeline import FALLBACK, answer_batch
 from handler.protocol import JSON_MEDIA, IncomingRequest, Rejected, header_value, route_content_type
 from handler.scoring import ExplainOptions
 from handler.settings import HandlerSettings
@@ -133,7 +130,7 @@ def _internal_errors(batch: Sequence[Any], context: Any) -> list[str]:
     failure = Rejected(ErrorCode.INTERNAL_ERROR, "the batch failed (server bug)")
     bodies = []
     for index in range(len(batch)):
-        response = refuse(failure, str(context.get_request_id(index)))
+        response = FALLBACK.refuse(failure, str(context.get_request_id(index)))
         context.set_response_status(response.status, response.phrase, index)
         context.set_response_content_type(index, JSON_MEDIA)
         bodies.append(response.body)

@@ -1,9 +1,6 @@
-"""When a request stops being worth working on, from its headers (the rules: docs/deadlines.md).
-
-TorchServe 0.12 passes the worker no arrival time, so the deadline is the start stamp a client
-or proxy set (``X-Request-Start``) plus the wait its client states (``X-Request-Timeout``,
-``grpc-timeout`` or ``x-envoy-expected-rq-timeout-ms``); a request without both has none.
-``Pace`` estimates how long a batch will take from the worker's recent batches.
+"""When a request stops being worth working on, from its headers (the rules: docs/deadlines.md):
+TorchServe 0.12 passes the worker no arrival time. ``Pace`` estimates how long a batch will
+take from the worker's recent batches.
 """
 
 from __future__ import annotations
@@ -73,10 +70,8 @@ PACE_STALE_S = 1.0
 @dataclass
 class Pace:
     """This worker's recent batches, as seconds of handling per valid text (a running
-    average; None until a batch with texts was timed). A batch's texts are answered together
-    when it ends, so a batch of n texts is expected to end n x this after it began. Taken per
-    text from batches of every size, the fixed cost of a batch makes large batches look a
-    little longer than they are: it errs toward refusing a request that would just make it."""
+    average; None until a batch with texts was timed): a batch of n texts is expected to end
+    n x this after it began, which errs toward refusing (docs/deadlines.md)."""
 
     seconds_per_text: float | None = None
     timed_at: float = float("-inf")

@@ -1,8 +1,7 @@
 """The checks every wire protocol applies: media types, strict UTF-8, and one text's rules.
 
-A plain body arrives as ``{"body": ...}`` (``"data"`` on some paths): raw bytes, or a ``str``
-or parsed JSON where TorchServe decodes it; a form body arrives as named fields. Nothing here
-raises for bad input: every outcome is a value.
+A plain body arrives as ``{"body": ...}`` (``"data"`` on some paths), a form body as named
+fields. Nothing here raises for bad input: every outcome is a value.
 """
 
 from __future__ import annotations

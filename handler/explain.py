@@ -1,10 +1,6 @@
-"""Explanations: which tokens made a label, one text at a time.
-
-The importances are those of TorchServe's stock Transformer handler (the method: docs/api.md,
-Explanations). Each text is explained alone, so its explanation does not depend on its
-batch-mates, and its outcome is data (``Explanation`` or ``Rejected``), never an exception for
-bad input. ``Budget`` keeps a batch's explanations within a share of ``responseTimeout``, past
-which TorchServe kills the worker and fails the whole batch (docs/handler.md).
+"""Explanations: which tokens made a label, one text at a time, as TorchServe's stock handler
+computes them (docs/api.md). ``Budget`` keeps a batch's explanations within a share of
+``responseTimeout``, past which TorchServe kills the worker and fails the whole batch.
 """
 
 from __future__ import annotations
@@ -65,8 +61,7 @@ def target_index(target: str | int | None, labels: tuple[str, ...], best: int) -
 
 
 BUDGET_SHARE = 0.5
-"""The share of ``responseTimeout`` a batch's explanations may take: the rest is for the
-batch's predictions and for the estimate's error (a busy machine, a longer text)."""
+"""Of ``responseTimeout``; the rest is for the batch's predictions and the estimate's error."""
 DEFAULT_RESPONSE_TIMEOUT_S = 120.0
 """TorchServe's own default, for a model config that sets none."""
 CALIBRATION_TEXT = "a short text to time one explanation step at worker start"
@@ -79,8 +74,7 @@ class Budget:
 
     seconds: float
     per_token_step: float | None = None
-    """Seconds per token per step: the explanations measured, smoothed (each new one weighs
-    0.3)."""
+    """Seconds per token per step, smoothed over the explanations measured."""
 
     @classmethod
     def for_timeout(cls, response_timeout_s: float | None) -> Budget:
@@ -135,9 +129,8 @@ def explain(
     settings: HandlerSettings,
     budget: Budget | None = None,
 ) -> Explanation | Rejected:
-    """One text's explanation, or why it has none; may raise if the model fails. With a
-    ``budget``, a text whose estimate exceeds its seconds is refused, and the time of the
-    one explained is recorded in it."""
+    """One text's explanation, or why it has none; may raise if the model fails. A text over
+    the ``budget`` is refused; an explained one's time is recorded in it."""
     steps = settings.explain_steps if options.n_steps is None else options.n_steps
     if steps > settings.explain_steps:
         return Rejected(

@@ -1,8 +1,6 @@
-"""Tokenize the valid texts of a batch together, run them, score them.
-
-One tokenizer call per batch, unpadded; then groups by length whose padded size stays under
-``max_batch_tokens`` (docs/handler.md), so one long text does not make every short batch-mate
-pay for its padding. Per-request options are applied afterwards (``with_options``).
+"""Tokenize the valid texts of a batch together, run them in groups by length whose padded
+size stays under ``max_batch_tokens`` (so a long text does not pad its short batch-mates),
+score them; per-request options are applied afterwards (``with_options``).
 """
 
 from __future__ import annotations

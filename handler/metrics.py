@@ -1,9 +1,6 @@
-"""Per-batch serving metrics, updated through TorchServe's metrics API (``context.metrics``).
-
-What each counter adds and each histogram observes, and why histogram values are scaled
-(TorchServe's fixed default buckets): docs/handler.md, Metrics. Every name must be declared
-under ``model_metrics`` in ``config/metrics.yaml`` with the same dimensions in the same order,
-or TorchServe drops it; the emitter checks once at worker start and emits only those declared.
+"""Per-batch serving metrics, through TorchServe's metrics API (what each one counts, and why
+histogram values are scaled: docs/handler.md). Each must be declared in config/metrics.yaml
+with the same dimensions in the same order, or TorchServe drops it.
 """
 
 from __future__ import annotations
@@ -108,15 +105,11 @@ class MetricsEmitter:
     here; a metrics failure never fails a batch."""
 
     def __init__(self, cache: Any, model_name: str, model_version: str = "") -> None:
-        self.model_name = model_name
-        self.model_version = model_version
-        self.counters: dict[str, Any] = {}
-        self.histograms: dict[str, Any] = {}
+        self.dimensions = [model_name, model_version, LEVEL]
+        self.declared: dict[str, Any] = {}
         missing = [*COUNTER_DIMENSIONS, *HISTOGRAMS]
         if cache is not None:
-            declared, missing = declared_metrics(cache)
-            self.counters = {n: m for n, m in declared.items() if n in COUNTER_DIMENSIONS}
-            self.histograms = {n: m for n, m in declared.items() if n in HISTOGRAMS}
+            self.declared, missing = declared_metrics(cache)
         if missing:
             source = getattr(cache, "config_file_path", None) or "no metrics cache"
             logger.warning(
@@ -141,15 +134,15 @@ class MetricsEmitter:
     ) -> list[tuple[Any, float, list[str]]]:
         """The batch's updates, (declared metric, value, dimension values): each counter's
         increment, each rejection reason's count, each histogram observation."""
-        dimensions = [self.model_name, self.model_version, LEVEL]
+        declared, dimensions = self.declared, self.dimensions
         updates: list[tuple[Any, float, list[str]]] = []
         for name, value in batch_metrics(outcomes, stats).items():
-            if name in self.counters:
-                updates.append((self.counters[name], value, dimensions))
-        if REJECTED in self.counters:
+            if name in declared:
+                updates.append((declared[name], value, dimensions))
+        if REJECTED in declared:
             for reason, count in rejections_by_reason(outcomes).items():
-                updates.append((self.counters[REJECTED], count, [reason, *dimensions]))
+                updates.append((declared[REJECTED], count, [reason, *dimensions]))
         for name, values in batch_observations(outcomes, stats).items():
-            if name in self.histograms:
-                updates += [(self.histograms[name], value, dimensions) for value in values]
+            if name in declared:
+                updates += [(declared[name], value, dimensions) for value in values]
         return updates

@@ -170,9 +170,8 @@ FIXED_SHARE = 0.1
 
 
 def pass_cost(loaded: LoadedModel, max_length: int, repeats: int = 3) -> tuple[float, float]:
-    """(fixed seconds, seconds per padded token) of one forward pass on this device, from a
-    pass of 8 tokens and one of 2 rows of ``max_length`` (the fastest of ``repeats`` each,
-    after a warm-up): a pass costs its fixed part plus its tokens."""
+    """(fixed seconds, seconds per padded token) of a forward pass on this device, from the
+    fastest of ``repeats`` passes of 8 tokens and of 2 rows of ``max_length``, after a warm-up."""
     pad = loaded.tokenizer.pad_token_id
 
     def seconds(rows: int, length: int) -> float:
@@ -193,9 +192,7 @@ def pass_cost(loaded: LoadedModel, max_length: int, repeats: int = 3) -> tuple[f
 
 def measured_budget(loaded: LoadedModel, max_length: int, cap: int) -> tuple[int, str]:
     """``max_batch_tokens`` for this model on this device, and why: the padded tokens at which
-    a pass's fixed cost is ``FIXED_SHARE`` of it. A larger pass saves little more, while a
-    group that large makes short texts pay for long ones' padding (a CPU's case); where the
-    fixed cost dominates (a GPU's), the budget reaches ``cap`` and a batch is one pass."""
+    a pass's fixed cost is ``FIXED_SHARE`` of it (a larger pass saves little more)."""
     fixed_s, per_token_s = pass_cost(loaded, max_length)
     if per_token_s <= 0:
         budget = cap

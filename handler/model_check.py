@@ -1,10 +1,6 @@
-"""Can this Hugging Face folder be served? One check, run by ``make package`` and at worker start.
-
-``inspect_folder`` reads only ``config.json`` and the tokenizer (never the weights) and answers
-every problem as data (``Problem``: what is wrong and how to fix it), so ``scripts/package.py``
-refuses a folder in seconds with the reasons the worker would give after minutes. The rules
-and why: docs/model.md, "What a model folder must hold". At worker start
-``padding_difference`` also refuses a model whose logits move when padded beside a long text.
+"""Can this Hugging Face folder be served? One check, run by ``make package`` and at worker start
+(the rules and why: docs/model.md). ``inspect_folder`` never reads the weights, so a folder is
+refused in seconds with every reason the worker would give after minutes.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""The handler's own protocol, with KServe v1's ``{"instances": [...]}``: one text (raw body,
-form field or ``{"text": ...}``) answered with its own status, or a list answered 200 with an
-entry per text; on the explanation routes the same bodies are explained. Shapes: docs/api.md.
-
-A bare form body without ``name=value`` pairs (``curl -d "some text"``) arrives as no field at
-all, so the text is gone before the handler runs; the 400 says how to send it.
+"""The handler's own protocol, with KServe v1's ``{"instances": [...]}``: one text answered
+with its own status, or a list answered 200 with an entry per text (shapes: docs/api.md); on
+the explanation routes the same bodies are explained.
 """
 
 from __future__ import annotations

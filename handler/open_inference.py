@@ -1,10 +1,6 @@
-"""The Open Inference Protocol (KServe v2) REST inference request, in the same batch as the rest.
-
-TorchServe routes ``POST /v2/models/{model}/infer`` here with the body unchanged (its own
-``kservev2`` envelope reads only the first request of a batch). A JSON object with
-``"inputs"`` is claimed, and its texts join the batch like a list request's; the request and
-answer shapes are in docs/api.md. The protocol has no per-item error, so a bad text rejects
-its whole v2 request, and the message names its index (``text[3]``).
+"""The Open Inference Protocol (KServe v2) REST inference request, in the same batch as the rest
+(shapes: docs/api.md). TorchServe passes the body unchanged; its own ``kservev2`` envelope
+would read only the first request of a batch.
 """
 
 from __future__ import annotations
@@ -109,10 +105,7 @@ def decode_infer(
     max_chars: int,
     max_texts: int,
 ) -> InferRequest | Rejected | None:
-    """The request as a v2 request, or None when it is not one (the usual decoding applies).
-
-    ``content_type`` is the one ``route_content_type`` gave, so JSON on KServe's routes.
-    """
+    """The request as a v2 request, or None when it is not one (the usual decoding applies)."""
     if header_value(headers, BINARY_HEADER) is not None:
         return Rejected(
             ErrorCode.INVALID_TYPE,

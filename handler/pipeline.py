@@ -258,11 +258,6 @@ def respond(protocol: WireProtocol[Any], outcome: Outcome, request_id: str) -> R
     return protocol.render(outcome.request, outcome.items, request_id)
 
 
-def refuse(rejected: Rejected, request_id: str) -> Response:
-    """A failure answered before any protocol was asked (the handler's last resort)."""
-    return FALLBACK.refuse(rejected, request_id)
-
-
 def answer_batch(
     requests: Sequence[IncomingRequest],
     classifier: Classifier,
@@ -273,13 +268,9 @@ def answer_batch(
     pace: deadline.Pace | None = None,
     explainer: Explainer | None = None,
 ) -> tuple[list[Response], list[Headers]]:
-    """One response per request, in order, and each request's timing headers
-    (``handler.timings``); an unexpected failure answers 500 to this batch only.
-
-    ``observe`` (the metrics) must not raise. ``received``: ``time.perf_counter()`` at
-    receipt; ``now``: unix time the batch began, for the deadlines. ``pace`` gets the batch's
-    time unless it explained texts (that time says nothing of the predictions' pace).
-    """
+    """One response per request, in order, and each one's timing headers; an unexpected failure
+    answers 500 to this batch only. ``received``: ``perf_counter()`` at receipt; ``now``: unix
+    time the batch began. ``pace`` gets the batch's time unless it explained texts."""
     received = time.perf_counter() if received is None else received
     began = time.time() if now is None else now
     try:

@@ -1,10 +1,6 @@
-"""The precision of the forward pass: which one this hardware can run, and how it is applied.
-
-A precision the hardware cannot run natively (``bf16`` without native bf16, ``fp16`` off
-CUDA) fails at worker start with the reason, instead of serving slowly. On the CPU the weights
-are cast (oneDNN's bf16 kernels beat autocast, which converts the fp32 weights on every call;
-docs/bench/README.md); on CUDA the forward runs under autocast, which keeps softmax and layer
-norm in fp32. The logits leave as float32 either way, so scoring is the same code.
+"""The precision of the forward pass: which one this hardware can run natively (else the
+worker fails at start, rather than serve slowly), and how: weights cast on the CPU (faster than
+autocast there: docs/bench/README.md), autocast on CUDA; the logits leave as float32 either way.
 """
 
 from __future__ import annotations
@@ -77,10 +73,8 @@ def cpu_flags_have_bf16(cpuinfo: str, machine: str) -> bool:
 
 
 def cpu_has_native_bf16() -> bool:
-    """torch's own CPU probes when it has them, else the kernel's CPU flags.
-
-    ``torch.backends.mkldnn``'s bf16 check is not used: it also answers yes for AVX-512
-    CPUs without bf16 instructions, where oneDNN emulates bf16."""
+    """torch's own CPU probes when it has them, else the kernel's CPU flags (not mkldnn's bf16
+    check: it also answers yes for AVX-512 CPUs without bf16 instructions)."""
     probes = [
         getattr(torch.cpu, name, None)
         for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")

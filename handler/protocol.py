@@ -80,15 +80,12 @@ class WireProtocol(Protocol[T]):
 
     def decode(self, request: IncomingRequest, settings: HandlerSettings) -> T | Rejected | None:
         """The request's texts, or its refusal; None when the request is not in this protocol."""
-        ...
 
     def render(self, decoded: T, outcomes: tuple[ItemOutcome, ...], request_id: str) -> Response:
         """The answer: ``outcomes`` has one prediction or error per item of ``decoded``."""
-        ...
 
     def refuse(self, rejected: Rejected, request_id: str) -> Response:
         """The answer to a request refused as a whole."""
-        ...
 
 
 def header_value(headers: Mapping[str, Any], name: str) -> str | None:

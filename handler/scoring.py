@@ -1,9 +1,5 @@
-"""From logits to scores: which function a model's head needs, and the per-request options.
-
-The function follows transformers' ``pipeline("text-classification")``, the reference the
-answers are tested against (``pipeline_function``). For a config with no ``problem_type`` the
-``score_function`` setting may pick another; one that contradicts a stated problem type is
-refused at start, since the config, not the setting, knows how the model was trained.
+"""From logits to scores: the function a model's head needs, as transformers' text-classification
+pipeline picks it (the reference the answers are tested against), and the per-request options.
 """
 
 from __future__ import annotations
