@@ -135,6 +135,10 @@ def to_prediction(
     multi_label_threshold: float | None = None,
 ) -> Prediction:
     """The best label, every label's score, and for a multi-label model the labels it gives."""
+
+    def by_label(values: Sequence[float]) -> dict[str, float]:
+        return {label: float(value) for label, value in zip(labels, values, strict=True)}
+
     best = max(range(len(scores)), key=lambda i: scores[i])
     given = None
     if multi_label_threshold is not None:
@@ -143,14 +147,10 @@ def to_prediction(
     return Prediction(
         label=labels[best],
         score=float(scores[best]),
-        scores={label: float(s) for label, s in zip(labels, scores, strict=True)},
+        scores=by_label(scores),
         truncated=truncated,
         labels=given,
-        raw_scores=(
-            None
-            if logits is None
-            else {label: float(s) for label, s in zip(labels, logits, strict=True)}
-        ),
+        raw_scores=None if logits is None else by_label(logits),
     )
 
 

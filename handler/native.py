@@ -36,10 +36,6 @@ from handler.scoring import ExplainOptions, ScoreOptions
 from handler.settings import HandlerSettings
 
 TEXT_PAIR_FIELD = "text_pair"
-TOP_K_OPTION = "top_k"
-RAW_SCORES_OPTION = "raw_scores"
-TARGET_OPTION = "target"
-N_STEPS_OPTION = "n_steps"
 TEXTS_FIELD = "texts"
 INSTANCES_FIELD = "instances"
 # A list arrives as ours ({"texts": [...]}) or as KServe's v1 protocol ({"instances": [...]});
@@ -195,14 +191,14 @@ def _text_from_json(
 
 def parse_options(document: dict[str, Any]) -> ScoreOptions | Rejected:
     """``top_k`` and ``raw_scores`` next to the text(s); a key that is present must be valid."""
-    top_k: Any = document.get(TOP_K_OPTION)
-    if TOP_K_OPTION in document and not (_is_whole_number(top_k) and top_k >= 1):
+    top_k: Any = document.get("top_k")
+    if "top_k" in document and not (_is_whole_number(top_k) and top_k >= 1):
         is_number = isinstance(top_k, int | float) and not isinstance(top_k, bool)
         shown = short(top_k, 40) if is_number else json_type(top_k)
         return Rejected(
             ErrorCode.INVALID_OPTION, f'"top_k" must be a whole number of at least 1, got {shown}'
         )
-    raw_scores = document.get(RAW_SCORES_OPTION, False)
+    raw_scores = document.get("raw_scores", False)
     if not isinstance(raw_scores, bool):
         return Rejected(
             ErrorCode.INVALID_OPTION,
@@ -216,13 +212,13 @@ def parse_options(document: dict[str, Any]) -> ScoreOptions | Rejected:
 def parse_explain_options(document: dict[str, Any]) -> ExplainOptions | Rejected:
     """``target`` (a label name or class index) and ``n_steps`` (a whole number >= 1) next to
     the text(s) of an explanation request; the cap on steps is the worker's (``explain``)."""
-    target = document.get(TARGET_OPTION)
+    target = document.get("target")
     if target is not None and not (isinstance(target, str) or _is_whole_number(target)):
         return Rejected(
             ErrorCode.INVALID_OPTION,
             f'"target" must be a label or a class index, got {json_type(target)}',
         )
-    steps = document.get(N_STEPS_OPTION)
+    steps = document.get("n_steps")
     if steps is not None and not (_is_whole_number(steps) and steps >= 1):
         shown = short(steps, 40) if isinstance(steps, int | float) else json_type(steps)
         return Rejected(

@@ -54,14 +54,7 @@ class OpenInference:
     def decode(
         self, request: IncomingRequest, settings: HandlerSettings
     ) -> InferRequest | Rejected | None:
-        decoded = decode_infer(
-            request.fields,
-            request.content_type,
-            request.headers,
-            request.model_name,
-            settings.max_chars,
-            settings.max_texts_per_request,
-        )
+        decoded = decode_infer(request, settings)
         if isinstance(decoded, InferRequest) and is_explanation(request.headers):
             return Rejected(
                 ErrorCode.NOT_EXPLAINABLE,
@@ -98,30 +91,25 @@ PROTOCOL: WireProtocol[InferRequest] = OpenInference()
 
 
 def decode_infer(
-    fields: Mapping[str, Any],
-    content_type: str | None,
-    headers: Mapping[str, Any],
-    model_name: str,
-    max_chars: int,
-    max_texts: int,
+    request: IncomingRequest, settings: HandlerSettings
 ) -> InferRequest | Rejected | None:
     """The request as a v2 request, or None when it is not one (the usual decoding applies)."""
-    if header_value(headers, BINARY_HEADER) is not None:
+    if header_value(request.headers, BINARY_HEADER) is not None:
         return Rejected(
             ErrorCode.INVALID_TYPE,
             f"binary tensor data ({BINARY_HEADER}) is not supported; send the tensors as JSON "
             "(tritonclient: set_data_from_numpy(..., binary_data=False))",
         )
-    media = media_type(content_type)
+    media = media_type(request.content_type)
     if not is_json(media):
-        if is_kserve_route(headers):
+        if is_kserve_route(request.headers):
             return Rejected(
                 ErrorCode.INVALID_TYPE,
                 f"KServe's v1 and v2 routes take JSON bodies (Content-Type: application/json "
                 f"or none), got {media!r}; binary tensor data is not supported",
             )
         return None
-    body = next((fields[key] for key in BODY_KEYS if key in fields), None)
+    body = next((request.fields[key] for key in BODY_KEYS if key in request.fields), None)
     if isinstance(body, str):
         body = body.encode("utf-8", "surrogatepass")
     if not isinstance(body, bytes | bytearray) or f'"{INPUTS_FIELD}"'.encode() not in body:
@@ -132,7 +120,9 @@ def decode_infer(
         return None
     if not isinstance(document, dict) or INPUTS_FIELD not in document:
         return None
-    return decode_infer_document(document, model_name, max_chars, max_texts)
+    return decode_infer_document(
+        document, request.model_name, settings.max_chars, settings.max_texts_per_request
+    )
 
 
 def decode_infer_document(

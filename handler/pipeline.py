@@ -107,25 +107,21 @@ def expire(
     # deadlines are kept first, each only if the batch kept so far and its texts can end
     # before its deadline (then every deadline kept before it holds too).
     kept = sum(n for n, due in zip(texts, dues, strict=True) if due is None)
+    waiting = {i: due for i, due in enumerate(dues) if due is not None and texts[i]}
     ends: dict[int, float] = {}
-    for index in sorted(
-        (i for i, due in enumerate(dues) if due is not None and texts[i]),
-        key=lambda i: dues[i] or 0.0,
-        reverse=True,
-    ):
-        ends[index] = now + pace.expected_s(kept + texts[index])
-        if ends[index] <= (dues[index] or 0.0):
+    for index in sorted(waiting, key=waiting.__getitem__, reverse=True):
+        end = now + pace.expected_s(kept + texts[index])
+        if end <= waiting[index]:
             kept += texts[index]
-            del ends[index]
+        else:
+            ends[index] = end
     if ends and not kept and pace.is_stale(now):
         # A batch that works on nothing times nothing: a pace inflated by one slow batch (the
         # first, cold one) would never come down. Once it is stale, the latest deadline is
         # worked on; more often would spend a forward pass on every refused batch of a spike.
-        del ends[max(ends, key=lambda index: dues[index] or 0.0)]
+        del ends[max(ends, key=waiting.__getitem__)]
     return [
-        _expired(
-            d, f"would pass {ends[index] - (dues[index] or 0.0):.3f} s before its batch could end"
-        )
+        _expired(d, f"would pass {ends[index] - waiting[index]:.3f} s before its batch could end")
         if index in ends
         else d
         for index, d in enumerate(live)

@@ -145,7 +145,8 @@ def wire(
     headers: dict[str, str] | None = None,
 ):
     body = document if isinstance(document, bytes) else json.dumps(document).encode()
-    return decode_infer({"body": body}, content_type, headers or {}, "bert", MAX_CHARS, 8)
+    request = IncomingRequest({"body": body}, content_type, "r", headers or {}, "bert")
+    return decode_infer(request, HandlerSettings(max_chars=MAX_CHARS, max_texts_per_request=8))
 
 
 def test_only_json_objects_with_inputs_are_v2_requests() -> None:
