@@ -1,6 +1,5 @@
 """TorchServe entry point, at the root of the .mar beside the ``handler`` package: wires its
-pure stages to TorchServe's context. It must define exactly one class: TorchServe looks it up.
-"""
+pure stages to TorchServe's context. It must define exactly one class: TorchServe looks it up."""
 
 from __future__ import annotations
 
@@ -71,9 +70,8 @@ class BertHandler(BaseHandler):  # type: ignore[misc]
 
     def initialize(self, context: Any) -> None:
         properties = context.system_properties
-        self.settings = HandlerSettings.from_mapping(
-            (context.model_yaml_config or {}).get("handler")
-        )
+        config = context.model_yaml_config or {}
+        self.settings = HandlerSettings.from_mapping(config.get("handler"))
         archive_dir = Path(properties["model_dir"])
         model_dir = archive_dir / MODEL_SUBDIR
         if not model_dir.is_dir():
@@ -84,8 +82,7 @@ class BertHandler(BaseHandler):  # type: ignore[misc]
         self.version = str(((context.manifest or {}).get("model") or {}).get("modelVersion", ""))
         self.metrics = MetricsEmitter(context.metrics, context.model_name, self.version)
         self.pace = Pace()
-        timeout = (context.model_yaml_config or {}).get("responseTimeout")
-        self.explain_budget = Budget.for_timeout(timeout)
+        self.explain_budget = Budget.for_timeout(config.get("responseTimeout"))
         self.explain_budget.calibrate(self.loaded, self.settings)
         self.initialized = True
 

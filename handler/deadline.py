@@ -1,7 +1,6 @@
 """When a request stops being worth working on, from its headers (the rules: docs/deadlines.md):
 TorchServe 0.12 passes the worker no arrival time. ``Pace`` estimates how long a batch will
-take from the worker's recent batches.
-"""
+take from the worker's recent batches."""
 
 from __future__ import annotations
 
@@ -54,8 +53,7 @@ def client_wait(headers: Mapping[str, Any]) -> float | None:
 
 
 def deadline(headers: Mapping[str, Any], now: float) -> float | None:
-    """The unix time after which the request is not worked on: its start plus the wait its
-    client states; None when it states no wait or carries no start stamp."""
+    """The request's start plus its client's stated wait (unix time); None without both."""
     start = start_time(headers)
     wait = None if start is None else client_wait(headers)
     return None if start is None or wait is None else min(start, now) + wait

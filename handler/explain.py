@@ -1,7 +1,6 @@
 """Explanations: which tokens made a label, one text at a time, as TorchServe's stock handler
 computes them (docs/api.md). ``Budget`` keeps a batch's explanations within a share of
-``responseTimeout``, past which TorchServe kills the worker and fails the whole batch.
-"""
+``responseTimeout``, past which TorchServe kills the worker and fails the whole batch."""
 
 from __future__ import annotations
 
@@ -35,8 +34,7 @@ def baseline_ids(tokenized: TokenizedText, pad_id: int) -> list[int]:
 
 
 def internal_batch_size(settings: HandlerSettings, max_batch_tokens: int, tokens: int) -> int:
-    """Steps per forward and backward pass: the setting, or as many rows of this text as
-    ``max_batch_tokens`` holds (the predictions' budget per pass), at least one."""
+    """Steps per pass: the setting, or as many rows of this text as ``max_batch_tokens`` holds."""
     if settings.explain_internal_batch_size:
         return settings.explain_internal_batch_size
     return max(1, max_batch_tokens // tokens)
@@ -101,8 +99,7 @@ def explain_all(
     settings: HandlerSettings,
     budget: Budget | None = None,
 ) -> list[Explanation | Rejected]:
-    """Each text explained alone, in order, within ``budget`` for them all (none: no bound);
-    a text the model fails on is that text's 500."""
+    """Each text explained alone, in order, within one ``budget``; a model failure is its 500."""
     left = None if budget is None else Budget(budget.seconds, budget.per_token_step)
     outcomes: list[Explanation | Rejected] = []
     for text, options in items:

@@ -1,7 +1,6 @@
 """Tokenize the valid texts of a batch together, run them in groups by length whose padded
 size stays under ``max_batch_tokens`` (so a long text does not pad its short batch-mates),
-score them; per-request options are applied afterwards (``with_options``).
-"""
+score them; per-request options are applied afterwards (``with_options``)."""
 
 from __future__ import annotations
 
@@ -79,8 +78,7 @@ class BatchStats:
 
 def tokenize(tokenizer: Any, texts: Sequence[TextInput], max_length: int) -> list[TokenizedText]:
     """One call of the Rust backend for the whole batch, singles and pairs mixed, not padded,
-    truncated as transformers' ``truncation=True`` does (``longest_first`` at ``max_length``).
-    The backend is reconfigured on every call, as transformers does before each encode."""
+    truncated as transformers' ``truncation=True`` does (reconfigured each call, as it does)."""
     backend = tokenizer.backend_tokenizer
     backend.enable_truncation(
         max_length, strategy="longest_first", direction=tokenizer.truncation_side
@@ -113,8 +111,7 @@ def plan_sub_batches(lengths: Sequence[int], max_batch_tokens: int) -> list[list
 
 
 def pad_rows(rows: Sequence[list[int]], pad_value: int) -> torch.Tensor:
-    """Rows padded on the right to the longest one, as a CPU tensor: one tensor built from
-    padded lists (a tensor per row costs 2-4x as much for a batch of 16)."""
+    """Rows right-padded to the longest, as one CPU tensor built from lists (2-4x faster)."""
     width = max(len(row) for row in rows)
     return torch.tensor([row + [pad_value] * (width - len(row)) for row in rows], dtype=torch.long)
 
@@ -173,8 +170,7 @@ def with_options(prediction: Prediction, options: ScoreOptions) -> Prediction:
 def model_inputs(
     loaded: LoadedModel, rows: Sequence[TokenizedText]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """One sub-batch padded to its longest row: ids, mask, and token types when the model
-    takes them (a single text's are all 0)."""
+    """A sub-batch padded to its longest row: ids, mask, and token types if the model uses them."""
     input_ids, attention_mask = collate(
         [row.input_ids for row in rows], loaded.tokenizer.pad_token_id
     )
@@ -188,8 +184,7 @@ def model_inputs(
 
 
 class OutOfMemory(RuntimeError):
-    """The device ran out of memory on this batch (its size and lengths); its cache is emptied,
-    so the worker goes on with the next batch."""
+    """The device ran out of memory on this batch; its cache is emptied, so the worker goes on."""
 
 
 def classify(

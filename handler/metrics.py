@@ -1,7 +1,6 @@
 """Per-batch serving metrics, through TorchServe's metrics API (what each one counts, and why
 histogram values are scaled: docs/handler.md). Each must be declared in config/metrics.yaml
-with the same dimensions in the same order, or TorchServe drops it.
-"""
+with the same dimensions in the same order, or TorchServe drops it."""
 
 from __future__ import annotations
 
@@ -79,8 +78,7 @@ def rejections_by_reason(outcomes: Sequence[Outcome]) -> dict[str, int]:
 
 
 def declared_metrics(cache: Any) -> tuple[dict[str, Any], list[str]]:
-    """Our counters and histograms the cache declares with our dimensions, and the names of
-    the others."""
+    """Our metrics the cache declares with our dimensions, and the names of the others."""
     from ts.metrics.metric_type_enum import MetricTypes
 
     wanted = [(name, MetricTypes.COUNTER, dims) for name, dims in COUNTER_DIMENSIONS.items()]
@@ -101,8 +99,7 @@ def declared_metrics(cache: Any) -> tuple[dict[str, Any], list[str]]:
 
 
 class MetricsEmitter:
-    """Updates one batch's metrics: only those TorchServe's cache declares, checked once
-    here; a metrics failure never fails a batch."""
+    """Updates the declared metrics (checked once, here); a metrics failure never fails a batch."""
 
     def __init__(self, cache: Any, model_name: str, model_version: str = "") -> None:
         self.dimensions = [model_name, model_version, LEVEL]
@@ -132,8 +129,7 @@ class MetricsEmitter:
     def updates(
         self, outcomes: Sequence[Outcome], stats: BatchStats
     ) -> list[tuple[Any, float, list[str]]]:
-        """The batch's updates, (declared metric, value, dimension values): each counter's
-        increment, each rejection reason's count, each histogram observation."""
+        """The batch's (declared metric, value, dimension values), counters first."""
         declared, dimensions = self.declared, self.dimensions
         updates: list[tuple[Any, float, list[str]]] = []
         for name, value in batch_metrics(outcomes, stats).items():

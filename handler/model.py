@@ -1,5 +1,4 @@
-"""Loading the classifier once per worker, after ``handler.model_check`` found the folder
-servable: weights from safetensors only, a fast tokenizer, the attention the model supports."""
+"""Loading the classifier once per worker, after ``handler.model_check`` found it servable."""
 
 from __future__ import annotations
 
@@ -43,8 +42,7 @@ class LoadedModel:
     uses_token_types: bool = False
     """The tokenizer's model inputs include token type ids (BERT yes; RoBERTa, DistilBERT no)."""
     max_batch_tokens: int = 0
-    """Padded tokens per forward pass (``handler.inference``): the setting, or measured at
-    load (``measured_budget``)."""
+    """Padded tokens per forward pass: the setting, or measured at load (``measured_budget``)."""
 
 
 def select_device(preference: str, gpu_id: int | None) -> torch.device:
@@ -221,8 +219,7 @@ def head_kind(loaded: LoadedModel) -> str:
 def description(
     loaded: LoadedModel, settings: HandlerSettings, name: str, version: str
 ) -> dict[str, Any]:
-    """What TorchServe's ``GET /models/{name}/{version}?customized=true`` answers as the
-    model's ``customizedMetadata`` (``bert-serve models``)."""
+    """The ``customizedMetadata`` of ``GET /models/{name}/{version}?customized=true``."""
     architectures = getattr(loaded.model.config, "architectures", None) or []
     return {
         "model": name,

@@ -1,7 +1,6 @@
 """The handler's own protocol, with KServe v1's ``{"instances": [...]}``: one text answered
 with its own status, or a list answered 200 with an entry per text (shapes: docs/api.md); on
-the explanation routes the same bodies are explained.
-"""
+the explanation routes the same bodies are explained."""
 
 from __future__ import annotations
 
@@ -38,11 +37,8 @@ from handler.settings import HandlerSettings
 TEXT_PAIR_FIELD = "text_pair"
 TEXTS_FIELD = "texts"
 INSTANCES_FIELD = "instances"
-# A list arrives as ours ({"texts": [...]}) or as KServe's v1 protocol ({"instances": [...]});
-# the answer puts its entries under the key that goes with the request's.
 LIST_ANSWER_KEYS = {TEXTS_FIELD: "results", INSTANCES_FIELD: "predictions"}
-EXPLANATIONS_KEY = "explanations"
-"""KServe v1's ``:explain`` answers its instances under this key."""
+"""Ours, and KServe v1's, whose ``:explain`` answers its instances under "explanations"."""
 FORM_MEDIA_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 DEFAULT_OPTIONS = ScoreOptions()
 
@@ -58,7 +54,7 @@ class TextList:
     @property
     def answer_key(self) -> str:
         if self.explaining and self.field == INSTANCES_FIELD:
-            return EXPLANATIONS_KEY
+            return "explanations"
         return LIST_ANSWER_KEYS[self.field]
 
 
@@ -107,8 +103,7 @@ def decode_request(
     max_texts: int,
     explaining: bool = False,
 ) -> NativeRequest | Rejected:
-    """Find the text of one request and validate it; ``explaining``: the request is on an
-    explanation route, so each valid text carries its ``ExplainOptions``."""
+    """Find the text of one request and validate it; explaining, with its ``ExplainOptions``."""
     media = media_type(content_type)
     for key in BODY_KEYS:
         if key in fields:
@@ -210,8 +205,7 @@ def parse_options(document: dict[str, Any]) -> ScoreOptions | Rejected:
 
 
 def parse_explain_options(document: dict[str, Any]) -> ExplainOptions | Rejected:
-    """``target`` (a label name or class index) and ``n_steps`` (a whole number >= 1) next to
-    the text(s) of an explanation request; the cap on steps is the worker's (``explain``)."""
+    """``target`` and ``n_steps``; the cap on steps is the worker's (``explain``)."""
     target = document.get("target")
     if target is not None and not (isinstance(target, str) or _is_whole_number(target)):
         return Rejected(
@@ -258,9 +252,7 @@ def _text_list(
     max_texts: int,
     options: ScoreOptions,
 ) -> TextList | Rejected:
-    """``{"texts": [...]}`` or ``{"instances": [...]}``: the list is checked as a whole, then
-    each item on its own. An item is a string or an object ``{"text": "...", "text_pair": "..."}``;
-    the request's options apply to every item."""
+    """``{"texts": [...]}`` or ``{"instances": [...]}``: the list as a whole, then each item."""
     if len(list_fields) > 1 or TEXT_FIELD in document:
         return Rejected(ErrorCode.INVALID_TYPE, 'send one of "text", "texts" or "instances"')
     if TEXT_PAIR_FIELD in document:

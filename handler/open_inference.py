@@ -1,7 +1,6 @@
 """The Open Inference Protocol (KServe v2) REST inference request, in the same batch as the rest
 (shapes: docs/api.md). TorchServe passes the body unchanged; its own ``kservev2`` envelope
-would read only the first request of a batch.
-"""
+would read only the first request of a batch."""
 
 from __future__ import annotations
 
@@ -67,8 +66,7 @@ class OpenInference:
     def render(
         self, decoded: InferRequest, outcomes: tuple[ItemOutcome, ...], request_id: str
     ) -> Response:
-        """The output tensors; one failed text fails the request (the protocol has no
-        per-item error)."""
+        """The output tensors; one failed text fails the request (no per-item error in v2)."""
         failed = next((item for item in outcomes if isinstance(item, Rejected)), None)
         if failed is not None:
             return self.refuse(failed, request_id)

@@ -56,8 +56,7 @@ Slot = tuple[int, int]
 Classifier = Callable[[Sequence[TextInput]], tuple[list[Prediction], BatchStats]]
 BatchObserver = Callable[[Sequence[Outcome], BatchStats], None]
 Explainer = Callable[[Sequence[tuple[TextInput, ExplainOptions]]], list[Explanation | Rejected]]
-"""The batch's texts to explain -> an explanation or error for each, in order
-(``handler.explain.explain_all``: each computed alone); it should not raise."""
+"""An explanation or error for each text, in order (``explain.explain_all``); should not raise."""
 
 
 @dataclass(frozen=True)
@@ -90,9 +89,8 @@ def expire(
     now: float,
     pace: deadline.Pace | None = None,
 ) -> list[Decoded]:
-    """The decoded requests, each replaced by its ``deadline_exceeded`` refusal when its
-    deadline passed before the batch began or, with a ``pace``, would pass before the batch
-    can end (the rules: docs/deadlines.md). Each deadline is read once."""
+    """Each request whose deadline passed, or with a ``pace`` would pass before the batch can
+    end, replaced by its ``deadline_exceeded`` refusal (the rules: docs/deadlines.md)."""
     dues = [deadline.deadline(request.headers, now) for request in requests]
     live = [
         _expired(d, f"passed {now - due:.3f} s before its batch began")
@@ -205,8 +203,7 @@ def model_input(valid: ValidText) -> TextInput:
 
 
 def assemble(index: int, request: Texts | Rejected, results: dict[Slot, ItemOutcome]) -> Outcome:
-    """Put the results back in the order of the request's texts, each answered with its
-    request's options."""
+    """The request's results in the order of its texts, each with its request's options."""
     if isinstance(request, Rejected):
         return request
     return ListOutcome(
@@ -231,9 +228,8 @@ def _answered(valid: ValidText, result: ItemOutcome | None) -> ItemOutcome:
 def classify_valid(
     requests: Sequence[Texts | Rejected], classifier: Classifier, explainer: Explainer | None = None
 ) -> tuple[list[Outcome], BatchStats, list[int]]:
-    """Run every valid text of the batch (of every request and protocol) in one call and put
-    each result back at its own place; also the request index of each text run. The texts
-    to explain are explained one by one, after the predictions (``explain_each``)."""
+    """Every valid text of the batch classified in one call, then those to explain, each result
+    at its own place; also the request index of each text classified."""
     valid = text_slots(requests)
     slots = [(slot, model_input(item)) for slot, item in valid if item.explain is None]
     results, stats = classify_slots(slots, classifier)
@@ -298,8 +294,7 @@ def answer_batch(
 
 
 RETRY_LATER = (("Retry-After", "1"),)
-"""On a ``deadline_exceeded`` refusal: the queue was too long; a second is the least the
-header can say (whole seconds), and the client adds its own jittered backoff."""
+"""On ``deadline_exceeded``: the least the header can say; the client adds jittered backoff."""
 
 
 def _is_expired(outcome: Outcome) -> bool:

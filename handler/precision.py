@@ -1,7 +1,6 @@
 """The precision of the forward pass: which one this hardware can run natively (else the
 worker fails at start, rather than serve slowly), and how: weights cast on the CPU (faster than
-autocast there: docs/bench/README.md), autocast on CUDA; the logits leave as float32 either way.
-"""
+autocast there: docs/bench/README.md), autocast on CUDA; the logits leave as float32 either way."""
 
 from __future__ import annotations
 
@@ -21,9 +20,7 @@ class Hardware:
     """What the worker's device can compute natively; injected in tests."""
 
     device_type: str
-    """``cpu`` or ``cuda``: the device the model runs on."""
     native_bf16: bool
-    """The device computes bf16 matmuls natively (CPU flags, or the GPU's capability)."""
 
 
 @dataclass(frozen=True)
@@ -35,8 +32,7 @@ class Plan:
 
 
 def check_precision(precision: str, hardware: Hardware) -> None:
-    """Raise ``ValueError`` with the reason when ``hardware`` cannot run ``precision`` (one of
-    ``HandlerSettings``' choices, which checks the name)."""
+    """Raise ``ValueError`` with the reason when ``hardware`` cannot run ``precision``."""
     if precision == "fp16" and hardware.device_type != "cuda":
         raise ValueError(
             "precision fp16 needs a CUDA GPU, and this worker runs on the CPU; "

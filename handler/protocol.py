@@ -1,7 +1,6 @@
 """What every wire protocol shares: the request as delivered, the values, and ``WireProtocol``,
 the interface each protocol module implements (after LitServe's ``LitSpec`` hooks; the method
-table: docs/handler.md). ``handler.pipeline.PROTOCOLS`` lists them in the order they are asked.
-"""
+table: docs/handler.md). ``handler.pipeline.PROTOCOLS`` lists them in the order they are asked."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Handler settings: one frozen object, built once at worker start from the ``handler:``
 section of ``config/model-config.yaml`` (TorchServe hands it to the worker as
-``context.model_yaml_config["handler"]``). Batch size, delay and workers are TorchServe's.
-"""
+``context.model_yaml_config["handler"]``). Batch size, delay and workers are TorchServe's."""
 
 from __future__ import annotations
 
@@ -21,8 +20,7 @@ CHOICES = {
 
 @dataclass(frozen=True)
 class HandlerSettings:
-    """Limits and choices of the handler, each explained in config/model-config.yaml; every
-    field has a safe default."""
+    """Limits and choices, each explained in config/model-config.yaml; all have safe defaults."""
 
     max_length: int = 128
     max_chars: int = 10_000

@@ -1,7 +1,6 @@
 """Where each request's time went inside the worker, as response headers named as TEI names
 them (the table: docs/api.md). Every time starts when the handler received the batch:
-TorchServe 0.12 passes the worker no arrival time.
-"""
+TorchServe 0.12 passes the worker no arrival time."""
 
 from __future__ import annotations
 
