@@ -27,10 +27,9 @@ def is_json(media: str) -> bool:
 def checked_text(value: Any, max_chars: int, name: str = TEXT_FIELD) -> ValidText | Rejected:
     """A form field or raw body: bytes are decoded as strict UTF-8."""
     if isinstance(value, bytes | bytearray):
-        decoded = utf8(value)
-        if isinstance(decoded, Rejected):
-            return decoded
-        value = decoded
+        value = utf8(value)
+        if isinstance(value, Rejected):
+            return value
     if not isinstance(value, str):
         return Rejected(
             ErrorCode.INVALID_TYPE, f"the {name} must be a string, got {json_type(value)}"

@@ -34,7 +34,6 @@ class LoadedModel:
     labels: tuple[str, ...]
     device: torch.device
     precision: Plan = Plan(weights=torch.float32, autocast=None)
-    """How the forward runs: the weights' dtype, and autocast's dtype when it is used."""
     pin_memory: bool = False
     score_function: ScoreFunction = ScoreFunction.SOFTMAX
     multi_label_threshold: float | None = None

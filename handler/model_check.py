@@ -62,7 +62,6 @@ class Inspection:
     """What the check read: reused by the worker so nothing is loaded twice."""
 
     problems: list[Problem]
-    config: Any = None
     tokenizer: Any = None
     attention: Attention | None = None
 
@@ -95,7 +94,7 @@ def inspect_folder(model_dir: Path, settings: HandlerSettings) -> Inspection:
             problems.append(chosen)
         else:
             attention = chosen
-    return Inspection(problems, config, tokenizer, attention)
+    return Inspection(problems, tokenizer, attention)
 
 
 def file_problems(model_dir: Path) -> list[Problem]:

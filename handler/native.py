@@ -309,24 +309,20 @@ def _is_whole_number(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def prediction_fields(prediction: Prediction) -> dict[str, Any]:
-    """The answer's fields: label, score, scores, truncated, and labels for multi-label models."""
-    fields: dict[str, Any] = {
-        "label": prediction.label,
-        "score": prediction.score,
-        "scores": prediction.scores,
-        "truncated": prediction.truncated,
-    }
-    if prediction.labels is not None:
-        fields["labels"] = prediction.labels
-    return fields
-
-
 def outcome_fields(outcome: Prediction | Explanation) -> dict[str, Any]:
-    """An explanation answers every field it has, in order."""
+    """An explanation's every field, in order; a prediction's label, score, scores, truncated,
+    and labels for multi-label models."""
     if isinstance(outcome, Explanation):
         return asdict(outcome)
-    return prediction_fields(outcome)
+    fields: dict[str, Any] = {
+        "label": outcome.label,
+        "score": outcome.score,
+        "scores": outcome.scores,
+        "truncated": outcome.truncated,
+    }
+    if outcome.labels is not None:
+        fields["labels"] = outcome.labels
+    return fields
 
 
 def _list_entry(item: ItemOutcome) -> dict[str, Any]:

@@ -243,15 +243,13 @@ def _flatten(data: Any, depth: int) -> list[Any] | None:
         return None
     flat: list[Any] = []
     for element in data:
-        if isinstance(element, list):
-            if depth <= 1:
-                return None
-            inner = _flatten(element, depth - 1)
-            if inner is None:
-                return None
-            flat += inner
-        else:
+        if not isinstance(element, list):
             flat.append(element)
+            continue
+        inner = _flatten(element, depth - 1) if depth > 1 else None
+        if inner is None:
+            return None
+        flat += inner
     return flat
 
 

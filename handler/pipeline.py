@@ -101,9 +101,8 @@ def expire(
     if pace is None:
         return live
     texts = [_valid_count(d.request) for d in live]
-    # Patient requests are worked on whatever the time; of the others, those with the latest
-    # deadlines are kept first, each only if the batch kept so far and its texts can end
-    # before its deadline (then every deadline kept before it holds too).
+    # Patient requests are kept; then the latest deadlines first, each if the batch kept so far
+    # and its texts can end before it (then every deadline kept before it holds too).
     kept = sum(n for n, due in zip(texts, dues, strict=True) if due is None)
     waiting = {i: due for i, due in enumerate(dues) if due is not None and texts[i]}
     ends: dict[int, float] = {}
@@ -114,9 +113,8 @@ def expire(
         else:
             ends[index] = end
     if ends and not kept and pace.is_stale(now):
-        # A batch that works on nothing times nothing: a pace inflated by one slow batch (the
-        # first, cold one) would never come down. Once it is stale, the latest deadline is
-        # worked on; more often would spend a forward pass on every refused batch of a spike.
+        # A batch that works on nothing times nothing, so an inflated pace would never come
+        # down: once stale (not every time: a spike's every batch), the latest one is worked on.
         del ends[max(ends, key=waiting.__getitem__)]
     return [
         _expired(d, f"would pass {ends[index] - waiting[index]:.3f} s before its batch could end")
