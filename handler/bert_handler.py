@@ -1,9 +1,5 @@
-"""TorchServe entry point: wires the pure stages of ``handler`` to TorchServe's context.
-
-torch-model-archiver puts this file at the root of the .mar (TorchServe imports it as
-``bert_handler``) and the ``handler`` package beside it, so both import the same modules
-the unit tests do. This module must define exactly one class: TorchServe looks it up.
-"""
+"""TorchServe entry point, at the root of the .mar beside the ``handler`` package: wires its
+pure stages to TorchServe's context. It must define exactly one class: TorchServe looks it up."""
 
 from __future__ import annotations
 
@@ -24,14 +20,8 @@ from handler.explain import Budget, explain_all
 from handler.inference import BatchStats, Explanation, Prediction, TextInput, classify
 from handler.metrics import MetricsEmitter
 from handler.model import LoadedModel, description, load_model
-from handler.pipeline import answer_batch, refuse
-from handler.protocol import (
-    JSON_MEDIA,
-    IncomingRequest,
-    Rejected,
-    header_value,
-    route_content_type,
-)
+from handler.pipeline import FALLBACK, answer_batch
+from handler.protocol import JSON_MEDIA, IncomingRequest, Rejected, header_value, route_content_type
 from handler.scoring import ExplainOptions
 from handler.settings import HandlerSettings
 
@@ -80,9 +70,8 @@ class BertHandler(BaseHandler):  # type: ignore[misc]
 
     def initialize(self, context: Any) -> None:
         properties = context.system_properties
-        self.settings = HandlerSettings.from_mapping(
-            (context.model_yaml_config or {}).get("handler")
-        )
+        config = context.model_yaml_config or {}
+        self.settings = HandlerSettings.from_mapping(config.get("handler"))
         archive_dir = Path(properties["model_dir"])
         model_dir = archive_dir / MODEL_SUBDIR
         if not model_dir.is_dir():
@@ -93,18 +82,12 @@ class BertHandler(BaseHandler):  # type: ignore[misc]
         self.version = str(((context.manifest or {}).get("model") or {}).get("modelVersion", ""))
         self.metrics = MetricsEmitter(context.metrics, context.model_name, self.version)
         self.pace = Pace()
-        timeout = (context.model_yaml_config or {}).get("responseTimeout")
-        self.explain_budget = Budget.for_timeout(timeout)
+        self.explain_budget = Budget.for_timeout(config.get("responseTimeout"))
         self.explain_budget.calibrate(self.loaded, self.settings)
         self.initialized = True
 
     def classify(self, texts: Sequence[TextInput]) -> tuple[list[Prediction], BatchStats]:
-        return classify(
-            self.loaded,
-            texts,
-            self.settings.max_length,
-            self.loaded.max_batch_tokens,
-        )
+        return classify(self.loaded, texts, self.settings.max_length, self.loaded.max_batch_tokens)
 
     def explain_texts(
         self, items: Sequence[tuple[TextInput, ExplainOptions]]
@@ -144,7 +127,7 @@ def _internal_errors(batch: Sequence[Any], context: Any) -> list[str]:
     failure = Rejected(ErrorCode.INTERNAL_ERROR, "the batch failed (server bug)")
     bodies = []
     for index in range(len(batch)):
-        response = refuse(failure, str(context.get_request_id(index)))
+        response = FALLBACK.refuse(failure, str(context.get_request_id(index)))
         context.set_response_status(response.status, response.phrase, index)
         context.set_response_content_type(index, JSON_MEDIA)
         bodies.append(response.body)

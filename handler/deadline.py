@@ -1,25 +1,6 @@
-"""When a request stops being worth working on, from what the worker can see: its headers.
-
-TorchServe 0.12 passes the worker no arrival time (docs/api.md, "Deadlines"): a handler sees
-headers and body only, and the moment the batch reaches it. So the queue time of a request is
-known exactly only from a stamp the request carries, set by its client or by a proxy in front:
-
-    header                          form                                 meaning
-    X-Request-Start                 t=<unix time> or <unix time>, in s,  when the request started
-                                    ms or us (told apart by magnitude)   (NGINX, Heroku, our client)
-    X-Request-Timeout               seconds, e.g. 0.4                    how long the client waits
-    grpc-timeout                    <digits><H|M|S|m|u|n>, e.g. 400m     the same, gRPC's spelling
-    x-envoy-expected-rq-timeout-ms  milliseconds                         the same, Envoy's
-
-The deadline is start + the client's wait. A request that states no wait is patient: the
-server cannot know a wait nobody stated, so it sets none. A relative wait without a start
-stamp says nothing either (the worker cannot see when the request arrived). A start stamp
-from the future (clock skew) counts as now.
-
-A request with a deadline is not worked on when it passed before its batch began, nor when
-it falls before the batch can end: ``Pace`` estimates how long the batch will take from the
-worker's recent batches.
-"""
+"""When a request stops being worth working on, from its headers (the rules: docs/deadlines.md):
+TorchServe 0.12 passes the worker no arrival time. ``Pace`` estimates how long a batch will
+take from the worker's recent batches."""
 
 from __future__ import annotations
 
@@ -72,8 +53,7 @@ def client_wait(headers: Mapping[str, Any]) -> float | None:
 
 
 def deadline(headers: Mapping[str, Any], now: float) -> float | None:
-    """The unix time after which the request is not worked on: its start plus the wait its
-    client states; None when it states no wait or carries no start stamp."""
+    """The request's start plus its client's stated wait (unix time); None without both."""
     start = start_time(headers)
     wait = None if start is None else client_wait(headers)
     return None if start is None or wait is None else min(start, now) + wait
@@ -88,10 +68,8 @@ PACE_STALE_S = 1.0
 @dataclass
 class Pace:
     """This worker's recent batches, as seconds of handling per valid text (a running
-    average; None until a batch with texts was timed). A batch's texts are answered together
-    when it ends, so a batch of n texts is expected to end n x this after it began. Taken per
-    text from batches of every size, the fixed cost of a batch makes large batches look a
-    little longer than they are: it errs toward refusing a request that would just make it."""
+    average; None until a batch with texts was timed): a batch of n texts is expected to end
+    n x this after it began, which errs toward refusing (docs/deadlines.md)."""
 
     seconds_per_text: float | None = None
     timed_at: float = float("-inf")

@@ -1,13 +1,7 @@
 """The checks every wire protocol applies: media types, strict UTF-8, and one text's rules.
 
-What the worker receives for one request depends on how the client sent it:
-
-- a plain body (``text/plain``, JSON, no Content-Type, ...) arrives as ``{"body": ...}``
-  (``"data"`` on some paths); with ``decode_input_request=false`` in config.properties it
-  is always raw bytes, otherwise TorchServe may hand over a ``str`` or already-parsed JSON;
-- a form or multipart body is decoded by TorchServe's frontend into named fields.
-
-Nothing here raises for bad input: every outcome is a value.
+A plain body arrives as ``{"body": ...}`` (``"data"`` on some paths), a form body as named
+fields. Nothing here raises for bad input: every outcome is a value.
 """
 
 from __future__ import annotations
@@ -33,10 +27,9 @@ def is_json(media: str) -> bool:
 def checked_text(value: Any, max_chars: int, name: str = TEXT_FIELD) -> ValidText | Rejected:
     """A form field or raw body: bytes are decoded as strict UTF-8."""
     if isinstance(value, bytes | bytearray):
-        decoded = utf8(value)
-        if isinstance(decoded, Rejected):
-            return decoded
-        value = decoded
+        value = utf8(value)
+        if isinstance(value, Rejected):
+            return value
     if not isinstance(value, str):
         return Rejected(
             ErrorCode.INVALID_TYPE, f"the {name} must be a string, got {json_type(value)}"

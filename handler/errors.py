@@ -9,13 +9,9 @@
     invalid_option     400     "top_k" or "raw_scores" has a value the API does not accept
     payload_too_large  413     the text (or text_pair) has more characters than max_chars
     explain_too_long   413     an explanation of a text with more tokens than explain_max_tokens
-    not_explainable    400     an explanation asked on a route or protocol that has none
-                               (KServe v2's /explain)
-    internal_error     500     the model failed on this batch (a bug, or a resource problem such as
-                               the GPU running out of memory): its valid items only
-    deadline_exceeded  504     the wait its client stated (from its start stamp) ended before
-                               its batch began, or would end before the batch can: it was not
-                               tokenized or forwarded (handler.deadline); with Retry-After
+    not_explainable    400     an explanation asked where there is none (Open Inference, v2)
+    internal_error     500     the model failed on (or ran out of memory for) its batch
+    deadline_exceeded  504     its stated deadline passes before its batch can end (deadline.py)
 
 Every error answers the same body shape, built by ``error_body``.
 """

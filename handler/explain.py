@@ -1,22 +1,6 @@
-"""Explanations: which tokens made a label, one text at a time.
-
-The importances are those of TorchServe's stock Transformer handler, so its users can compare:
-Captum's ``LayerIntegratedGradients`` of the explained label's logit with respect to the output
-of the model's input embeddings layer (``model.get_input_embeddings()``, whatever the
-architecture names it), from a baseline of the same tokens with every token of the text replaced
-by the pad token (the special tokens stay), summed over the hidden size and L2-normalised.
-
-Each text is explained on its own (its steps batched ``internal_batch_size`` at a time), so an
-explanation does not depend on its batch-mates. A text's outcome is data: an ``Explanation``,
-or ``Rejected`` (a label the model does not have, steps over the cap, a text over
-``explain_max_tokens``); it never raises for bad input.
-
-Time: TorchServe kills a worker whose batch runs past ``responseTimeout`` and answers the whole
-batch "Worker died." (the stock handler's long texts). ``Budget`` keeps a batch's explanations
-within a share of it: it knows this worker's seconds per token-step (measured by one small
-explanation at start, then from every explanation), and a text whose estimate would pass what
-is left answers 413 ``explain_too_long`` at once, with the estimate, instead.
-"""
+"""Explanations: which tokens made a label, one text at a time, as TorchServe's stock handler
+computes them (docs/api.md). ``Budget`` keeps a batch's explanations within a share of
+``responseTimeout``, past which TorchServe kills the worker and fails the whole batch."""
 
 from __future__ import annotations
 
@@ -50,8 +34,7 @@ def baseline_ids(tokenized: TokenizedText, pad_id: int) -> list[int]:
 
 
 def internal_batch_size(settings: HandlerSettings, max_batch_tokens: int, tokens: int) -> int:
-    """Steps per forward and backward pass: the setting, or as many rows of this text as
-    ``max_batch_tokens`` holds (the predictions' budget per pass), at least one."""
+    """Steps per pass: the setting, or as many rows of this text as ``max_batch_tokens`` holds."""
     if settings.explain_internal_batch_size:
         return settings.explain_internal_batch_size
     return max(1, max_batch_tokens // tokens)
@@ -76,8 +59,7 @@ def target_index(target: str | int | None, labels: tuple[str, ...], best: int) -
 
 
 BUDGET_SHARE = 0.5
-"""The share of ``responseTimeout`` a batch's explanations may take: the rest is for the
-batch's predictions and for the estimate's error (a busy machine, a longer text)."""
+"""Of ``responseTimeout``; the rest is for the batch's predictions and the estimate's error."""
 DEFAULT_RESPONSE_TIMEOUT_S = 120.0
 """TorchServe's own default, for a model config that sets none."""
 CALIBRATION_TEXT = "a short text to time one explanation step at worker start"
@@ -90,8 +72,7 @@ class Budget:
 
     seconds: float
     per_token_step: float | None = None
-    """Seconds per token per step: the explanations measured, smoothed (each new one weighs
-    0.3)."""
+    """Seconds per token per step, smoothed over the explanations measured."""
 
     @classmethod
     def for_timeout(cls, response_timeout_s: float | None) -> Budget:
@@ -118,8 +99,7 @@ def explain_all(
     settings: HandlerSettings,
     budget: Budget | None = None,
 ) -> list[Explanation | Rejected]:
-    """Each text explained alone, in order, within ``budget`` for them all (none: no bound);
-    a text the model fails on is that text's 500."""
+    """Each text explained alone, in order, within one ``budget``; a model failure is its 500."""
     left = None if budget is None else Budget(budget.seconds, budget.per_token_step)
     outcomes: list[Explanation | Rejected] = []
     for text, options in items:
@@ -146,9 +126,8 @@ def explain(
     settings: HandlerSettings,
     budget: Budget | None = None,
 ) -> Explanation | Rejected:
-    """One text's explanation, or why it has none; may raise if the model fails. With a
-    ``budget``, a text whose estimate exceeds its seconds is refused, and the time of the
-    one explained is recorded in it."""
+    """One text's explanation, or why it has none; may raise if the model fails. A text over
+    the ``budget`` is refused; an explained one's time is recorded in it."""
     steps = settings.explain_steps if options.n_steps is None else options.n_steps
     if steps > settings.explain_steps:
         return Rejected(

@@ -1,11 +1,6 @@
-"""Stages 2 and 3: tokenize the valid texts of a batch together, run them, score them.
-
-Texts and text pairs are tokenized once per batch without padding, then grouped by length
-into sub-batches whose padded size (rows x longest row) stays under ``max_batch_tokens``, so
-one long text does not make every short batch-mate pay for its padding. When the whole batch
-fits the budget it is one forward pass. Scores come from the logits by the model's score
-function (``handler.scoring``); per-request options are applied afterwards, per request.
-"""
+"""Tokenize the valid texts of a batch together, run them in groups by length whose padded
+size stays under ``max_batch_tokens`` (so a long text does not pad its short batch-mates),
+score them; per-request options are applied afterwards (``with_options``)."""
 
 from __future__ import annotations
 
@@ -46,18 +41,13 @@ class Prediction:
 
 @dataclass(frozen=True)
 class Explanation:
-    """Which tokens made a label (``handler.explain``), in the stock handler's field names."""
+    """Which tokens made a label (``handler.explain``; the fields: docs/api.md, Explanations)."""
 
     words: list[str]
-    """The tokens as the tokenizer split them, special tokens included."""
     importances: list[float]
-    """One per token: its attribution summed over the hidden size, the vector L2-normalised."""
     delta: float
-    """Captum's convergence delta: how far the attributions' sum is from the logit's change."""
     label: str
-    """The label explained."""
     score: float
-    """Its score, by the model's score function."""
     truncated: bool
     n_steps: int
 
@@ -77,7 +67,6 @@ class BatchStats:
     forward_started: list[float] = field(default_factory=list)
     """Each sub-batch's forward start, ``time.perf_counter()`` seconds."""
     sub_batch_forward_ms: list[float] = field(default_factory=list)
-    sub_batch_padded_tokens: list[int] = field(default_factory=list)
     sub_batch_of: list[int] = field(default_factory=list)
     """For each text, in the order given, the sub-batch it was forwarded in."""
     handler_ms: float = 0.0
@@ -88,14 +77,8 @@ class BatchStats:
 
 
 def tokenize(tokenizer: Any, texts: Sequence[TextInput], max_length: int) -> list[TokenizedText]:
-    """One tokenizer call for the whole batch, singles and pairs mixed, not padded.
-
-    The fast tokenizer's Rust backend takes a mixed batch of texts and (text, text_pair)
-    tuples in one ``encode_batch``. Truncation is what transformers applies for
-    ``truncation=True``: ``longest_first`` at ``max_length``, on the tokenizer's side, so
-    a pair loses tokens from whichever of its texts is longer at each step. The backend is
-    reconfigured on every call, as transformers itself does before each encode.
-    """
+    """One call of the Rust backend for the whole batch, singles and pairs mixed, not padded,
+    truncated as transformers' ``truncation=True`` does (reconfigured each call, as it does)."""
     backend = tokenizer.backend_tokenizer
     backend.enable_truncation(
         max_length, strategy="longest_first", direction=tokenizer.truncation_side
@@ -128,8 +111,7 @@ def plan_sub_batches(lengths: Sequence[int], max_batch_tokens: int) -> list[list
 
 
 def pad_rows(rows: Sequence[list[int]], pad_value: int) -> torch.Tensor:
-    """Rows padded on the right to the longest one, as a CPU tensor: one tensor built from
-    padded lists (a tensor per row costs 2-4x as much for a batch of 16)."""
+    """Rows right-padded to the longest, as one CPU tensor built from lists (2-4x faster)."""
     width = max(len(row) for row in rows)
     return torch.tensor([row + [pad_value] * (width - len(row)) for row in rows], dtype=torch.long)
 
@@ -150,6 +132,10 @@ def to_prediction(
     multi_label_threshold: float | None = None,
 ) -> Prediction:
     """The best label, every label's score, and for a multi-label model the labels it gives."""
+
+    def by_label(values: Sequence[float]) -> dict[str, float]:
+        return {label: float(value) for label, value in zip(labels, values, strict=True)}
+
     best = max(range(len(scores)), key=lambda i: scores[i])
     given = None
     if multi_label_threshold is not None:
@@ -158,22 +144,16 @@ def to_prediction(
     return Prediction(
         label=labels[best],
         score=float(scores[best]),
-        scores={label: float(s) for label, s in zip(labels, scores, strict=True)},
+        scores=by_label(scores),
         truncated=truncated,
         labels=given,
-        raw_scores=(
-            None
-            if logits is None
-            else {label: float(s) for label, s in zip(labels, logits, strict=True)}
-        ),
+        raw_scores=None if logits is None else by_label(logits),
     )
 
 
 def with_options(prediction: Prediction, options: ScoreOptions) -> Prediction:
-    """The prediction as one request asked for it: logits or scores, top k or every label.
-
-    ``label`` and ``labels`` stay the model's decision; only ``score`` and ``scores`` change.
-    """
+    """The prediction as one request asked for it: logits or scores, top k or every label;
+    ``label`` and ``labels`` stay the model's decision."""
     if options == ScoreOptions():
         return prediction
     scores = prediction.scores
@@ -190,8 +170,7 @@ def with_options(prediction: Prediction, options: ScoreOptions) -> Prediction:
 def model_inputs(
     loaded: LoadedModel, rows: Sequence[TokenizedText]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """One sub-batch padded to its longest row: ids, mask, and token types when the model
-    takes them (a single text's are all 0)."""
+    """A sub-batch padded to its longest row: ids, mask, and token types if the model uses them."""
     input_ids, attention_mask = collate(
         [row.input_ids for row in rows], loaded.tokenizer.pad_token_id
     )
@@ -205,15 +184,11 @@ def model_inputs(
 
 
 class OutOfMemory(RuntimeError):
-    """The device ran out of memory on this batch (its size and lengths); its cache is emptied,
-    so the worker goes on with the next batch."""
+    """The device ran out of memory on this batch; its cache is emptied, so the worker goes on."""
 
 
 def classify(
-    loaded: LoadedModel,
-    texts: Sequence[TextInput],
-    max_length: int,
-    max_batch_tokens: int,
+    loaded: LoadedModel, texts: Sequence[TextInput], max_length: int, max_batch_tokens: int
 ) -> tuple[list[Prediction], BatchStats]:
     """Predictions in the order of ``texts``; may raise if the model fails."""
     stats = BatchStats(texts=len(texts))
@@ -242,7 +217,6 @@ def classify(
             ) from error
         stats.sub_batch_forward_ms.append((time.perf_counter() - forward_started) * 1000)
         stats.forward_started.append(forward_started)
-        stats.sub_batch_padded_tokens.append(input_ids.numel())
         group_scores = apply_score_function(loaded.score_function, group_logits)
         for index, raw, scored in zip(
             group, group_logits.tolist(), group_scores.tolist(), strict=True

@@ -1,53 +1,6 @@
-"""Per-batch serving metrics, declared in TorchServe's metrics file, updated through its API.
-
-Every name here must be declared under ``model_metrics`` in ``config/metrics.yaml`` with the
-same dimensions in the same order, or TorchServe drops it. A server started with another
-metrics file (TorchServe's default, a platform's) declares none of them: the emitter asks
-the cache once, at worker start, which ones it declares, warns once naming the file and the
-missing ones, and from then on emits only those (no lookup, no failure per batch). The counters
-are sums, so an operator derives rates and means in Prometheus, e.g. mean formed batch size =
-``rate(BatchItems) / rate(Batches)`` and padding efficiency =
-``rate(RealTokens) / rate(PaddedTokens)``.
-
-Every metric carries the model's name and version (``ModelName``, ``ModelVersion``), so one
-server of several models, or of two versions of one, reports each apart.
-
-    metric            dimensions (all end ModelName, ModelVersion, Level)   per batch, adds
-    Batches                                 1
-    BatchItems                              requests in the batch (a list request is one)
-    SubBatches                              forward passes run
-    ItemsAccepted                           texts classified (each text of a list counts)
-    ItemsRejected     Reason, ...           requests or texts rejected, by error code;
-                                            Reason=deadline_exceeded counts the requests
-                                            whose stated deadline passed before their
-                                            batch began or would pass before it ends
-                                            (none of their texts was forwarded)
-    ItemsTruncated                          texts cut at max_length
-    RealTokens                              tokens of the texts
-    PaddedTokens                            tokens the forward passes computed
-    TokenizeMs                              tokenization time
-    ForwardMs                               forward time
-
-The histograms draw distributions (p50, p99). TorchServe 0.12 gives every histogram the
-Prometheus client's default buckets, 0.005 0.01 0.025 0.05 0.075 0.1 0.25 0.5 0.75 1 2.5 5
-7.5 10 (+Inf), and no way to choose others, so each value is scaled to land in them: times in
-seconds (5 ms to 10 s), batch size in hundreds of requests (1, 2.5, 5, 7.5, 10, 25, 50, 75, 100
-requests), batch tokens in thousands (5 tokens to 10,000). The cost: nothing under 5 ms is
-resolved (on a GPU, forwards under 5 ms all fall in the first bucket), and a quantile read from the
-buckets is interpolated within one bucket (between 0.25 and 0.5 s, say). One observation per
-batch (per forward pass for ForwardSeconds), never one per request: every request of a batch
-gets its answer when the batch ends, so HandlerSeconds counts batches, not requests.
-
-    histogram             per batch, observes (dimensions: ModelName, ModelVersion, Level)
-    HandlerSeconds        receipt of the batch -> its outcomes, seconds
-    ForwardSeconds        each forward pass, seconds
-    BatchSizeHundreds     requests in the batch / 100
-    BatchTokensThousands  tokens its forward passes computed (padded) / 1000
-
-Each update goes through TorchServe's metrics API: the declared metric from
-``context.metrics.get_metric`` and its ``add_or_update(value, dimension_values)``, which writes
-the line the frontend reads.
-"""
+"""Per-batch serving metrics, through TorchServe's metrics API (what each one counts, and why
+histogram values are scaled: docs/handler.md). Each must be declared in config/metrics.yaml
+with the same dimensions in the same order, or TorchServe drops it."""
 
 from __future__ import annotations
 
@@ -125,8 +78,7 @@ def rejections_by_reason(outcomes: Sequence[Outcome]) -> dict[str, int]:
 
 
 def declared_metrics(cache: Any) -> tuple[dict[str, Any], list[str]]:
-    """Our counters and histograms the cache declares with our dimensions, and the names of
-    the others."""
+    """Our metrics the cache declares with our dimensions, and the names of the others."""
     from ts.metrics.metric_type_enum import MetricTypes
 
     wanted = [(name, MetricTypes.COUNTER, dims) for name, dims in COUNTER_DIMENSIONS.items()]
@@ -147,19 +99,14 @@ def declared_metrics(cache: Any) -> tuple[dict[str, Any], list[str]]:
 
 
 class MetricsEmitter:
-    """Updates one batch's metrics: only those TorchServe's cache declares, checked once
-    here; a metrics failure never fails a batch."""
+    """Updates the declared metrics (checked once, here); a metrics failure never fails a batch."""
 
     def __init__(self, cache: Any, model_name: str, model_version: str = "") -> None:
-        self.model_name = model_name
-        self.model_version = model_version
-        self.counters: dict[str, Any] = {}
-        self.histograms: dict[str, Any] = {}
+        self.dimensions = [model_name, model_version, LEVEL]
+        self.declared: dict[str, Any] = {}
         missing = [*COUNTER_DIMENSIONS, *HISTOGRAMS]
         if cache is not None:
-            declared, missing = declared_metrics(cache)
-            self.counters = {n: m for n, m in declared.items() if n in COUNTER_DIMENSIONS}
-            self.histograms = {n: m for n, m in declared.items() if n in HISTOGRAMS}
+            self.declared, missing = declared_metrics(cache)
         if missing:
             source = getattr(cache, "config_file_path", None) or "no metrics cache"
             logger.warning(
@@ -182,17 +129,16 @@ class MetricsEmitter:
     def updates(
         self, outcomes: Sequence[Outcome], stats: BatchStats
     ) -> list[tuple[Any, float, list[str]]]:
-        """The batch's updates, (declared metric, value, dimension values): each counter's
-        increment, each rejection reason's count, each histogram observation."""
-        dimensions = [self.model_name, self.model_version, LEVEL]
+        """The batch's (declared metric, value, dimension values), counters first."""
+        declared, dimensions = self.declared, self.dimensions
         updates: list[tuple[Any, float, list[str]]] = []
         for name, value in batch_metrics(outcomes, stats).items():
-            if name in self.counters:
-                updates.append((self.counters[name], value, dimensions))
-        if REJECTED in self.counters:
+            if name in declared:
+                updates.append((declared[name], value, dimensions))
+        if REJECTED in declared:
             for reason, count in rejections_by_reason(outcomes).items():
-                updates.append((self.counters[REJECTED], count, [reason, *dimensions]))
+                updates.append((declared[REJECTED], count, [reason, *dimensions]))
         for name, values in batch_observations(outcomes, stats).items():
-            if name in self.histograms:
-                updates += [(self.histograms[name], value, dimensions) for value in values]
+            if name in declared:
+                updates += [(declared[name], value, dimensions) for value in values]
         return updates

@@ -1,5 +1,4 @@
-"""Loading the classifier once per worker, after ``handler.model_check`` found the folder
-servable: weights from safetensors only, a fast tokenizer, the attention the model supports."""
+"""Loading the classifier once per worker, after ``handler.model_check`` found it servable."""
 
 from __future__ import annotations
 
@@ -35,7 +34,6 @@ class LoadedModel:
     labels: tuple[str, ...]
     device: torch.device
     precision: Plan = Plan(weights=torch.float32, autocast=None)
-    """How the forward runs: the weights' dtype, and autocast's dtype when it is used."""
     pin_memory: bool = False
     score_function: ScoreFunction = ScoreFunction.SOFTMAX
     multi_label_threshold: float | None = None
@@ -43,8 +41,7 @@ class LoadedModel:
     uses_token_types: bool = False
     """The tokenizer's model inputs include token type ids (BERT yes; RoBERTa, DistilBERT no)."""
     max_batch_tokens: int = 0
-    """Padded tokens per forward pass (``handler.inference``): the setting, or measured at
-    load (``measured_budget``)."""
+    """Padded tokens per forward pass: the setting, or measured at load (``measured_budget``)."""
 
 
 def select_device(preference: str, gpu_id: int | None) -> torch.device:
@@ -85,15 +82,11 @@ def load_model(model_dir: Path, settings: HandlerSettings, gpu_id: int | None) -
     if precision == Plan(torch.float32, None):
         moved = padding_difference(model, tokenizer, device)
         if moved > PADDING_TOLERANCE:
-            raise ModelRefused(
-                model_dir,
-                [
-                    Problem(
-                        f"padding a text beside a longer one changes its logits by {moved:.3g}",
-                        "check the tokenizer's pad token and the attention setting",
-                    )
-                ],
+            problem = Problem(
+                f"padding a text beside a longer one changes its logits by {moved:.3g}",
+                "check the tokenizer's pad token and the attention setting",
             )
+            raise ModelRefused(model_dir, [problem])
     labels = label_names(model.config.id2label, model.config.num_labels, settings.labels)
     function, source = resolve_score_function(
         getattr(model.config, "problem_type", None), len(labels), settings.score_function
@@ -132,10 +125,7 @@ def load_model(model_dir: Path, settings: HandlerSettings, gpu_id: int | None) -
 
 
 def load_classifier(
-    model_dir: Path,
-    device: torch.device,
-    weights: torch.dtype,
-    attention: Attention,
+    model_dir: Path, device: torch.device, weights: torch.dtype, attention: Attention
 ) -> Any:
     """The model from safetensors only, on its device in eval mode."""
     model = AutoModelForSequenceClassification.from_pretrained(
@@ -153,12 +143,8 @@ def forward(
     attention_mask: torch.Tensor,
     token_type_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Float32 logits on the CPU, one row per input: one move to the device and one back.
-
-    On CUDA the host tensors are pinned (when enabled) so the copy can be asynchronous. The
-    forward runs in the precision's plan (``handler.precision``): bf16 weights on the CPU, or
-    autocast on CUDA; logits leave as float32 either way.
-    """
+    """Float32 logits on the CPU, one row per input, in the precision's plan: one move to the
+    device (pinned, so asynchronous, on CUDA when enabled) and one back."""
     device = loaded.device
     on_cuda = device.type == "cuda"
     inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
@@ -181,9 +167,8 @@ FIXED_SHARE = 0.1
 
 
 def pass_cost(loaded: LoadedModel, max_length: int, repeats: int = 3) -> tuple[float, float]:
-    """(fixed seconds, seconds per padded token) of one forward pass on this device, from a
-    pass of 8 tokens and one of 2 rows of ``max_length`` (the fastest of ``repeats`` each,
-    after a warm-up): a pass costs its fixed part plus its tokens."""
+    """(fixed seconds, seconds per padded token) of a forward pass on this device, from the
+    fastest of ``repeats`` passes of 8 tokens and of 2 rows of ``max_length``, after a warm-up."""
     pad = loaded.tokenizer.pad_token_id
 
     def seconds(rows: int, length: int) -> float:
@@ -204,9 +189,7 @@ def pass_cost(loaded: LoadedModel, max_length: int, repeats: int = 3) -> tuple[f
 
 def measured_budget(loaded: LoadedModel, max_length: int, cap: int) -> tuple[int, str]:
     """``max_batch_tokens`` for this model on this device, and why: the padded tokens at which
-    a pass's fixed cost is ``FIXED_SHARE`` of it. A larger pass saves little more, while a
-    group that large makes short texts pay for long ones' padding (a CPU's case); where the
-    fixed cost dominates (a GPU's), the budget reaches ``cap`` and a batch is one pass."""
+    a pass's fixed cost is ``FIXED_SHARE`` of it (a larger pass saves little more)."""
     fixed_s, per_token_s = pass_cost(loaded, max_length)
     if per_token_s <= 0:
         budget = cap
@@ -222,9 +205,7 @@ def measured_budget(loaded: LoadedModel, max_length: int, cap: int) -> tuple[int
 
 
 def head_kind(loaded: LoadedModel) -> str:
-    """What kind of classifier it is, as its scores read: ``multi_label`` (a sigmoid per label,
-    every label over the threshold answered), ``one_logit`` (one sigmoid score), ``regression``
-    (the raw value) or ``single_label`` (a softmax across labels)."""
+    """What kind of classifier it is, as its scores read."""
     if loaded.multi_label_threshold is not None:
         return "multi_label"
     if loaded.score_function is ScoreFunction.NONE:
@@ -237,8 +218,7 @@ def head_kind(loaded: LoadedModel) -> str:
 def description(
     loaded: LoadedModel, settings: HandlerSettings, name: str, version: str
 ) -> dict[str, Any]:
-    """What TorchServe's ``GET /models/{name}/{version}?customized=true`` answers as the
-    model's ``customizedMetadata`` (``bert-serve models``)."""
+    """The ``customizedMetadata`` of ``GET /models/{name}/{version}?customized=true``."""
     architectures = getattr(loaded.model.config, "architectures", None) or []
     return {
         "model": name,

@@ -1,26 +1,6 @@
-"""Can this Hugging Face folder be served? One check, run by ``make package`` and at worker start.
-
-``inspect_folder`` reads only ``config.json`` and the tokenizer (never the weights) and answers
-every problem it finds as data (``Problem``: what is wrong and how to fix it), so
-``scripts/package.py`` refuses a folder in seconds with the same reasons the worker would give
-after minutes. The rules:
-
-- weights in ``*.safetensors`` (pickled weights are never loaded);
-- a fast tokenizer (``tokenizer.json``, or files transformers converts into one), with no more
-  tokens than the model embeds;
-- ``config.json`` names a ``*ForSequenceClassification`` architecture that this transformers
-  has, with ``id2label``;
-- ``max_length`` fits the model's positions (RoBERTa-style models number positions after the
-  pad id, so 514 positions hold 512 tokens);
-- the tokenizer has a pad token, and it is the pad id of the model config: the handler pads
-  every row on the right with it, and RoBERTa-style models find padding (and compute positions)
-  from that id, so a tokenizer whose pad differs was not saved with this model;
-- the attention setting: ``auto`` takes ``sdpa`` where the architecture has it and its own
-  ("eager") implementation where not; ``sdpa`` on an architecture without it is refused.
-
-At worker start ``padding_difference`` also runs the loaded model once on a short text alone
-and padded beside a long one: a model whose scores move with its batch-mates is refused.
-"""
+"""Can this Hugging Face folder be served? One check, run by ``make package`` and at worker start
+(the rules and why: docs/model.md). ``inspect_folder`` never reads the weights, so a folder is
+refused in seconds with every reason the worker would give after minutes."""
 
 from __future__ import annotations
 
@@ -82,7 +62,6 @@ class Inspection:
     """What the check read: reused by the worker so nothing is loaded twice."""
 
     problems: list[Problem]
-    config: Any = None
     tokenizer: Any = None
     attention: Attention | None = None
 
@@ -115,7 +94,7 @@ def inspect_folder(model_dir: Path, settings: HandlerSettings) -> Inspection:
             problems.append(chosen)
         else:
             attention = chosen
-    return Inspection(problems, config, tokenizer, attention)
+    return Inspection(problems, tokenizer, attention)
 
 
 def file_problems(model_dir: Path) -> list[Problem]:
@@ -128,14 +107,10 @@ def file_problems(model_dir: Path) -> list[Problem]:
         )
     if not list(model_dir.glob("*.safetensors")):
         pickled = sorted(p.name for p in model_dir.glob("*") if p.suffix in {".bin", ".pt", ".pth"})
+        only = f" (only pickled {', '.join(pickled)}, which is never loaded)" if pickled else ""
         problems.append(
             Problem(
-                "no *.safetensors weights"
-                + (
-                    f" (only pickled {', '.join(pickled)}, which is never loaded)"
-                    if pickled
-                    else ""
-                ),
+                "no *.safetensors weights" + only,
                 "convert once: AutoModelForSequenceClassification.from_pretrained(DIR)"
                 ".save_pretrained(DIR, safe_serialization=True)",
             )

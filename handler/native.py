@@ -1,28 +1,12 @@
-"""The handler's own protocol, with KServe v1's ``{"instances": [...]}``.
-
-    one text   a raw UTF-8 body, a form field ``text`` (and ``text_pair``), or JSON
-               {"text": "...", "text_pair": "...", "top_k": k, "raw_scores": bool}
-               -> {"label", "score", "scores", "truncated", ["labels"], "request_id"}
-    a list     {"texts": [...]} -> {"results": [...]}; {"instances": [...]} (KServe v1)
-               -> {"predictions": [...]}; an item is a string or {"text", "text_pair"},
-               and each is answered on its own: a prediction or {"error": {...}}
-    refused    {"error": {"code", "message"}, "request_id"} with the code's status
-
-On ``/explanations/{model}`` and KServe v1's ``:explain`` (``handler.protocol.is_explanation``)
-the same bodies are explained instead: one text -> {"words", "importances", "delta", "label",
-"score", "truncated", "n_steps", "request_id"}; a list answers them under "results" (texts) or
-"explanations" (instances). JSON may add ``"target"`` (a label or class index) and
-``"n_steps"`` (``handler.explain``).
-
-A bare form body without ``name=value`` pairs (what ``curl -d "some text"`` sends) arrives as
-no field at all, so the text is gone before the handler runs; the 400 says how to send it.
-"""
+"""The handler's own protocol, with KServe v1's ``{"instances": [...]}``: one text answered
+with its own status, or a list answered 200 with an entry per text (shapes: docs/api.md); on
+the explanation routes the same bodies are explained."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from handler.decoding import (
@@ -51,17 +35,10 @@ from handler.scoring import ExplainOptions, ScoreOptions
 from handler.settings import HandlerSettings
 
 TEXT_PAIR_FIELD = "text_pair"
-TOP_K_OPTION = "top_k"
-RAW_SCORES_OPTION = "raw_scores"
-TARGET_OPTION = "target"
-N_STEPS_OPTION = "n_steps"
 TEXTS_FIELD = "texts"
 INSTANCES_FIELD = "instances"
-# A list arrives as ours ({"texts": [...]}) or as KServe's v1 protocol ({"instances": [...]});
-# the answer puts its entries under the key that goes with the request's.
 LIST_ANSWER_KEYS = {TEXTS_FIELD: "results", INSTANCES_FIELD: "predictions"}
-EXPLANATIONS_KEY = "explanations"
-"""KServe v1's ``:explain`` answers its instances under this key."""
+"""Ours, and KServe v1's, whose ``:explain`` answers its instances under "explanations"."""
 FORM_MEDIA_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 DEFAULT_OPTIONS = ScoreOptions()
 
@@ -77,7 +54,7 @@ class TextList:
     @property
     def answer_key(self) -> str:
         if self.explaining and self.field == INSTANCES_FIELD:
-            return EXPLANATIONS_KEY
+            return "explanations"
         return LIST_ANSWER_KEYS[self.field]
 
 
@@ -126,8 +103,7 @@ def decode_request(
     max_texts: int,
     explaining: bool = False,
 ) -> NativeRequest | Rejected:
-    """Find the text of one request and validate it; ``explaining``: the request is on an
-    explanation route, so each valid text carries its ``ExplainOptions``."""
+    """Find the text of one request and validate it; explaining, with its ``ExplainOptions``."""
     media = media_type(content_type)
     for key in BODY_KEYS:
         if key in fields:
@@ -165,9 +141,9 @@ def decode_body(
     body: Any, media: str, max_chars: int, max_texts: int, explaining: bool = False
 ) -> NativeRequest | Rejected:
     """A whole request body: JSON when the Content-Type says so, else UTF-8 text."""
+    if isinstance(body, bytes | bytearray | str) and not is_json(media):
+        return _explained(checked_text(body, max_chars), explaining, ExplainOptions())
     if isinstance(body, bytes | bytearray):
-        if not is_json(media):
-            return _explained(checked_text(body, max_chars), explaining, ExplainOptions())
         text = utf8(body)
         if isinstance(text, Rejected):
             return text
@@ -175,9 +151,6 @@ def decode_body(
             body = json.loads(text)
         except (ValueError, RecursionError) as error:
             return Rejected(ErrorCode.INVALID_JSON, f"the body is not valid JSON: {short(error)}")
-        return _text_from_json(body, max_chars, max_texts, explaining)
-    if isinstance(body, str) and not is_json(media):
-        return _explained(checked_text(body, max_chars), explaining, ExplainOptions())
     return _text_from_json(body, max_chars, max_texts, explaining)
 
 
@@ -213,14 +186,14 @@ def _text_from_json(
 
 def parse_options(document: dict[str, Any]) -> ScoreOptions | Rejected:
     """``top_k`` and ``raw_scores`` next to the text(s); a key that is present must be valid."""
-    top_k: Any = document.get(TOP_K_OPTION)
-    if TOP_K_OPTION in document and not (_is_whole_number(top_k) and top_k >= 1):
+    top_k: Any = document.get("top_k")
+    if "top_k" in document and not (_is_whole_number(top_k) and top_k >= 1):
         is_number = isinstance(top_k, int | float) and not isinstance(top_k, bool)
         shown = short(top_k, 40) if is_number else json_type(top_k)
         return Rejected(
             ErrorCode.INVALID_OPTION, f'"top_k" must be a whole number of at least 1, got {shown}'
         )
-    raw_scores = document.get(RAW_SCORES_OPTION, False)
+    raw_scores = document.get("raw_scores", False)
     if not isinstance(raw_scores, bool):
         return Rejected(
             ErrorCode.INVALID_OPTION,
@@ -232,15 +205,14 @@ def parse_options(document: dict[str, Any]) -> ScoreOptions | Rejected:
 
 
 def parse_explain_options(document: dict[str, Any]) -> ExplainOptions | Rejected:
-    """``target`` (a label name or class index) and ``n_steps`` (a whole number >= 1) next to
-    the text(s) of an explanation request; the cap on steps is the worker's (``explain``)."""
-    target = document.get(TARGET_OPTION)
+    """``target`` and ``n_steps``; the cap on steps is the worker's (``explain``)."""
+    target = document.get("target")
     if target is not None and not (isinstance(target, str) or _is_whole_number(target)):
         return Rejected(
             ErrorCode.INVALID_OPTION,
             f'"target" must be a label or a class index, got {json_type(target)}',
         )
-    steps = document.get(N_STEPS_OPTION)
+    steps = document.get("n_steps")
     if steps is not None and not (_is_whole_number(steps) and steps >= 1):
         shown = short(steps, 40) if isinstance(steps, int | float) else json_type(steps)
         return Rejected(
@@ -280,9 +252,7 @@ def _text_list(
     max_texts: int,
     options: ScoreOptions,
 ) -> TextList | Rejected:
-    """``{"texts": [...]}`` or ``{"instances": [...]}``: the list is checked as a whole, then
-    each item on its own. An item is a string or an object ``{"text": "...", "text_pair": "..."}``;
-    the request's options apply to every item."""
+    """``{"texts": [...]}`` or ``{"instances": [...]}``: the list as a whole, then each item."""
     if len(list_fields) > 1 or TEXT_FIELD in document:
         return Rejected(ErrorCode.INVALID_TYPE, 'send one of "text", "texts" or "instances"')
     if TEXT_PAIR_FIELD in document:
@@ -339,36 +309,20 @@ def _is_whole_number(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def prediction_fields(prediction: Prediction) -> dict[str, Any]:
-    """The answer's fields: label, score, scores, truncated, and labels for multi-label models."""
-    fields: dict[str, Any] = {
-        "label": prediction.label,
-        "score": prediction.score,
-        "scores": prediction.scores,
-        "truncated": prediction.truncated,
-    }
-    if prediction.labels is not None:
-        fields["labels"] = prediction.labels
-    return fields
-
-
-def explanation_fields(explanation: Explanation) -> dict[str, Any]:
-    """The stock handler's ``words``, ``importances`` and ``delta``, and what was explained."""
-    return {
-        "words": explanation.words,
-        "importances": explanation.importances,
-        "delta": explanation.delta,
-        "label": explanation.label,
-        "score": explanation.score,
-        "truncated": explanation.truncated,
-        "n_steps": explanation.n_steps,
-    }
-
-
 def outcome_fields(outcome: Prediction | Explanation) -> dict[str, Any]:
+    """An explanation's every field, in order; a prediction's label, score, scores, truncated,
+    and labels for multi-label models."""
     if isinstance(outcome, Explanation):
-        return explanation_fields(outcome)
-    return prediction_fields(outcome)
+        return asdict(outcome)
+    fields: dict[str, Any] = {
+        "label": outcome.label,
+        "score": outcome.score,
+        "scores": outcome.scores,
+        "truncated": outcome.truncated,
+    }
+    if outcome.labels is not None:
+        fields["labels"] = outcome.labels
+    return fields
 
 
 def _list_entry(item: ItemOutcome) -> dict[str, Any]:

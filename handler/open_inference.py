@@ -1,34 +1,6 @@
-"""The Open Inference Protocol (KServe v2) REST inference request, in the same batch as the rest.
-
-TorchServe routes ``POST /v2/models/{model}/infer`` to this handler with the body unchanged
-(its own ``kservev2`` envelope reads only the first request of a batch). A v2 request is a
-JSON object with an ``"inputs"`` key; its texts join the TorchServe batch like a list request's.
-
-    request   {"id": "...",                                        optional
-               "inputs": [{"name": "text", "datatype": "BYTES", "shape": [n] or [n, 1],
-                           "data": ["...", ...]},                   n texts, flat or nested
-                          {"name": "text_pair", ...}],              optional, same shape
-               "outputs": [{"name": "label"}, ...],                 optional: which, in order
-               "parameters": {...}}                                 optional, ignored
-    response  {"model_name": "...", "id": <the request's id, else the request id>,
-               "outputs": [{"name": "label", "datatype": "BYTES", "shape": [n], "data": [...]},
-                           {"name": "scores", "datatype": "FP32", "shape": [n, num_labels],
-                            "parameters": {"labels": "<JSON array: the columns' labels>"}, ...},
-                           {"name": "truncated", "datatype": "BOOL", "shape": [n], ...}]}
-    error     {"error": "<code>: <message>"}, with the status of the code (handler/errors.py)
-
-The protocol has no per-item error, so a bad text (empty, too long, not a string) rejects its
-whole v2 request and the message names its index, e.g. ``text[3]``. The other requests of the
-TorchServe batch are not affected. Outputs are always JSON (a ``binary_data_output`` parameter
-is ignored, which the protocol allows); binary tensor data in the request (the
-``Inference-Header-Content-Length`` header) is not supported and answers 400.
-
-TorchServe tells the handler nothing about the route except that ``/predictions`` requests
-carry a ``url_path`` header and KServe's routes (v1 ``:predict`` and v2 ``/infer``) carry an
-``explain`` header without it. On those routes the body is JSON by protocol, so a missing
-Content-Type means JSON (tritonclient sends none; ``handler.protocol.route_content_type``);
-any other Content-Type there answers 400.
-"""
+"""The Open Inference Protocol (KServe v2) REST inference request, in the same batch as the rest
+(shapes: docs/api.md). TorchServe passes the body unchanged; its own ``kservev2`` envelope
+would read only the first request of a batch."""
 
 from __future__ import annotations
 
@@ -81,14 +53,7 @@ class OpenInference:
     def decode(
         self, request: IncomingRequest, settings: HandlerSettings
     ) -> InferRequest | Rejected | None:
-        decoded = decode_infer(
-            request.fields,
-            request.content_type,
-            request.headers,
-            request.model_name,
-            settings.max_chars,
-            settings.max_texts_per_request,
-        )
+        decoded = decode_infer(request, settings)
         if isinstance(decoded, InferRequest) and is_explanation(request.headers):
             return Rejected(
                 ErrorCode.NOT_EXPLAINABLE,
@@ -101,8 +66,7 @@ class OpenInference:
     def render(
         self, decoded: InferRequest, outcomes: tuple[ItemOutcome, ...], request_id: str
     ) -> Response:
-        """The output tensors; one failed text fails the request (the protocol has no
-        per-item error)."""
+        """The output tensors; one failed text fails the request (no per-item error in v2)."""
         failed = next((item for item in outcomes if isinstance(item, Rejected)), None)
         if failed is not None:
             return self.refuse(failed, request_id)
@@ -125,33 +89,25 @@ PROTOCOL: WireProtocol[InferRequest] = OpenInference()
 
 
 def decode_infer(
-    fields: Mapping[str, Any],
-    content_type: str | None,
-    headers: Mapping[str, Any],
-    model_name: str,
-    max_chars: int,
-    max_texts: int,
+    request: IncomingRequest, settings: HandlerSettings
 ) -> InferRequest | Rejected | None:
-    """The request as a v2 request, or None when it is not one (the usual decoding applies).
-
-    ``content_type`` is the one ``route_content_type`` gave, so JSON on KServe's routes.
-    """
-    if header_value(headers, BINARY_HEADER) is not None:
+    """The request as a v2 request, or None when it is not one (the usual decoding applies)."""
+    if header_value(request.headers, BINARY_HEADER) is not None:
         return Rejected(
             ErrorCode.INVALID_TYPE,
             f"binary tensor data ({BINARY_HEADER}) is not supported; send the tensors as JSON "
             "(tritonclient: set_data_from_numpy(..., binary_data=False))",
         )
-    media = media_type(content_type)
+    media = media_type(request.content_type)
     if not is_json(media):
-        if is_kserve_route(headers):
+        if is_kserve_route(request.headers):
             return Rejected(
                 ErrorCode.INVALID_TYPE,
                 f"KServe's v1 and v2 routes take JSON bodies (Content-Type: application/json "
                 f"or none), got {media!r}; binary tensor data is not supported",
             )
         return None
-    body = next((fields[key] for key in BODY_KEYS if key in fields), None)
+    body = next((request.fields[key] for key in BODY_KEYS if key in request.fields), None)
     if isinstance(body, str):
         body = body.encode("utf-8", "surrogatepass")
     if not isinstance(body, bytes | bytearray) or f'"{INPUTS_FIELD}"'.encode() not in body:
@@ -162,7 +118,9 @@ def decode_infer(
         return None
     if not isinstance(document, dict) or INPUTS_FIELD not in document:
         return None
-    return decode_infer_document(document, model_name, max_chars, max_texts)
+    return decode_infer_document(
+        document, request.model_name, settings.max_chars, settings.max_texts_per_request
+    )
 
 
 def decode_infer_document(
@@ -285,15 +243,13 @@ def _flatten(data: Any, depth: int) -> list[Any] | None:
         return None
     flat: list[Any] = []
     for element in data:
-        if isinstance(element, list):
-            if depth <= 1:
-                return None
-            inner = _flatten(element, depth - 1)
-            if inner is None:
-                return None
-            flat += inner
-        else:
+        if not isinstance(element, list):
             flat.append(element)
+            continue
+        inner = _flatten(element, depth - 1) if depth > 1 else None
+        if inner is None:
+            return None
+        flat += inner
     return flat
 
 

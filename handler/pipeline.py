@@ -1,9 +1,7 @@
 """The batch as a whole: decode each request, classify every valid text together, answer each.
 
-``answer_batch`` is what the TorchServe handler calls; it never raises. Each request gets
-exactly one ``Response``, at its own index, whatever its batch-mates sent. The wire protocols
-(``handler.protocol``) decode and render; this module only flattens their texts, classifies
-them and puts each outcome back at its place.
+``answer_batch`` never raises; each request gets exactly one ``Response``, at its own index.
+The wire protocols (``handler.protocol``) decode and render; this module never asks which.
 """
 
 from __future__ import annotations
@@ -39,10 +37,7 @@ from handler.timings import Headers, timing_headers
 
 logger = logging.getLogger(__name__)
 
-PROTOCOLS: tuple[WireProtocol[Any], ...] = (
-    open_inference.PROTOCOL,
-    native.PROTOCOL,
-)
+PROTOCOLS: tuple[WireProtocol[Any], ...] = (open_inference.PROTOCOL, native.PROTOCOL)
 """Asked in this order; the first that claims a request decodes and answers it. The last
 claims every request, and answers the failures no protocol could be asked about."""
 FALLBACK = PROTOCOLS[-1]
@@ -61,8 +56,7 @@ Slot = tuple[int, int]
 Classifier = Callable[[Sequence[TextInput]], tuple[list[Prediction], BatchStats]]
 BatchObserver = Callable[[Sequence[Outcome], BatchStats], None]
 Explainer = Callable[[Sequence[tuple[TextInput, ExplainOptions]]], list[Explanation | Rejected]]
-"""The batch's texts to explain -> an explanation or error for each, in order
-(``handler.explain.explain_all``: each computed alone); it should not raise."""
+"""An explanation or error for each text, in order (``explain.explain_all``); should not raise."""
 
 
 @dataclass(frozen=True)
@@ -95,12 +89,8 @@ def expire(
     now: float,
     pace: deadline.Pace | None = None,
 ) -> list[Decoded]:
-    """The decoded requests, each replaced by its ``deadline_exceeded`` refusal when the
-    deadline its client stated (``handler.deadline``) passed before the batch began or, with
-    a ``pace``, would fall before the batch is expected to end: the batch keeps the requests
-    with the latest deadlines that it can end in time (from the texts kept), so a batch too
-    large for its short deadlines is cut rather than refused whole. A refused request has
-    none of its texts tokenized or forwarded. Each deadline is read once."""
+    """Each request whose deadline passed, or with a ``pace`` would pass before the batch can
+    end, replaced by its ``deadline_exceeded`` refusal (the rules: docs/deadlines.md)."""
     dues = [deadline.deadline(request.headers, now) for request in requests]
     live = [
         _expired(d, f"passed {now - due:.3f} s before its batch began")
@@ -111,29 +101,23 @@ def expire(
     if pace is None:
         return live
     texts = [_valid_count(d.request) for d in live]
-    # Patient requests are worked on whatever the time; of the others, those with the latest
-    # deadlines are kept first, each only if the batch kept so far and its texts can end
-    # before its deadline (then every deadline kept before it holds too).
+    # Patient requests are kept; then the latest deadlines first, each if the batch kept so far
+    # and its texts can end before it (then every deadline kept before it holds too).
     kept = sum(n for n, due in zip(texts, dues, strict=True) if due is None)
+    waiting = {i: due for i, due in enumerate(dues) if due is not None and texts[i]}
     ends: dict[int, float] = {}
-    for index in sorted(
-        (i for i, due in enumerate(dues) if due is not None and texts[i]),
-        key=lambda i: dues[i] or 0.0,
-        reverse=True,
-    ):
-        ends[index] = now + pace.expected_s(kept + texts[index])
-        if ends[index] <= (dues[index] or 0.0):
+    for index in sorted(waiting, key=waiting.__getitem__, reverse=True):
+        end = now + pace.expected_s(kept + texts[index])
+        if end <= waiting[index]:
             kept += texts[index]
-            del ends[index]
+        else:
+            ends[index] = end
     if ends and not kept and pace.is_stale(now):
-        # A batch that works on nothing times nothing: a pace inflated by one slow batch (the
-        # first, cold one) would never come down. Once it is stale, the latest deadline is
-        # worked on; more often would spend a forward pass on every refused batch of a spike.
-        del ends[max(ends, key=lambda index: dues[index] or 0.0)]
+        # A batch that works on nothing times nothing, so an inflated pace would never come
+        # down: once stale (not every time: a spike's every batch), the latest one is worked on.
+        del ends[max(ends, key=waiting.__getitem__)]
     return [
-        _expired(
-            d, f"would pass {ends[index] - (dues[index] or 0.0):.3f} s before its batch could end"
-        )
+        _expired(d, f"would pass {ends[index] - waiting[index]:.3f} s before its batch could end")
         if index in ends
         else d
         for index, d in enumerate(live)
@@ -154,27 +138,39 @@ def _expired(decoded: Decoded, when: str) -> Decoded:
     return Decoded(decoded.protocol, Rejected(ErrorCode.DEADLINE_EXCEEDED, message))
 
 
-def valid_slots(requests: Sequence[Texts | Rejected]) -> list[tuple[Slot, TextInput]]:
-    """Every valid text (or pair) of the batch to classify with its place: (request index,
-    item index); the texts to explain are left to ``explain_slots``."""
-    return [
-        ((index, j), model_input(item))
-        for index, request in enumerate(requests)
-        if not isinstance(request, Rejected)
-        for j, item in enumerate(request.items)
-        if isinstance(item, ValidText) and item.explain is None
-    ]
-
-
-def explain_slots(requests: Sequence[Texts | Rejected]) -> list[tuple[Slot, ValidText]]:
-    """Every valid text of the batch to explain, with its place."""
+def text_slots(requests: Sequence[Texts | Rejected]) -> list[tuple[Slot, ValidText]]:
+    """Every valid text (or pair) of the batch with its place: (request index, item index)."""
     return [
         ((index, j), item)
         for index, request in enumerate(requests)
         if not isinstance(request, Rejected)
         for j, item in enumerate(request.items)
-        if isinstance(item, ValidText) and item.explain is not None
+        if isinstance(item, ValidText)
     ]
+
+
+def classify_slots(
+    slots: Sequence[tuple[Slot, TextInput]], classifier: Classifier
+) -> tuple[dict[Slot, ItemOutcome], BatchStats]:
+    """Every text in one call, each result at its place; a failure is a 500 for all of them."""
+    texts = [text for _, text in slots]
+    if not texts:
+        return {}, BatchStats()
+    try:
+        predictions, stats = classifier(texts)
+        if len(predictions) != len(texts):
+            raise AssertionError(
+                f"classifier returned {len(predictions)} predictions for {len(texts)} texts; this is a bug"
+            )
+        return {slot: p for (slot, _), p in zip(slots, predictions, strict=True)}, stats
+    except OutOfMemory:
+        logger.exception("classifying a batch of %d texts ran out of memory", len(texts))
+        message = "the device ran out of memory on this batch; retry later or with shorter texts"
+    except Exception:
+        logger.exception("classifying a batch of %d texts failed", len(texts))
+        message = "the model failed on this batch; retry later"
+    failure = Rejected(ErrorCode.INTERNAL_ERROR, message)
+    return {slot: failure for slot, _ in slots}, BatchStats(texts=len(texts))
 
 
 def explain_each(
@@ -205,8 +201,7 @@ def model_input(valid: ValidText) -> TextInput:
 
 
 def assemble(index: int, request: Texts | Rejected, results: dict[Slot, ItemOutcome]) -> Outcome:
-    """Put the results back in the order of the request's texts, each answered with its
-    request's options."""
+    """The request's results in the order of its texts, each with its request's options."""
     if isinstance(request, Rejected):
         return request
     return ListOutcome(
@@ -229,43 +224,14 @@ def _answered(valid: ValidText, result: ItemOutcome | None) -> ItemOutcome:
 
 
 def classify_valid(
-    requests: Sequence[Texts | Rejected],
-    classifier: Classifier,
-    explainer: Explainer | None = None,
+    requests: Sequence[Texts | Rejected], classifier: Classifier, explainer: Explainer | None = None
 ) -> tuple[list[Outcome], BatchStats, list[int]]:
-    """Run every valid text of the batch (of every request and protocol) in one call and put
-    each result back at its own place; also the request index of each text run. The texts
-    to explain are explained one by one, after the predictions (``explain_each``)."""
-    slots = valid_slots(requests)
-    texts = [text for _, text in slots]
-    results: dict[Slot, ItemOutcome] = {}
-    stats = BatchStats()
-    if texts:
-        try:
-            predictions, stats = classifier(texts)
-            if len(predictions) != len(texts):
-                raise AssertionError(
-                    f"classifier returned {len(predictions)} predictions for {len(texts)} texts; this is a bug"
-                )
-            results = {
-                slot: prediction for (slot, _), prediction in zip(slots, predictions, strict=True)
-            }
-        except OutOfMemory:
-            logger.exception("classifying a batch of %d texts ran out of memory", len(texts))
-            failure = Rejected(
-                ErrorCode.INTERNAL_ERROR,
-                "the device ran out of memory on this batch; retry later or with shorter texts",
-            )
-            results = {slot: failure for slot, _ in slots}
-            stats = BatchStats(texts=len(texts))
-        except Exception:
-            logger.exception("classifying a batch of %d texts failed", len(texts))
-            failure = Rejected(
-                ErrorCode.INTERNAL_ERROR, "the model failed on this batch; retry later"
-            )
-            results = {slot: failure for slot, _ in slots}
-            stats = BatchStats(texts=len(texts))
-    to_explain = explain_slots(requests)
+    """Every valid text of the batch classified in one call, then those to explain, each result
+    at its own place; also the request index of each text classified."""
+    valid = text_slots(requests)
+    slots = [(slot, model_input(item)) for slot, item in valid if item.explain is None]
+    results, stats = classify_slots(slots, classifier)
+    to_explain = [(slot, item) for slot, item in valid if item.explain is not None]
     if to_explain:
         started = time.perf_counter()
         results.update(explain_each(to_explain, explainer))
@@ -282,26 +248,6 @@ def respond(protocol: WireProtocol[Any], outcome: Outcome, request_id: str) -> R
     return protocol.render(outcome.request, outcome.items, request_id)
 
 
-def refuse(rejected: Rejected, request_id: str) -> Response:
-    """A failure answered before any protocol was asked (the handler's last resort)."""
-    return FALLBACK.refuse(rejected, request_id)
-
-
-def run_batch(
-    requests: Sequence[IncomingRequest],
-    classifier: Classifier,
-    settings: HandlerSettings,
-    observe: BatchObserver | None = None,
-    now: float | None = None,
-    pace: deadline.Pace | None = None,
-    explainer: Explainer | None = None,
-) -> list[Response]:
-    """``answer_batch`` without the timing headers."""
-    return answer_batch(
-        requests, classifier, settings, observe, now=now, pace=pace, explainer=explainer
-    )[0]
-
-
 def answer_batch(
     requests: Sequence[IncomingRequest],
     classifier: Classifier,
@@ -312,17 +258,9 @@ def answer_batch(
     pace: deadline.Pace | None = None,
     explainer: Explainer | None = None,
 ) -> tuple[list[Response], list[Headers]]:
-    """One response per request, in order, and each request's timing headers
-    (``handler.timings``); an unexpected failure answers 500 to this batch only.
-
-    ``observe`` sees every batch's outcomes and stats (the metrics); it must not raise.
-    ``received`` is the handler's ``time.perf_counter()`` when TorchServe handed it the batch;
-    ``now`` when the batch began (unix time; the clock by default), for the deadlines;
-    ``pace``, the worker's recent batch times, for the deadlines that would pass during it
-    (``expire``); the batch's time is recorded in it, unless it explained texts (their time
-    says nothing of the predictions' pace). ``explainer`` explains the texts of explanation
-    requests; without one they answer ``not_explainable``.
-    """
+    """One response per request, in order, and each one's timing headers; an unexpected failure
+    answers 500 to this batch only. ``received``: ``perf_counter()`` at receipt; ``now``: unix
+    time the batch began. ``pace`` gets the batch's time unless it explained texts."""
     received = time.perf_counter() if received is None else received
     began = time.time() if now is None else now
     try:
@@ -354,8 +292,7 @@ def answer_batch(
 
 
 RETRY_LATER = (("Retry-After", "1"),)
-"""On a ``deadline_exceeded`` refusal: the queue was too long; a second is the least the
-header can say (whole seconds), and the client adds its own jittered backoff."""
+"""On ``deadline_exceeded``: the least the header can say; the client adds jittered backoff."""
 
 
 def _is_expired(outcome: Outcome) -> bool:

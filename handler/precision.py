@@ -1,17 +1,6 @@
-"""The precision of the forward pass: which one this hardware can run, and how it is applied.
-
-``fp32`` is exact and runs everywhere. ``bf16`` needs a CPU that computes in bf16 natively
-(AVX-512 BF16 or AMX on x86, the BF16 extension on Arm) or a CUDA GPU that supports it;
-elsewhere PyTorch would emulate it, slower than fp32. ``fp16`` is for CUDA only (CPUs have
-no fast fp16 matmuls for this model). A precision the hardware cannot honour fails at worker
-start with the reason, instead of serving slowly or wrongly.
-
-How it is applied, as measured on this project's CPU (AVX-512 BF16 and AMX; see
-docs/bench/README.md): on the CPU the weights are cast to bf16 (oneDNN's bf16 kernels; faster
-than autocast, which converts the fp32 weights on every call, at the same accuracy); on CUDA the forward runs under autocast,
-which keeps the numerically sensitive ops (softmax, layer norm) in fp32. Either way the
-logits leave the forward as float32, so scoring is the same code for every precision.
-"""
+"""The precision of the forward pass: which one this hardware can run natively (else the
+worker fails at start, rather than serve slowly), and how: weights cast on the CPU (faster than
+autocast there: docs/bench/README.md), autocast on CUDA; the logits leave as float32 either way."""
 
 from __future__ import annotations
 
@@ -31,9 +20,7 @@ class Hardware:
     """What the worker's device can compute natively; injected in tests."""
 
     device_type: str
-    """``cpu`` or ``cuda``: the device the model runs on."""
     native_bf16: bool
-    """The device computes bf16 matmuls natively (CPU flags, or the GPU's capability)."""
 
 
 @dataclass(frozen=True)
@@ -45,8 +32,7 @@ class Plan:
 
 
 def check_precision(precision: str, hardware: Hardware) -> None:
-    """Raise ``ValueError`` with the reason when ``hardware`` cannot run ``precision`` (one of
-    ``HandlerSettings``' choices, which checks the name)."""
+    """Raise ``ValueError`` with the reason when ``hardware`` cannot run ``precision``."""
     if precision == "fp16" and hardware.device_type != "cuda":
         raise ValueError(
             "precision fp16 needs a CUDA GPU, and this worker runs on the CPU; "
@@ -83,10 +69,8 @@ def cpu_flags_have_bf16(cpuinfo: str, machine: str) -> bool:
 
 
 def cpu_has_native_bf16() -> bool:
-    """torch's own CPU probes when it has them, else the kernel's CPU flags.
-
-    ``torch.backends.mkldnn``'s bf16 check is not used: it also answers yes for AVX-512
-    CPUs without bf16 instructions, where oneDNN emulates bf16."""
+    """torch's own CPU probes when it has them, else the kernel's CPU flags (not mkldnn's bf16
+    check: it also answers yes for AVX-512 CPUs without bf16 instructions)."""
     probes = [
         getattr(torch.cpu, name, None)
         for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")

@@ -1,13 +1,6 @@
-"""What every wire protocol shares: the request as delivered, the values, and the interface.
-
-A wire protocol (``handler.native``: ours and KServe v1; ``handler.open_inference``: KServe
-v2) is one module with one object behind ``WireProtocol``: ``decode`` turns a request into
-its texts (each valid or refused on its own) or refuses it whole; ``render`` answers the
-texts' outcomes, in order; ``refuse`` answers a request refused whole. The pipeline only
-flattens the texts, classifies them and puts the outcomes back; it never asks which
-protocol it holds (after LitServe's ``LitSpec`` hooks). ``handler.pipeline.PROTOCOLS`` lists
-them in the order they are asked.
-"""
+"""What every wire protocol shares: the request as delivered, the values, and ``WireProtocol``,
+the interface each protocol module implements (after LitServe's ``LitSpec`` hooks; the method
+table: docs/handler.md). ``handler.pipeline.PROTOCOLS`` lists them in the order they are asked."""
 
 from __future__ import annotations
 
@@ -86,15 +79,12 @@ class WireProtocol(Protocol[T]):
 
     def decode(self, request: IncomingRequest, settings: HandlerSettings) -> T | Rejected | None:
         """The request's texts, or its refusal; None when the request is not in this protocol."""
-        ...
 
     def render(self, decoded: T, outcomes: tuple[ItemOutcome, ...], request_id: str) -> Response:
         """The answer: ``outcomes`` has one prediction or error per item of ``decoded``."""
-        ...
 
     def refuse(self, rejected: Rejected, request_id: str) -> Response:
         """The answer to a request refused as a whole."""
-        ...
 
 
 def header_value(headers: Mapping[str, Any], name: str) -> str | None:

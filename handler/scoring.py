@@ -1,19 +1,5 @@
-"""From logits to scores: which function a model's head needs, and the per-request options.
-
-The function follows transformers' ``pipeline("text-classification")``, the reference the
-answers are tested against:
-
-    problem_type                          num_labels   function
-    "regression"                          any          none (the raw value)
-    "multi_label_classification"          any          sigmoid per label
-    "single_label_classification" / none  1            sigmoid
-    "single_label_classification" / none  2 or more    softmax across labels
-
-A model whose config has no ``problem_type`` says nothing about its head; for those the
-``score_function`` handler setting may pick another function (say sigmoid for a multi-label
-model saved without its problem type). A setting that contradicts a stated problem type is
-refused at start: the config, not the setting, would be right about the model's training.
-"""
+"""From logits to scores: the function a model's head needs, as transformers' text-classification
+pipeline picks it (the reference the answers are tested against), and the per-request options."""
 
 from __future__ import annotations
 
@@ -31,8 +17,7 @@ class ScoreFunction(StrEnum):
 
 @dataclass(frozen=True)
 class ScoreOptions:
-    """Per-request choices, applied to each answer after the forward pass, so they never
-    change which requests share a batch."""
+    """Per-request choices, applied after the forward pass, so they never change batching."""
 
     top_k: int | None = None
     """Keep only the k best labels in ``scores``, best first (None: every label, in order)."""
@@ -42,8 +27,7 @@ class ScoreOptions:
 
 @dataclass(frozen=True)
 class ExplainOptions:
-    """What an explanation request may choose (``handler.explain``); its presence on a text
-    is what makes the text an explanation rather than a prediction."""
+    """An explanation request's choices; on a text, they make it an explanation."""
 
     target: str | int | None = None
     """The label to explain, by name or class index; None: the predicted label."""

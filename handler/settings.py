@@ -1,10 +1,6 @@
-"""Handler settings: one frozen object, built once at worker start from the model config.
-
-The source is the ``handler:`` section of ``config/model-config.yaml``, which
-torch-model-archiver packs into the .mar and TorchServe hands to the worker as
-``context.model_yaml_config["handler"]``. Batch size, batch delay and workers are not
-handler settings: they live in ``config/config.properties`` only.
-"""
+"""Handler settings: one frozen object, built once at worker start from the ``handler:``
+section of ``config/model-config.yaml`` (TorchServe hands it to the worker as
+``context.model_yaml_config["handler"]``). Batch size, delay and workers are TorchServe's."""
 
 from __future__ import annotations
 
@@ -12,13 +8,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-DEVICE_CHOICES = ("auto", "cpu", "cuda")
 SCORE_FUNCTION_CHOICES = ("auto", "softmax", "sigmoid", "none")
-ATTENTION_CHOICES = ("auto", "sdpa", "eager")
 PRECISION_CHOICES = ("fp32", "bf16", "fp16")
 CHOICES = {
-    "device": DEVICE_CHOICES,
-    "attention": ATTENTION_CHOICES,
+    "device": ("auto", "cpu", "cuda"),
+    "attention": ("auto", "sdpa", "eager"),
     "precision": PRECISION_CHOICES,
     "score_function": SCORE_FUNCTION_CHOICES,
 }
@@ -26,47 +20,29 @@ CHOICES = {
 
 @dataclass(frozen=True)
 class HandlerSettings:
-    """Limits and choices of the handler; every field has a safe default."""
+    """Limits and choices, each explained in config/model-config.yaml; all have safe defaults."""
 
     max_length: int = 128
-    """Tokens per text, special tokens included; longer texts are truncated."""
     max_chars: int = 10_000
-    """Characters per text; longer texts are rejected before tokenization (413)."""
     max_texts_per_request: int = 64
-    """Texts in one ``{"texts": [...]}`` request; a longer list answers 413."""
     max_batch_tokens: int = 0
-    """Padded tokens (rows x longest row) per forward pass; larger batches are split by
-    length. 0: measured on the device at worker start (``handler.model.measured_budget``)."""
+    """0: measured on the device at worker start (``handler.model.measured_budget``)."""
     device: str = "auto"
-    """``auto`` takes the GPU TorchServe assigned when there is one, else the CPU."""
     torch_threads: int = 0
-    """Intra-op threads per worker; 0 keeps torch's default."""
+    """0: torch's default (as the server's start sized it) is kept."""
     labels: tuple[str, ...] = ()
-    """Label names by class index; empty means ``id2label`` of the model config."""
+    """Empty: ``id2label`` of the model config."""
     attention: str = "auto"
-    """Attention implementation: ``auto`` takes ``sdpa`` (PyTorch's fused kernel) where the
-    architecture has it and its own (``eager``) where not (``handler.model_check``); ``sdpa``
-    or ``eager`` force one."""
+    """``auto``: ``sdpa`` where the architecture has it, else ``eager`` (``model_check``)."""
     precision: str = "fp32"
-    """Forward pass: ``fp32`` (exact), ``bf16`` (a CPU with native bf16, or CUDA) or ``fp16``
-    (CUDA); one the hardware cannot run fails at worker start (``handler.precision``)."""
     pin_memory: bool = True
-    """CUDA only: pin host tensors so the copy to the GPU is asynchronous."""
     score_function: str = "auto"
-    """``auto`` follows the model config like transformers' pipeline; ``softmax``,
-    ``sigmoid`` or ``none`` pick the function for a model whose config has no problem_type."""
     multi_label_threshold: float = 0.5
-    """Multi-label models: a label is given (in ``labels``) when its score is at least this."""
     explain_steps: int = 50
-    """Explanations: integrated-gradients steps, the default and the most a request may ask
-    for (``n_steps``); TorchServe's stock handler takes 50."""
+    """The default and the most a request may ask for (``n_steps``)."""
     explain_max_tokens: int = 128
-    """Explanations: tokens per explained text (after truncation at ``max_length``, special
-    tokens included); a longer one answers 413 ``explain_too_long`` rather than running for
-    steps x tokens forward and backward passes."""
     explain_internal_batch_size: int = 0
-    """Explanations: interpolation steps per forward and backward pass; 0 fits as many as
-    ``max_batch_tokens`` allows for the text's length (at least 1)."""
+    """0: as many steps as ``max_batch_tokens`` holds for the text's length (at least 1)."""
 
     def __post_init__(self) -> None:
         _require(self.max_length >= 8, f"max_length must be at least 8, got {self.max_length}")

@@ -1,21 +1,6 @@
-"""Where each request's time went inside the worker, as response headers (named as TEI names them).
-
-TorchServe 0.12 hands the worker a batch with no arrival time, so the worker cannot see the
-frontend's queue or ``maxBatchDelay``: every time here starts when the handler received the
-batch. Milliseconds, as TEI's headers are, but with three decimals (TEI writes whole
-milliseconds; a tokenization takes well under one).
-
-    header                meaning
-    x-compute-time        handler receipt of the batch -> this request's outcome
-    x-tokenization-time   the batch's one tokenizer call (every text of the batch together)
-    x-queue-time          receipt -> start of the request's (first) forward pass, less the
-                          tokenization: decoding, validation, padding, earlier sub-batches
-    x-inference-time      the forward pass(es) of the sub-batch(es) its texts rode in
-    x-batch-size          requests in the TorchServe batch it rode in
-
-A request with no text forwarded (rejected, or the batch failed) gets only
-``x-compute-time`` and ``x-batch-size``.
-"""
+"""Where each request's time went inside the worker, as response headers named as TEI names
+them (the table: docs/api.md). Every time starts when the handler received the batch:
+TorchServe 0.12 passes the worker no arrival time."""
 
 from __future__ import annotations
 
@@ -38,10 +23,7 @@ def milliseconds(value: float) -> str:
 
 
 def timing_headers(
-    requests: int,
-    text_owners: Sequence[int],
-    stats: BatchStats,
-    received: float,
+    requests: int, text_owners: Sequence[int], stats: BatchStats, received: float
 ) -> list[Headers]:
     """One set of headers per request. ``text_owners[k]`` is the request index of the k-th
     text the classifier was given; ``received`` the handler's ``perf_counter`` at receipt."""
@@ -49,10 +31,7 @@ def timing_headers(
     if len(stats.sub_batch_of) == len(text_owners) and stats.forward_started:
         for owner, sub_batch in zip(text_owners, stats.sub_batch_of, strict=True):
             forwarded[owner].add(sub_batch)
-    common = (
-        (COMPUTE_TIME, milliseconds(stats.handler_ms)),
-        (BATCH_SIZE, str(requests)),
-    )
+    common = ((COMPUTE_TIME, milliseconds(stats.handler_ms)), (BATCH_SIZE, str(requests)))
     headers: list[Headers] = []
     for sub_batches in forwarded:
         if not sub_batches:

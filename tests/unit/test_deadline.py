@@ -11,7 +11,7 @@ import pytest
 
 from handler.deadline import Pace, client_wait, deadline, start_time
 from handler.errors import HTTP_STATUS, ErrorCode
-from handler.pipeline import IncomingRequest, answer_batch, run_batch
+from handler.pipeline import IncomingRequest, answer_batch
 from handler.settings import HandlerSettings
 from tests.unit.test_pipeline import FakeClassifier, body_of
 
@@ -107,7 +107,9 @@ def test_an_expired_request_is_not_forwarded_and_its_batch_mate_is_answered_as_a
     )
     unstamped = request("no stamp at all", "plain")
     classifier = FakeClassifier()
-    late, on_time, plain = run_batch([expired, fresh, unstamped], classifier, settings, now=NOW)
+    late, on_time, plain = answer_batch([expired, fresh, unstamped], classifier, settings, now=NOW)[
+        0
+    ]
 
     assert classifier.calls == [["a fresh text", "no stamp at all"]]
     assert (late.status, late.phrase) == HTTP_STATUS[ErrorCode.DEADLINE_EXCEEDED]
@@ -115,7 +117,7 @@ def test_an_expired_request_is_not_forwarded_and_its_batch_mate_is_answered_as_a
     assert body_of(late)["error"]["code"] == "deadline_exceeded"
     assert body_of(late)["request_id"] == "late"
 
-    alone = run_batch([fresh], FakeClassifier(), settings, now=NOW)[0]
+    alone = answer_batch([fresh], FakeClassifier(), settings, now=NOW)[0][0]
     assert on_time.status == 200
     assert on_time.body == alone.body
     assert plain.status == 200
@@ -125,9 +127,9 @@ def test_a_stated_wait_that_ended_in_the_queue_expires_the_request() -> None:
     """0.3 s waited of a stated 0.2 s: expired, not forwarded."""
     client_says = {"X-Request-Start": f"t={NOW - 0.3}", "X-Request-Timeout": "0.2"}
     classifier = FakeClassifier()
-    (response,) = run_batch(
+    (response,) = answer_batch(
         [request("x", "r", **client_says)], classifier, HandlerSettings(), now=NOW
-    )
+    )[0]
     assert response.status == 504
     assert classifier.calls == []
 
@@ -148,7 +150,7 @@ def test_a_list_request_expires_whole_and_an_open_inference_one_in_its_own_shape
         headers={**stamp, "explain": "False"},
     )
     classifier = FakeClassifier()
-    listed, infer = run_batch([texts, v2], classifier, HandlerSettings(), now=NOW)
+    listed, infer = answer_batch([texts, v2], classifier, HandlerSettings(), now=NOW)[0]
     assert classifier.calls == []
     assert listed.status == infer.status == 504
     assert body_of(listed)["error"]["code"] == "deadline_exceeded"
@@ -159,13 +161,13 @@ def test_a_request_that_states_no_wait_is_patient() -> None:
     """Stamped an hour ago but stating no wait: the server guesses none and answers it."""
     stamp = {"X-Request-Start": f"t={NOW - 3600}"}
     classifier = FakeClassifier()
-    (response,) = run_batch(
+    (response,) = answer_batch(
         [request("old but patient", "r", **stamp)],
         classifier,
         HandlerSettings(),
         now=NOW,
         pace=Pace(1.0),
-    )
+    )[0]
     assert response.status == 200
     assert classifier.calls == [["old but patient"]]
 
@@ -177,9 +179,9 @@ def test_expired_requests_are_counted_by_reason_in_the_metrics() -> None:
     seen: list[Any] = []
     stamp = {"X-Request-Start": f"t={NOW - 5}", "X-Request-Timeout": "1"}
     batch = [request("a", "1", **stamp), request("b", "2", **stamp), request("c", "3")]
-    run_batch(
+    answer_batch(
         batch, FakeClassifier(), HandlerSettings(), observe=lambda *a: seen.append(a), now=NOW
-    )
+    )[0]
     ((outcomes, stats),) = seen
     assert rejections_by_reason(outcomes) == {"deadline_exceeded": 2}
     assert batch_metrics(outcomes, stats)["ItemsAccepted"] == 1
@@ -189,9 +191,9 @@ def test_a_client_that_says_it_waits_long_is_not_cut_short() -> None:
     """A bulk client (bert_serve.Client sends its 70 s timeout) queued 2 s is still answered."""
     patient = {"X-Request-Start": f"t={NOW - 2}", "X-Request-Timeout": "70"}
     classifier = FakeClassifier()
-    (response,) = run_batch(
+    (response,) = answer_batch(
         [request("bulk", "r", **patient)], classifier, HandlerSettings(), now=NOW
-    )
+    )[0]
     assert response.status == 200
     assert classifier.calls == [["bulk"]]
 
@@ -208,16 +210,16 @@ def test_a_request_that_cannot_end_before_its_deadline_is_not_forwarded() -> Non
     )
     plain = request("no stamp", "plain")
     classifier = FakeClassifier()
-    soon, later, unstamped = run_batch(
+    soon, later, unstamped = answer_batch(
         [due_soon, due_later, plain], classifier, HandlerSettings(), now=NOW, pace=Pace(0.1)
-    )
+    )[0]
     assert classifier.calls == [["due later", "no stamp"]]
     assert soon.status == 504
     assert "before its batch could end" in body_of(soon)["error"]["message"]
     assert (later.status, unstamped.status) == (200, 200)
 
     classifier = FakeClassifier()
-    run_batch([due_soon, due_later], classifier, HandlerSettings(), now=NOW, pace=Pace())
+    answer_batch([due_soon, due_later], classifier, HandlerSettings(), now=NOW, pace=Pace())[0]
     assert classifier.calls == [["due soon", "due later"]]
 
 
@@ -234,7 +236,7 @@ def test_a_batch_too_large_for_its_deadlines_is_cut_not_refused_whole() -> None:
         for wait in waits
     ]
     classifier = FakeClassifier()
-    responses = run_batch(batch, classifier, HandlerSettings(), now=NOW, pace=Pace(0.1))
+    responses = answer_batch(batch, classifier, HandlerSettings(), now=NOW, pace=Pace(0.1))[0]
     assert [r.status for r in responses] == [504] * 4 + [200] * 4
     assert sorted(classifier.calls[0]) == [f"text {wait}" for wait in waits[4:]]
 
@@ -268,9 +270,9 @@ def test_a_batch_the_pace_would_empty_still_works_on_its_latest_deadline() -> No
     second = request("second", "b", **stamps, **{"X-Request-Timeout": "0.4"})
     pace = Pace(1.0)
     classifier = FakeClassifier()
-    refused, answered = run_batch(
+    refused, answered = answer_batch(
         [first, second], classifier, HandlerSettings(), now=NOW, pace=pace
-    )
+    )[0]
     assert classifier.calls == [["second"]]
     assert (refused.status, answered.status) == (504, 200)
     assert pace.seconds_per_text is not None and pace.seconds_per_text < 1.0
@@ -286,11 +288,11 @@ def test_a_batch_the_pace_would_empty_is_refused_whole_while_the_pace_is_fresh()
     batch = [request("first", "a", **stamps), request("second", "b", **stamps)]
     classifier = FakeClassifier()
     fresh = Pace(1.0, timed_at=NOW - PACE_STALE_S / 2)
-    responses = run_batch(batch, classifier, HandlerSettings(), now=NOW, pace=fresh)
+    responses = answer_batch(batch, classifier, HandlerSettings(), now=NOW, pace=fresh)[0]
     assert classifier.calls == []
     assert [r.status for r in responses] == [504, 504]
     stale = Pace(1.0, timed_at=NOW - PACE_STALE_S)
-    run_batch(batch, classifier, HandlerSettings(), now=NOW, pace=stale)
+    answer_batch(batch, classifier, HandlerSettings(), now=NOW, pace=stale)[0]
     assert len(classifier.calls) == 1
 
 
@@ -298,12 +300,12 @@ def test_the_batch_log_line_counts_the_expired_requests(caplog) -> None:
     """Two lines a batch whatever it refuses: its counts, and its refused requests by id."""
     late = {"X-Request-Start": f"t={NOW - 5}", "X-Request-Timeout": "1"}
     with caplog.at_level(logging.INFO, logger="handler.pipeline"):
-        run_batch(
+        answer_batch(
             [request("a", "a", **late), request("b", "b")],
             FakeClassifier(),
             HandlerSettings(),
             now=NOW,
-        )
+        )[0]
     line, refused = [r.getMessage() for r in caplog.records]
     assert line.startswith("batch_size=2 valid=1 rejected=1 ")
     assert line.endswith(" expired=1")

@@ -9,7 +9,7 @@ import pytest
 from handler.errors import ErrorCode
 from handler.inference import BatchStats, Prediction
 from handler.native import TextList, decode_request
-from handler.pipeline import IncomingRequest, run_batch
+from handler.pipeline import IncomingRequest, answer_batch
 from handler.protocol import Rejected, ValidText
 from handler.settings import HandlerSettings
 from tests.worker_harness import Sent, predict
@@ -47,7 +47,7 @@ def test_instances_are_answered_as_predictions() -> None:
         return [Prediction(t, 1.0, {t: 1.0}, False) for t in texts], BatchStats(texts=len(texts))
 
     request = IncomingRequest({"body": b'{"instances": ["one", "", {"text": "two"}]}'}, JSON, "r")
-    (response,) = run_batch([request], classifier, HandlerSettings(max_chars=100))
+    (response,) = answer_batch([request], classifier, HandlerSettings(max_chars=100))[0]
     body = json.loads(response.body)
     assert response.status == 200 and set(body) == {"predictions", "request_id"}
     assert [entry.get("label") for entry in body["predictions"]] == ["one", None, "two"]
@@ -84,7 +84,7 @@ def test_list_texts_share_the_classifier_call_with_single_requests() -> None:
     def request(body: object, rid: str) -> IncomingRequest:
         return IncomingRequest({"body": json.dumps(body).encode()}, JSON, rid)
 
-    responses = run_batch(
+    responses = answer_batch(
         [
             request({"text": "one"}, "a"),
             request({"texts": ["two", "", "three"]}, "b"),
@@ -92,7 +92,7 @@ def test_list_texts_share_the_classifier_call_with_single_requests() -> None:
         ],
         classifier,
         HandlerSettings(max_chars=100),
-    )
+    )[0]
     assert calls == [["one", "two", "three"]]
     assert [r.status for r in responses] == [200, 200, 400]
     listed = json.loads(responses[1].body)
@@ -108,7 +108,7 @@ def test_a_model_failure_marks_each_list_text_but_keeps_the_list_shape() -> None
         raise RuntimeError("boom")
 
     request = IncomingRequest({"body": b'{"texts": ["x", ""]}'}, JSON, "r")
-    (response,) = run_batch([request], broken, HandlerSettings(max_chars=100))
+    (response,) = answer_batch([request], broken, HandlerSettings(max_chars=100))[0]
     results = json.loads(response.body)["results"]
     assert response.status == 200
     assert [entry["error"]["code"] for entry in results] == ["internal_error", "empty_text"]

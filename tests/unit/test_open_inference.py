@@ -9,7 +9,7 @@ import pytest
 
 from handler.errors import ErrorCode
 from handler.open_inference import InferRequest, decode_infer, decode_infer_document
-from handler.pipeline import IncomingRequest, run_batch
+from handler.pipeline import IncomingRequest, answer_batch
 from handler.protocol import Rejected, ValidText, route_content_type
 from handler.settings import HandlerSettings
 from tests.unit.test_pipeline import FakeClassifier, fake_prediction
@@ -145,7 +145,8 @@ def wire(
     headers: dict[str, str] | None = None,
 ):
     body = document if isinstance(document, bytes) else json.dumps(document).encode()
-    return decode_infer({"body": body}, content_type, headers or {}, "bert", MAX_CHARS, 8)
+    request = IncomingRequest({"body": body}, content_type, "r", headers or {}, "bert")
+    return decode_infer(request, HandlerSettings(max_chars=MAX_CHARS, max_texts_per_request=8))
 
 
 def test_only_json_objects_with_inputs_are_v2_requests() -> None:
@@ -200,7 +201,7 @@ def test_v2_texts_share_the_batchs_one_classifier_call() -> None:
         request({"texts": ["listed"]}, 3),
         request(infer_body("third"), 4),
     ]
-    responses = run_batch(requests, classifier, HandlerSettings(max_chars=MAX_CHARS))
+    responses = answer_batch(requests, classifier, HandlerSettings(max_chars=MAX_CHARS))[0]
     assert classifier.calls == [["first", "second", "plain text", "listed", "third"]]
     assert [r.status for r in responses] == [200, 200, 400, 200, 200]
     first = json.loads(responses[0].body)
@@ -231,11 +232,11 @@ def test_v2_texts_share_the_batchs_one_classifier_call() -> None:
 
 
 def test_a_model_failure_answers_every_v2_request_500_in_the_v2_shape() -> None:
-    responses = run_batch(
+    responses = answer_batch(
         [request(infer_body("a"), 0)],
         FakeClassifier(error=RuntimeError("boom")),
         HandlerSettings(max_chars=MAX_CHARS),
-    )
+    )[0]
     assert responses[0].status == 500
     assert json.loads(responses[0].body)["error"].startswith("internal_error: ")
 

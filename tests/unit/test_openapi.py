@@ -11,7 +11,7 @@ from openapi_schema_validator import OAS30Validator
 from openapi_spec_validator import validate
 
 from handler.errors import HTTP_STATUS
-from handler.pipeline import IncomingRequest, run_batch
+from handler.pipeline import IncomingRequest, answer_batch
 from handler.settings import HandlerSettings
 from tests.conftest import ROOT
 from tests.unit.test_pipeline import FakeClassifier
@@ -106,20 +106,20 @@ def test_the_handlers_answers_conform_to_the_document(
     body: bytes, content_type: str | None
 ) -> None:
     """Each answer of the pipeline validates against the document's schema for its status."""
-    (response,) = run_batch(
+    (response,) = answer_batch(
         [IncomingRequest({"body": body}, content_type, "r-1")],
         FakeClassifier(),
         HandlerSettings(max_chars=30),
-    )
+    )[0]
     OAS30Validator(answers_schema(response.status)).validate(json.loads(response.body))
 
 
 def test_a_model_failure_conforms_too() -> None:
-    (response,) = run_batch(
+    (response,) = answer_batch(
         [IncomingRequest({"body": b"fine"}, "text/plain", "r-1")],
         FakeClassifier(error=RuntimeError("x")),
         HandlerSettings(max_chars=30),
-    )
+    )[0]
     assert response.status == 500
     OAS30Validator(answers_schema(500)).validate(json.loads(response.body))
 
@@ -128,11 +128,11 @@ def test_a_model_failure_conforms_too() -> None:
 def test_an_expired_request_conforms_too(body: bytes) -> None:
     """504 deadline_exceeded, in our shape and in the Open Inference one."""
     stamp = {"X-Request-Start": "t=1000", "X-Request-Timeout": "1", "explain": "False"}
-    (response,) = run_batch(
+    (response,) = answer_batch(
         [IncomingRequest({"body": body}, "application/json", "r-1", headers=stamp)],
         FakeClassifier(),
         HandlerSettings(),
-    )
+    )[0]
     assert response.status == 504
     OAS30Validator(answers_schema(504)).validate(json.loads(response.body))
 
@@ -177,10 +177,10 @@ def test_explanations_conform_to_the_document(
     settings = HandlerSettings(max_chars=30, explain_max_tokens=6)
     model = load_model(tiny_model_dir, settings, None)
     headers = {"explain": "True"} if "v1" in route else {"explain": "True", "url_path": ""}
-    (response,) = run_batch(
+    (response,) = answer_batch(
         [IncomingRequest({"body": body}, content_type, "r-1", headers=headers)],
         FakeClassifier(),
         settings,
         explainer=lambda items: explain_all(model, items, settings),
-    )
+    )[0]
     OAS30Validator(explain_schema(response.status, route)).validate(json.loads(response.body))

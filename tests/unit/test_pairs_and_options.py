@@ -11,7 +11,7 @@ import pytest
 from handler.errors import HTTP_STATUS, ErrorCode
 from handler.inference import BatchStats, Prediction, TextInput
 from handler.native import DEFAULT_OPTIONS, TextList, decode_request
-from handler.pipeline import IncomingRequest, run_batch
+from handler.pipeline import IncomingRequest, answer_batch
 from handler.protocol import Rejected, ValidText
 from handler.scoring import ScoreOptions
 from handler.settings import HandlerSettings
@@ -181,7 +181,7 @@ def test_pairs_and_options_share_one_classifier_call_and_answer_per_request() ->
         request({"text": "odd", "top_k": "1"}, "r3"),
         request({"text": "ok", "text_pair": ""}, "r4"),
     ]
-    responses = run_batch(requests, classifier, HandlerSettings(max_chars=LIMIT))
+    responses = answer_batch(requests, classifier, HandlerSettings(max_chars=LIMIT))[0]
     assert classifier.calls == [["odd", ("even", "x"), "odd", ("pair", "yy")]]
     bodies = [json.loads(response.body) for response in responses]
     assert [response.status for response in responses] == [200, 200, 200, 400, 400]
@@ -204,11 +204,11 @@ def test_multi_label_answers_carry_labels() -> None:
         raw = {"x": 2.2, "y": 0.8, "z": -2.2}
         return [Prediction("x", 0.9, scores, False, ["x", "y"], raw) for _ in texts], BatchStats()
 
-    responses = run_batch(
+    responses = answer_batch(
         [request({"text": "t"}, "a"), request({"text": "t", "top_k": 1, "raw_scores": True}, "b")],
         classifier,
         HandlerSettings(max_chars=LIMIT),
-    )
+    )[0]
     plain, shaped = (json.loads(response.body) for response in responses)
     assert plain["labels"] == shaped["labels"] == ["x", "y"]
     assert list(plain) == ["label", "score", "scores", "truncated", "labels", "request_id"]

@@ -17,7 +17,7 @@ from handler import pipeline
 from handler.decoding import validate_text
 from handler.errors import ErrorCode
 from handler.inference import BatchStats, Prediction
-from handler.pipeline import IncomingRequest, ListOutcome, Response, classify_valid, run_batch
+from handler.pipeline import IncomingRequest, ListOutcome, Response, answer_batch, classify_valid
 from handler.protocol import Rejected, ValidText
 from handler.settings import HandlerSettings
 
@@ -132,7 +132,7 @@ def mixed_requests() -> list[IncomingRequest]:
 def test_mixed_batch_answers_each_request_at_its_index() -> None:
     """Good and bad items in one batch each get their own status and body shape, in order."""
     classifier = FakeClassifier()
-    responses = run_batch(mixed_requests(), classifier, SETTINGS)
+    responses = answer_batch(mixed_requests(), classifier, SETTINGS)[0]
     assert len(responses) == len(MIXED)
     for response, (request, status, code, text) in zip(responses, MIXED, strict=True):
         if code is None:
@@ -143,7 +143,7 @@ def test_mixed_batch_answers_each_request_at_its_index() -> None:
 
 def test_error_phrases_match_statuses() -> None:
     """400 answers Bad Request and 413 answers Payload Too Large."""
-    responses = run_batch(mixed_requests(), FakeClassifier(), SETTINGS)
+    responses = answer_batch(mixed_requests(), FakeClassifier(), SETTINGS)[0]
     phrases = {response.status: response.phrase for response in responses}
     assert phrases == {200: "OK", 400: "Bad Request", 413: "Payload Too Large"}
 
@@ -151,7 +151,7 @@ def test_error_phrases_match_statuses() -> None:
 def test_classifier_called_once_with_only_valid_texts_in_order() -> None:
     """The model sees the valid texts only, once per batch, in request order."""
     classifier = FakeClassifier()
-    run_batch(mixed_requests(), classifier, SETTINGS)
+    answer_batch(mixed_requests(), classifier, SETTINGS)[0]
     assert classifier.calls == [["a fine film", "plain text body", "form field!"]]
 
 
@@ -159,7 +159,7 @@ def test_batch_of_only_bad_items_never_calls_classifier() -> None:
     """When nothing is valid, no forward pass runs and every item keeps its 4xx."""
     bad = [(request, status, code) for request, status, code, _ in MIXED if code is not None]
     classifier = FakeClassifier()
-    responses = run_batch([request for request, *_ in bad], classifier, SETTINGS)
+    responses = answer_batch([request for request, *_ in bad], classifier, SETTINGS)[0]
     assert classifier.calls == []
     for response, (request, status, code) in zip(responses, bad, strict=True):
         assert_error(response, request.request_id, status, code)
@@ -168,7 +168,7 @@ def test_batch_of_only_bad_items_never_calls_classifier() -> None:
 def test_empty_batch() -> None:
     """An empty batch answers nothing and never calls the model."""
     classifier = FakeClassifier()
-    assert run_batch([], classifier, SETTINGS) == []
+    assert answer_batch([], classifier, SETTINGS)[0] == []
     assert classifier.calls == []
 
 
@@ -178,7 +178,7 @@ def test_empty_batch() -> None:
 def test_classifier_failure_gives_500_to_valid_items_only(error: Exception) -> None:
     """A model failure answers 500 to the valid items; the bad items keep their own 4xx."""
     classifier = FakeClassifier(error=error)
-    responses = run_batch(mixed_requests(), classifier, SETTINGS)
+    responses = answer_batch(mixed_requests(), classifier, SETTINGS)[0]
     assert len(classifier.calls) == 1
     for response, (request, status, code, _) in zip(responses, MIXED, strict=True):
         if code is None:
@@ -191,7 +191,7 @@ def test_classifier_failure_gives_500_to_valid_items_only(error: Exception) -> N
 @pytest.mark.parametrize(("drop", "extra"), [(1, 0), (3, 0), (0, 1)])
 def test_wrong_prediction_count_gives_500_to_valid_items_only(drop: int, extra: int) -> None:
     """Too few or too many predictions is a bug: the valid items get 500, the bad keep their 4xx."""
-    responses = run_batch(mixed_requests(), FakeClassifier(drop=drop, extra=extra), SETTINGS)
+    responses = answer_batch(mixed_requests(), FakeClassifier(drop=drop, extra=extra), SETTINGS)[0]
     assert len(responses) == len(MIXED)
     for response, (request, status, code, _) in zip(responses, MIXED, strict=True):
         if code is None:
@@ -244,7 +244,7 @@ def test_classify_valid_classifier_failure() -> None:
 
 def test_responses_are_json_strings() -> None:
     """Every response body is a str that parses back to a JSON object."""
-    for response in run_batch(mixed_requests(), FakeClassifier(), SETTINGS):
+    for response in answer_batch(mixed_requests(), FakeClassifier(), SETTINGS)[0]:
         assert isinstance(response.body, str)
         assert isinstance(json.loads(response.body), dict)
 
@@ -252,14 +252,14 @@ def test_responses_are_json_strings() -> None:
 def test_request_ids_are_echoed_per_item() -> None:
     """Each response carries its own request's id, even when the texts are identical."""
     requests = [json_request({"text": "same text"}, f"id-{i}") for i in range(5)]
-    responses = run_batch(requests, FakeClassifier(), SETTINGS)
+    responses = answer_batch(requests, FakeClassifier(), SETTINGS)[0]
     assert [body_of(r)["request_id"] for r in responses] == [f"id-{i}" for i in range(5)]
 
 
 def test_unicode_text_round_trips_through_the_response() -> None:
     """Non-ASCII texts are classified and the response stays valid JSON."""
     classifier = FakeClassifier()
-    responses = run_batch([json_request({"text": "très bien 😀"}, "u")], classifier, SETTINGS)
+    responses = answer_batch([json_request({"text": "très bien 😀"}, "u")], classifier, SETTINGS)[0]
     assert classifier.calls == [["très bien 😀"]]
     assert_success(responses[0], "u", "très bien 😀")
 
@@ -277,7 +277,7 @@ def test_lone_surrogate_item_does_not_fail_its_batch_mates() -> None:
         json_request({"text": "good"}, "ok"),
         raw_request(b'{"text": "bad \\ud800"}', "bad", "application/json"),
     ]
-    responses = run_batch(requests, tokenizer_like_classifier, SETTINGS)
+    responses = answer_batch(requests, tokenizer_like_classifier, SETTINGS)[0]
     assert_success(responses[0], "ok", "good")
     assert_error(responses[1], "bad", 400, ErrorCode.INVALID_ENCODING)
 
@@ -340,7 +340,7 @@ def test_property_responses_match_requests_one_to_one(
         for i, (_, (fields, content_type), _) in enumerate(batch)
     ]
     classifier = FakeClassifier()
-    responses = run_batch(requests, classifier, SETTINGS)
+    responses = answer_batch(requests, classifier, SETTINGS)[0]
 
     assert len(responses) == len(requests)
     valid = [text for _, _, text in batch if text is not None]
@@ -384,7 +384,7 @@ def test_a_new_protocol_is_one_object_in_the_registry(monkeypatch: pytest.Monkey
         IncomingRequest({"body": b"ab\n\nabc"}, "text/x-lines", "lines"),
         json_request({"text": "abcd"}, "plain"),
     ]
-    lines, plain = run_batch(requests, classifier, SETTINGS)
+    lines, plain = answer_batch(requests, classifier, SETTINGS)[0]
     assert classifier.calls == [["ab", "abc", "abcd"]]
     assert lines.body == f"{fake_label('ab')}\nempty_text\n{fake_label('abc')}"
     assert body_of(plain)["label"] == fake_label("abcd")
