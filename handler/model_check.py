@@ -1,5 +1,5 @@
 """Can this Hugging Face folder be served? One check, run by ``make package`` and at worker start
-(the rules and why: docs/model.md). ``inspect_folder`` never reads the weights, so a folder is
+(the rules and why: docs/own-model.md). ``inspect_folder`` never reads the weights, so a folder is
 refused in seconds with every reason the worker would give after minutes."""
 
 from __future__ import annotations
