@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from dataclasses import dataclass, replace
@@ -20,7 +19,7 @@ from handler.model_check import (
     inspect_folder,
     padding_difference,
 )
-from handler.precision import Plan, check_precision, hardware_of, plan_for
+from handler.precision import DTYPES, check_precision, choose_attention_kernels, hardware_of
 from handler.scoring import ScoreFunction, resolve_score_function
 from handler.settings import HandlerSettings
 
@@ -33,7 +32,8 @@ class LoadedModel:
     tokenizer: Any
     labels: tuple[str, ...]
     device: torch.device
-    precision: Plan = Plan(weights=torch.float32, autocast=None)
+    dtype: torch.dtype = torch.float32
+    """The weights' precision (cast at load: faster than autocast, docs/bench/README.md)."""
     pin_memory: bool = False
     score_function: ScoreFunction = ScoreFunction.SOFTMAX
     multi_label_threshold: float | None = None
@@ -70,7 +70,8 @@ def label_names(
 def load_model(model_dir: Path, settings: HandlerSettings, gpu_id: int | None) -> LoadedModel:
     device = select_device(settings.device, gpu_id)
     check_precision(settings.precision, hardware_of(device))
-    precision = plan_for(settings.precision, device.type)
+    dtype = DTYPES[settings.precision]
+    choose_attention_kernels(device.type, dtype)
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
     inspection = inspect_folder(model_dir, settings)
@@ -78,8 +79,8 @@ def load_model(model_dir: Path, settings: HandlerSettings, gpu_id: int | None) -
         raise ModelRefused(model_dir, inspection.problems)
     tokenizer, attention = inspection.tokenizer, inspection.attention
     logger.info("attention %s: %s", attention.implementation, attention.reason)
-    model = load_classifier(model_dir, device, precision.weights, attention)
-    if precision == Plan(torch.float32, None):
+    model = load_classifier(model_dir, device, dtype, attention)
+    if dtype == torch.float32:
         moved = padding_difference(model, tokenizer, device)
         if moved > PADDING_TOLERANCE:
             problem = Problem(
@@ -109,7 +110,7 @@ def load_model(model_dir: Path, settings: HandlerSettings, gpu_id: int | None) -
         tokenizer=tokenizer,
         labels=labels,
         device=device,
-        precision=precision,
+        dtype=dtype,
         pin_memory=settings.pin_memory,
         score_function=function,
         multi_label_threshold=settings.multi_label_threshold if multi_label else None,
@@ -143,8 +144,8 @@ def forward(
     attention_mask: torch.Tensor,
     token_type_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Float32 logits on the CPU, one row per input, in the precision's plan: one move to the
-    device (pinned, so asynchronous, on CUDA when enabled) and one back."""
+    """Float32 logits on the CPU, one row per input: one move to the device (pinned, so
+    asynchronous, on CUDA when enabled) and one back."""
     device = loaded.device
     on_cuda = device.type == "cuda"
     inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
@@ -152,11 +153,7 @@ def forward(
         inputs["token_type_ids"] = token_type_ids
     if on_cuda and loaded.pin_memory:
         inputs = {name: tensor.pin_memory() for name, tensor in inputs.items()}
-    autocast = loaded.precision.autocast
-    with (
-        torch.inference_mode(),
-        torch.autocast(device.type, dtype=autocast) if autocast else contextlib.nullcontext(),
-    ):
+    with torch.inference_mode():
         on_device = {name: t.to(device, non_blocking=on_cuda) for name, t in inputs.items()}
         logits: torch.Tensor = loaded.model(**on_device).logits.float().cpu()
     return logits

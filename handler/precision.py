@@ -1,6 +1,6 @@
 """The precision of the forward pass: which one this hardware can run natively (else the
-worker fails at start, rather than serve slowly), and how: weights cast on the CPU (faster than
-autocast there: docs/bench/README.md), autocast on CUDA; the logits leave as float32 either way."""
+worker fails at start, rather than serve slowly), and how: weights cast, on the CPU and on CUDA
+alike (faster than autocast on both: docs/bench/README.md); the logits leave as float32."""
 
 from __future__ import annotations
 
@@ -23,14 +23,6 @@ class Hardware:
     native_bf16: bool
 
 
-@dataclass(frozen=True)
-class Plan:
-    """How a precision is applied on a device: weights cast, or autocast around the forward."""
-
-    weights: torch.dtype
-    autocast: torch.dtype | None
-
-
 def check_precision(precision: str, hardware: Hardware) -> None:
     """Raise ``ValueError`` with the reason when ``hardware`` cannot run ``precision``."""
     if precision == "fp16" and hardware.device_type != "cuda":
@@ -46,16 +38,6 @@ def check_precision(precision: str, hardware: Hardware) -> None:
             "PyTorch would emulate it, slower than fp32"
         )
         raise ValueError(f"precision bf16 cannot run here: {where}; use fp32")
-
-
-def plan_for(precision: str, device_type: str) -> Plan:
-    """CPU: weights in the precision, no autocast. CUDA: fp32 weights under autocast."""
-    dtype = DTYPES[precision]
-    if precision == "fp32":
-        return Plan(weights=torch.float32, autocast=None)
-    if device_type == "cuda":
-        return Plan(weights=torch.float32, autocast=dtype)
-    return Plan(weights=dtype, autocast=None)
 
 
 def cpu_flags_have_bf16(cpuinfo: str, machine: str) -> bool:
@@ -81,6 +63,15 @@ def cpu_has_native_bf16() -> bool:
     if not cpuinfo.is_file():
         return False
     return cpu_flags_have_bf16(cpuinfo.read_text(errors="replace"), platform.machine())
+
+
+def choose_attention_kernels(device_type: str, weights: torch.dtype) -> None:
+    """Leave cuDNN's attention out for bf16 and fp16 on CUDA: PyTorch picks it there, and it
+    builds a plan for every new input shape, which batches of varying lengths keep making (on
+    an H100, bf16 passes of 1 and 16 texts ran 4x and 11x slower with it: docs/bench/README.md).
+    The flash and memory-efficient kernels run instead. fp32 never uses it."""
+    if device_type == "cuda" and weights != torch.float32:
+        torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 def hardware_of(device: torch.device) -> Hardware:

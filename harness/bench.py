@@ -13,6 +13,7 @@ The smoke form keeps the ceiling and the default server, with a few seconds each
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -89,6 +90,9 @@ def peers(plan: Plan, configs: dict[str, dict[str, float]]) -> Iterator[list[End
     """The LitServe peers (none in the smoke form), running until the block ends."""
     with ExitStack() as stack:
         endpoints = []
+        if not plan.smoke and importlib.util.find_spec("litserve") is None:
+            step("LitServe is not installed here: the peers are left out")
+            configs = {}
         for peer, peer_config in ({} if plan.smoke else configs).items():
             step(f"starting the LitServe peer {peer}")
             running_peer = stack.enter_context(litserve_peer(plan.model_dir, peer_config))

@@ -15,11 +15,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from handler.inference import classify
 from handler.model import LoadedModel, load_model
-from handler.precision import Plan, cpu_has_native_bf16
+from handler.precision import cpu_has_native_bf16
 from handler.settings import HandlerSettings
 from harness.corpus import DATA_FILE, read_reviews, split
 
@@ -171,16 +169,10 @@ def budget_sweep(
 
 
 def execution_loaders(model_dir: Path) -> dict[str, Callable[[], LoadedModel]]:
-    """The options compared: attention kernels, and where this CPU has native bf16 the
-    two ways to run bf16: the handler's (weights cast to bf16) and autocast over fp32 weights
-    (not a setting; measured to show why the handler casts)."""
+    """The options compared: attention kernels, and bf16 where this CPU has it natively."""
 
-    def loader(settings: HandlerSettings, plan: Plan | None = None) -> Callable[[], LoadedModel]:
-        def load() -> LoadedModel:
-            loaded = load_model(model_dir, settings, gpu_id=None)
-            return loaded if plan is None else replace(loaded, precision=plan)
-
-        return load
+    def loader(settings: HandlerSettings) -> Callable[[], LoadedModel]:
+        return lambda: load_model(model_dir, settings, gpu_id=None)
 
     one = HandlerSettings(torch_threads=1)
     options = {
@@ -189,9 +181,6 @@ def execution_loaders(model_dir: Path) -> dict[str, Callable[[], LoadedModel]]:
     }
     if cpu_has_native_bf16():
         options["sdpa_bf16"] = loader(replace(one, precision="bf16"))
-        options["sdpa_bf16_autocast"] = loader(
-            one, Plan(weights=torch.float32, autocast=torch.bfloat16)
-        )
     return options
 
 
@@ -224,9 +213,6 @@ def execution_options(model_dir: Path, corpus: Sequence[str], seconds: float) ->
         print(f"  {name}: {out[name]}", file=sys.stderr)
     if "sdpa_bf16" in out:
         out["bf16_speedup"] = round(out["sdpa_bf16"]["texts_per_s"] / out["sdpa"]["texts_per_s"], 2)
-        out["bf16_autocast_speedup"] = round(
-            out["sdpa_bf16_autocast"]["texts_per_s"] / out["sdpa"]["texts_per_s"], 2
-        )
         out["bf16_accuracy_change_points"] = round(
             100 * (out["sdpa_bf16"]["held_out_accuracy"] - out["sdpa"]["held_out_accuracy"]), 1
         )

@@ -8,13 +8,15 @@ The rule, in the order it is applied:
   machine's.
 - **Workers**: on a CPU, one per core with one torch thread each (``OMP_NUM_THREADS=1``), so
   batches run side by side instead of one batch's small matrices being split across cores; on
-  GPUs, one per GPU, with the cores shared among them. Capped so that the workers' memory (the
+  GPUs, ``WORKERS_PER_GPU`` per GPU where the cores allow, each with one torch thread (the
+  forward runs on the GPU; on an H100, 16 threads served 0.62 of the requests/s of one at 32
+  clients, docs/bench/README.md). Capped so that the workers' memory (the
   model's weights and ``WORKER_OVERHEAD_BYTES`` each) fits in half of the memory.
 - **Several models** (each version of a name counts as one): the cores left after the workers
   the config states are shared out equally among the others, the first ones taking one more
   while cores remain (2 models on 9 cores: 5 and 4); each model has at least one worker, so
   workers x threads never exceeds the cores unless there are more models than cores (which the
-  reasons then say). On GPUs each model has one worker per GPU. The memory cap takes one
+  reasons then say). On GPUs each model has its workers on every GPU. The memory cap takes one
   worker at a time from the model with the most until all fit.
 - **Batch size** (``batchSize``): one worker's rate is measured at start on each .mar's own model
   and code at batch sizes ``BATCH_SIZES``; the smallest whose rate is within ``NEAR_BEST`` of the
@@ -115,8 +117,14 @@ def read_machine(gpus: int) -> Machine:
     return Machine(cores=cores, memory_bytes=memory, gpus=gpus)
 
 
+WORKERS_PER_GPU = 2
+"""Two workers share a GPU, so that one's CPU side (decode, tokenize, answer) runs while the
+other's forward runs on the GPU, where the cores allow (docs/bench/README.md: 1.4x at 32 and 64
+clients on an H100); one per GPU on fewer cores."""
+
+
 def workers_for(machine: Machine, worker_bytes: int) -> tuple[int, list[str]]:
-    """One worker per GPU, else per core; no more than half of the memory holds."""
+    """``WORKERS_PER_GPU`` per GPU, else one per core; no more than half of the memory holds."""
     (workers,), reasons = shared_workers(machine, [worker_bytes])
     return workers, reasons
 
@@ -125,13 +133,14 @@ def shared_workers(
     machine: Machine, worker_bytes: list[int], stated: int = 0, stated_bytes: int = 0
 ) -> tuple[list[int], list[str]]:
     """Workers for models of ``worker_bytes`` each (one entry per model), besides ``stated``
-    workers the config sets (holding ``stated_bytes``): one per GPU per model, else the cores
+    workers the config sets (holding ``stated_bytes``): ``WORKERS_PER_GPU`` per GPU per model, else the cores
     left shared out equally; then cut, one at a time from the model with the most (the last of
     them), until the workers fit in half of the memory."""
     count = len(worker_bytes)
     if machine.gpus:
-        workers = [machine.gpus] * count
-        reasons = [f"{machine.gpus} GPU(s): one worker each per model"]
+        per_gpu = WORKERS_PER_GPU if machine.cores >= WORKERS_PER_GPU * machine.gpus * count else 1
+        workers = [machine.gpus * per_gpu] * count
+        reasons = [f"{machine.gpus} GPU(s): {per_gpu} worker(s) on each per model"]
     else:
         cores = max(count, math.floor(machine.cores) - stated)
         workers = [cores // count + (i < cores % count) for i in range(count)]
@@ -170,8 +179,9 @@ def workers_on_this_machine(model_dir: Path, gpus: int) -> int:
 
 
 def threads_for(machine: Machine, workers: int) -> int:
-    """The cores shared among the workers, at least one torch thread each."""
-    return max(1, math.floor(machine.cores) // workers)
+    """On a CPU, the cores shared among the workers, at least one torch thread each. On GPUs,
+    one: the forward runs on the GPU, and more CPU threads only spin beside the tokenizer."""
+    return 1 if machine.gpus else max(1, math.floor(machine.cores) // workers)
 
 
 def derive(
@@ -341,7 +351,8 @@ def with_workers(machine: Machine, models: list[Served]) -> tuple[list[Served], 
         ]
     total = sum(int(model.entry["minWorkers"]) for model in models)
     threads = threads_for(machine, total)
-    reasons.append(f"{threads} torch thread(s) per worker: the cores shared among them")
+    cause = "the forward runs on the GPU" if machine.gpus else "the cores shared among them"
+    reasons.append(f"{threads} torch thread(s) per worker: {cause}")
     return models, threads, reasons
 
 

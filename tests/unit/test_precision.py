@@ -13,11 +13,10 @@ from handler.model import load_model
 from handler.precision import (
     DTYPES,
     Hardware,
-    Plan,
     check_precision,
+    choose_attention_kernels,
     cpu_flags_have_bf16,
     cpu_has_native_bf16,
-    plan_for,
 )
 from handler.settings import PRECISION_CHOICES, HandlerSettings
 from tests.heads import HEADS
@@ -65,11 +64,25 @@ def test_every_precision_the_settings_accept_has_a_dtype() -> None:
     assert set(DTYPES) == set(PRECISION_CHOICES)
 
 
-def test_plans_cast_weights_on_the_cpu_and_autocast_on_cuda() -> None:
-    assert plan_for("fp32", "cpu") == plan_for("fp32", "cuda") == Plan(torch.float32, None)
-    assert plan_for("bf16", "cpu") == Plan(torch.bfloat16, None)
-    assert plan_for("bf16", "cuda") == Plan(torch.float32, torch.bfloat16)
-    assert plan_for("fp16", "cuda") == Plan(torch.float32, torch.float16)
+@pytest.mark.parametrize(
+    ("device_type", "weights", "cudnn_attention"),
+    [
+        ("cuda", torch.bfloat16, False),
+        ("cuda", torch.float16, False),
+        ("cuda", torch.float32, True),
+        ("cpu", torch.bfloat16, True),
+    ],
+)
+def test_cudnn_attention_is_left_out_for_half_precision_on_cuda(
+    device_type: str, weights: torch.dtype, cudnn_attention: bool
+) -> None:
+    """A process-wide switch, so it is set back after each case."""
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    try:
+        choose_attention_kernels(device_type, weights)
+        assert torch.backends.cuda.cudnn_sdp_enabled() is cudnn_attention
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(True)
 
 
 @pytest.mark.parametrize(

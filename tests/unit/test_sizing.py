@@ -39,8 +39,10 @@ def test_cgroup_v2_and_v1_quotas(tmp_path: Path) -> None:
         (sizing.Machine(cores=32, memory_bytes=128 * GIB, gpus=0), 32, 1),
         (sizing.Machine(cores=2.5, memory_bytes=8 * GIB, gpus=0), 2, 1),
         (sizing.Machine(cores=0.5, memory_bytes=8 * GIB, gpus=0), 1, 1),
-        (sizing.Machine(cores=16, memory_bytes=128 * GIB, gpus=1), 1, 16),
-        (sizing.Machine(cores=16, memory_bytes=128 * GIB, gpus=4), 4, 4),
+        (sizing.Machine(cores=16, memory_bytes=128 * GIB, gpus=1), 2, 1),
+        (sizing.Machine(cores=16, memory_bytes=128 * GIB, gpus=4), 8, 1),
+        # two workers per GPU need two cores per GPU
+        (sizing.Machine(cores=4, memory_bytes=128 * GIB, gpus=4), 4, 1),
         # 32 workers of 1 GiB cannot fit in half of 8 GiB: 4 do
         (sizing.Machine(cores=32, memory_bytes=8 * GIB, gpus=0), 4, 8),
     ],
@@ -132,14 +134,14 @@ def test_number_of_gpu_caps_the_gpus(
     machine_of_8_cores: list[tuple[tuple[int, ...], int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``number_of_gpu=0`` serves on the CPU of a GPU machine: a worker per core."""
-    monkeypatch.setattr(sizing, "gpu_count", lambda: 4)
+    monkeypatch.setattr(sizing, "gpu_count", lambda: 2)
     on_gpus = sizing.resolve(effective_properties())
     on_cpu = sizing.resolve(effective_properties({"number_of_gpu": "0"}))
     workers = [
         json.loads(resolved.properties["models"])["bert"]["1.0"]["minWorkers"]
         for resolved in (on_gpus, on_cpu)
     ]
-    assert workers == [4, 8]
+    assert workers == [2 * sizing.WORKERS_PER_GPU, 8]
 
 
 def test_values_the_config_states_win(
@@ -177,7 +179,9 @@ def test_an_archive_without_a_model_is_not_measured(
         (sizing.Machine(cores=2, memory_bytes=64 * GIB, gpus=0), 2, [1, 1]),
         (sizing.Machine(cores=9, memory_bytes=64 * GIB, gpus=0), 2, [5, 4]),
         (sizing.Machine(cores=16, memory_bytes=64 * GIB, gpus=0), 3, [6, 5, 5]),
-        (sizing.Machine(cores=16, memory_bytes=64 * GIB, gpus=2), 3, [2, 2, 2]),
+        (sizing.Machine(cores=16, memory_bytes=64 * GIB, gpus=2), 3, [4, 4, 4]),
+        # two workers per GPU for each model need 12 cores
+        (sizing.Machine(cores=8, memory_bytes=64 * GIB, gpus=2), 3, [2, 2, 2]),
         # 8 workers of 1 GiB cannot fit in half of 6 GiB: 3 do, taken from the largest first
         (sizing.Machine(cores=8, memory_bytes=6 * GIB, gpus=0), 2, [2, 1]),
     ],
