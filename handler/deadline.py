@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from handler.protocol import header_value
@@ -59,21 +59,24 @@ def deadline(headers: Mapping[str, Any], now: float) -> float | None:
     return None if start is None or wait is None else min(start, now) + wait
 
 
-PACE_WEIGHT = 0.2
-"""The weight of the newest batch in ``Pace``'s running estimate."""
+PACE_WINDOW = 20
+"""``Pace`` estimates from this many of the worker's latest batches."""
 PACE_STALE_S = 1.0
 """A pace not timed for this long may be kept up by one slow batch: time one batch again."""
 
 
 @dataclass
 class Pace:
-    """This worker's recent batches, as seconds of handling per valid text (a running
-    average; None until a batch with texts was timed): a batch of n texts is expected to end
-    n x this after it began, which errs toward refusing (docs/deadlines.md)."""
+    """This worker's recent batches, as seconds of handling per valid text: a batch of n texts
+    is expected to end n x the slowest of the last ``PACE_WINDOW`` after it began (None until
+    a batch with texts was timed). The slowest, not the mean: batch times vary on a shared
+    machine, and a text kept on the mean's estimate ends late about half the times it is kept
+    near its deadline (docs/deadlines.md)."""
 
     seconds_per_text: float | None = None
     timed_at: float = float("-inf")
     """When a batch with texts was last timed (unix time)."""
+    recent: list[float] = field(default_factory=list)
 
     def expected_s(self, texts: int) -> float:
         """How long a batch of ``texts`` valid texts is expected to take; 0 when unknown."""
@@ -86,8 +89,5 @@ class Pace:
         if texts < 1 or seconds < 0:
             return
         self.timed_at = time.time() if at is None else at
-        newest = seconds / texts
-        previous = self.seconds_per_text
-        self.seconds_per_text = (
-            newest if previous is None else (1 - PACE_WEIGHT) * previous + PACE_WEIGHT * newest
-        )
+        self.recent = [*self.recent[1 - PACE_WINDOW :], seconds / texts]
+        self.seconds_per_text = max(self.recent)

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.archive import DEFAULT_MODEL_DIR, package_variant
+from harness.batchlog import LogWindow, batch_times
 from harness.corpus import make_corpus
 from harness.load import ClosedLoop, json_job, percentile, statuses
 from harness.measure import cores_used, server_processes
@@ -56,20 +57,24 @@ class Level:
 
 
 def run_level(server: Server, corpus: list[str], level: Level, seconds: float) -> dict[str, Any]:
-    """The level's answers, and the cores the frontend, the workers and this load generator
-    used meanwhile (they share the machine: refusals cost CPU where the model would run)."""
-    with cores_used(server_processes(server)) as cores:
-        load = ClosedLoop(
-            server.predict_url,
-            server.headers(),
-            lambda i: json_job(corpus[i % len(corpus)]),
-            level.clients,
-            seconds,
-            max_requests=int(seconds * 5000),
-            request_timeout_s=level.timeout_s,
-            pause_after_failure_s=level.pause_s,
-            stamped=level.stamped,
-        ).run()
+    """The level's answers; the cores the frontend, the workers and this load generator used
+    meanwhile (they share the machine: refusals cost CPU where the model would run); and the
+    texts the workers worked on against those answered in time (the rest was work wasted)."""
+    with LogWindow(server.model_log) as window:
+        with cores_used(server_processes(server)) as cores:
+            load = ClosedLoop(
+                server.predict_url,
+                server.headers(),
+                lambda i: json_job(corpus[i % len(corpus)]),
+                level.clients,
+                seconds,
+                max_requests=int(seconds * 5000),
+                request_timeout_s=level.timeout_s,
+                pause_after_failure_s=level.pause_s,
+                stamped=level.stamped,
+            ).run()
+        time.sleep(0.5)  # the handler logs a batch just after answering it
+        batches = batch_times(window.read())
     ok = [o for o in load.outcomes if o.status == "200"]
     in_time = [o for o in ok if o.ms <= level.timeout_s * 1000]
     late = [o for o in ok if (o.before_batch_ms or 0.0) > level.timeout_s * 1000]
@@ -84,6 +89,8 @@ def run_level(server: Server, corpus: list[str], level: Level, seconds: float) -
         "p99_ms": round(percentile([o.ms for o in ok], 99), 1),
         "forwarded_late": len(late),
         "silently_lost": load.silently_lost,
+        "texts_worked_on": batches["texts_forwarded"],
+        "expired_by_workers": batches["expired"],
         "cores": {
             "frontend": cores.get("frontend", 0.0),
             "workers": round(sum(v for k, v in cores.items() if k.startswith("worker_")), 3),

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from handler.deadline import Pace, client_wait, deadline, start_time
+from handler.deadline import PACE_WINDOW, Pace, client_wait, deadline, start_time
 from handler.errors import HTTP_STATUS, ErrorCode
 from handler.pipeline import IncomingRequest, answer_batch
 from handler.settings import HandlerSettings
@@ -241,15 +241,19 @@ def test_a_batch_too_large_for_its_deadlines_is_cut_not_refused_whole() -> None:
     assert sorted(classifier.calls[0]) == [f"text {wait}" for wait in waits[4:]]
 
 
-def test_the_pace_follows_the_recent_batches() -> None:
+def test_the_pace_is_the_slowest_of_the_recent_batches() -> None:
     pace = Pace()
     assert pace.expected_s(16) == 0.0
     pace.record(4, 0.4)
     assert pace.expected_s(16) == pytest.approx(1.6)
     pace.record(10, 2.0)
-    assert pace.seconds_per_text == pytest.approx(0.8 * 0.1 + 0.2 * 0.2)
+    pace.record(10, 0.5)
+    assert pace.seconds_per_text == pytest.approx(0.2)
     pace.record(0, 5.0)
-    assert pace.seconds_per_text == pytest.approx(0.8 * 0.1 + 0.2 * 0.2)
+    assert pace.seconds_per_text == pytest.approx(0.2)
+    for _ in range(PACE_WINDOW - 1):
+        pace.record(10, 0.5)
+    assert pace.seconds_per_text == pytest.approx(0.05)
 
 
 def test_the_handler_times_each_batch_into_its_pace() -> None:
