@@ -70,8 +70,8 @@ class Pace:
     """This worker's recent batches, as seconds of handling per valid text: a batch of n texts
     is expected to end n x the slowest of the last ``PACE_WINDOW`` after it began (None until
     a batch with texts was timed). The slowest, not the mean: batch times vary on a shared
-    machine, and a text kept on the mean's estimate ends late about half the times it is kept
-    near its deadline (docs/deadlines.md)."""
+    machine, and on the mean 29 % of the texts worked on under a stated spike were answered
+    after their deadline (docs/deadlines.md)."""
 
     seconds_per_text: float | None = None
     timed_at: float = float("-inf")

@@ -10,8 +10,8 @@ The rule, in the order it is applied:
   batches run side by side instead of one batch's small matrices being split across cores; on
   GPUs, ``WORKERS_PER_GPU`` per GPU where the cores allow, each with one torch thread (the
   forward runs on the GPU; on an H100, 16 threads served 0.62 of the requests/s of one at 32
-  clients, docs/bench/README.md). Capped so that the workers' memory (the
-  model's weights and ``WORKER_OVERHEAD_BYTES`` each) fits in half of the memory.
+  clients, docs/bench/README.md). Capped so that the workers' memory (the model's weights and
+  ``WORKER_OVERHEAD_BYTES`` each) fits in half of the memory.
 - **Several models** (each version of a name counts as one): the cores left after the workers
   the config states are shared out equally among the others, the first ones taking one more
   while cores remain (2 models on 9 cores: 5 and 4); each model has at least one worker, so
@@ -133,8 +133,8 @@ def shared_workers(
     machine: Machine, worker_bytes: list[int], stated: int = 0, stated_bytes: int = 0
 ) -> tuple[list[int], list[str]]:
     """Workers for models of ``worker_bytes`` each (one entry per model), besides ``stated``
-    workers the config sets (holding ``stated_bytes``): ``WORKERS_PER_GPU`` per GPU per model, else the cores
-    left shared out equally; then cut, one at a time from the model with the most (the last of
+    workers the config sets (holding ``stated_bytes``): ``WORKERS_PER_GPU`` per GPU per model,
+    else the cores left shared out equally; then cut, one at a time from the model with the most (the last of
     them), until the workers fit in half of the memory."""
     count = len(worker_bytes)
     if machine.gpus:
