@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,7 +77,7 @@ class Pace:
     seconds_per_text: float | None = None
     timed_at: float = float("-inf")
     """When a batch with texts was last timed (unix time)."""
-    recent: list[float] = field(default_factory=list)
+    recent: deque[float] = field(default_factory=lambda: deque(maxlen=PACE_WINDOW))
 
     def expected_s(self, texts: int) -> float:
         """How long a batch of ``texts`` valid texts is expected to take; 0 when unknown."""
@@ -89,5 +90,5 @@ class Pace:
         if texts < 1 or seconds < 0:
             return
         self.timed_at = time.time() if at is None else at
-        self.recent = [*self.recent[1 - PACE_WINDOW :], seconds / texts]
+        self.recent.append(seconds / texts)
         self.seconds_per_text = max(self.recent)

@@ -90,10 +90,12 @@ def peers(plan: Plan, configs: dict[str, dict[str, float]]) -> Iterator[list[End
     """The LitServe peers (none in the smoke form), running until the block ends."""
     with ExitStack() as stack:
         endpoints = []
-        if not plan.smoke and importlib.util.find_spec("litserve") is None:
+        if plan.smoke:
+            configs = {}
+        elif importlib.util.find_spec("litserve") is None:
             step("LitServe is not installed here: the peers are left out")
             configs = {}
-        for peer, peer_config in ({} if plan.smoke else configs).items():
+        for peer, peer_config in configs.items():
             step(f"starting the LitServe peer {peer}")
             running_peer = stack.enter_context(litserve_peer(plan.model_dir, peer_config))
             endpoints.append(Endpoint(peer, running_peer.url, {}, None, running_peer.process_group))
