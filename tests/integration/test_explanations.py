@@ -17,7 +17,7 @@ from harness.explain_cost import explain_url
 from tests.unit.test_explain import cosine, reference, top3
 
 BERT_SERVE = Path(sys.executable).parent / "bert-serve"
-TEXT = "A wonderful, moving film with a great cast, though the ending drags."
+TEXT = "A wonderful, moving film with a great cast; I loved every minute."
 
 
 @pytest.fixture(scope="module")

@@ -99,7 +99,7 @@ def test_importances_equal_captum_on_the_same_folder(loaded, name: str) -> None:
 
 def test_the_target_changes_the_explanation_and_names_its_label(loaded) -> None:
     _, model = loaded("default")
-    text = TEXTS[0]
+    text = "A wonderful, moving film with a great cast; I loved every minute."
     predicted = explain(model, text, ExplainOptions(), SETTINGS)
     by_name = explain(model, text, ExplainOptions(target="negative"), SETTINGS)
     by_index = explain(model, text, ExplainOptions(target=0), SETTINGS)
