@@ -299,16 +299,7 @@ def fine_tune(recipe: Recipe) -> tuple[Any, Any, dict[str, Any]]:
         "held_out_examples": len(held_out),
     }
     report |= evaluate(model, tokenizer, held_out, recipe.max_length)
-    keys = (
-        "epochs",
-        "members",
-        "batch_size",
-        "lr",
-        "frozen_layers",
-        "bucketed",
-        "seed",
-        "max_length",
-    )
+    keys = "epochs members batch_size lr frozen_layers bucketed seed max_length".split()
     report |= {key: settings[key] for key in keys}
     report |= {"train_seconds": round(seconds, 1), "train_cpu_seconds": round(cpu_seconds, 1)}
     report["sanity_checks"] = report.pop("sanity_checks")

