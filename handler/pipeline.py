@@ -33,7 +33,7 @@ from handler.protocol import (
 )
 from handler.scoring import ExplainOptions
 from handler.settings import HandlerSettings
-from handler.timings import Headers, timing_headers
+from handler.timings import Headers, timing_headers, wait_header
 
 logger = logging.getLogger(__name__)
 
@@ -286,8 +286,10 @@ def answer_batch(
     ]
     timings = timing_headers(len(requests), owners, stats, received)
     return responses, [
-        headers + RETRY_LATER if _is_expired(outcome) else headers
-        for headers, outcome in zip(timings, outcomes, strict=True)
+        headers
+        + wait_header(deadline.start_time(request.headers), began)
+        + (RETRY_LATER if _is_expired(outcome) else ())
+        for headers, request, outcome in zip(timings, requests, outcomes, strict=True)
     ]
 
 

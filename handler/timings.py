@@ -13,6 +13,7 @@ TOKENIZATION_TIME = "x-tokenization-time"
 QUEUE_TIME = "x-queue-time"
 INFERENCE_TIME = "x-inference-time"
 BATCH_SIZE = "x-batch-size"
+WAIT_TIME = "x-wait-time"
 TIMING_HEADERS = (COMPUTE_TIME, TOKENIZATION_TIME, QUEUE_TIME, INFERENCE_TIME, BATCH_SIZE)
 
 Headers = tuple[tuple[str, str], ...]
@@ -49,3 +50,10 @@ def timing_headers(
             )
         )
     return headers
+
+
+def wait_header(start: float | None, began: float) -> Headers:
+    """For a request that stated its start (``X-Request-Start``, unix time): from that start to
+    the batch's start (``began``, unix time) by the worker's clock, the wait TorchServe 0.12
+    does not tell the worker; 0 for a start in the worker's future."""
+    return () if start is None else ((WAIT_TIME, milliseconds((began - start) * 1000)),)

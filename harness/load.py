@@ -20,7 +20,7 @@ from typing import Any
 
 import aiohttp
 
-from handler.timings import COMPUTE_TIME
+from handler.timings import WAIT_TIME
 
 
 @dataclass(frozen=True)
@@ -46,18 +46,12 @@ class Outcome:
     body: bytes
     sent: float  # time.monotonic()
     done: float
-    compute_ms: float | None = None
-    """The handler's ``x-compute-time``: from its receipt of the batch to this answer."""
+    waited_ms: float | None = None
+    """The handler's ``x-wait-time`` (stamped requests): from the stamp to its batch's start."""
 
     @property
     def ms(self) -> float:
         return (self.done - self.sent) * 1000
-
-    @property
-    def before_batch_ms(self) -> float | None:
-        """From sending to the handler's receipt of its batch, and the answer's way back: an
-        upper bound of how long it waited before its batch began."""
-        return None if self.compute_ms is None else self.ms - self.compute_ms
 
 
 async def send(
@@ -65,19 +59,19 @@ async def send(
 ) -> Outcome:
     """Never raises for a failed request: a client-side error is an outcome too."""
     sent = time.monotonic()
-    compute_ms = None
+    waited_ms = None
     try:
         request_headers = headers | {"Content-Type": job.content_type}
         async with session.post(url, data=job.data, headers=request_headers) as response:
             body = await response.read()
             status = str(response.status)
-            if COMPUTE_TIME in response.headers:
-                compute_ms = float(response.headers[COMPUTE_TIME])
+            if WAIT_TIME in response.headers:
+                waited_ms = float(response.headers[WAIT_TIME])
     except TimeoutError:
         body, status = b"", "client_timeout"
     except (aiohttp.ClientError, OSError) as error:
         body, status = b"", f"client_{type(error).__name__}"
-    return Outcome(job, status, body, sent, time.monotonic(), compute_ms)
+    return Outcome(job, status, body, sent, time.monotonic(), waited_ms)
 
 
 Progress = Callable[[int, float], None]

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import requests
 
+from handler.timings import WAIT_TIME
 from harness.batchlog import LogWindow
 from harness.config import models_entry
 from harness.server import Server, running
@@ -43,14 +44,15 @@ def test_an_old_stamp_answers_504_and_a_fresh_one_as_if_unstamped(server: Server
     assert late.status_code == 504
     assert late.json()["error"]["code"] == "deadline_exceeded"
     assert late.headers.get("Retry-After") == "1"
+    assert float(late.headers[WAIT_TIME]) >= 10_000 and WAIT_TIME not in plain.headers
     for answered in (fresh, grpc_style, patient):
         assert answered.status_code == 200
         assert answered.json()["scores"] == plain.json()["scores"]
 
 
 def test_requests_queued_behind_a_stopped_worker_expire_unworked(tmp_path) -> None:
-    """Stamped requests with a 0.3 s wait, held 2 s behind a stopped worker, answer 504 and
-    reach no forward pass; those sent with them that state no wait, or a wait without a
+    """Stamped requests with a 0.3 s wait, held 2 s behind a stopped worker, answer 504 with
+    the 2 s in ``x-wait-time`` and reach no forward pass; those sent with them that state no wait, or a wait without a
     start stamp, are patient: answered 200."""
     one_worker = {"models": models_entry(workers=1)}
     with running(one_worker, state_dir=tmp_path / "state") as server:
@@ -82,6 +84,7 @@ def test_requests_queued_behind_a_stopped_worker_expire_unworked(tmp_path) -> No
                 assert [future.result().status_code for future in patient] == [200] * 3
             assert [a.status_code for a in answers] == [504] * 6
             assert {a.json()["error"]["code"] for a in answers} == {"deadline_exceeded"}
+            assert min(float(a.headers[WAIT_TIME]) for a in answers) > 1500  # held 2 s
             deadline = time.monotonic() + 10
             lines: list[tuple[int, ...]] = []
             while time.monotonic() < deadline:

@@ -13,6 +13,7 @@ from handler.deadline import PACE_WINDOW, Pace, client_wait, deadline, start_tim
 from handler.errors import HTTP_STATUS, ErrorCode
 from handler.pipeline import IncomingRequest, answer_batch
 from handler.settings import HandlerSettings
+from handler.timings import WAIT_TIME
 from tests.unit.test_pipeline import FakeClassifier, body_of
 
 NOW = 1_800_000_000.0
@@ -121,6 +122,23 @@ def test_an_expired_request_is_not_forwarded_and_its_batch_mate_is_answered_as_a
     assert on_time.status == 200
     assert on_time.body == alone.body
     assert plain.status == 200
+
+
+def test_a_stated_start_comes_back_as_the_wait_before_the_batch() -> None:
+    """x-wait-time: from X-Request-Start to the batch's start by the worker's clock, on answers
+    and refusals alike (a client checks with it that nothing expired was worked on); none
+    without a start stamp, 0 for a start in the worker's future."""
+    stamped = [
+        request("waited", "a", **{"X-Request-Start": f"t={NOW - 0.25}", "X-Request-Timeout": "9"}),
+        request("expired", "b", **{"X-Request-Start": f"t={NOW - 2}", "X-Request-Timeout": "1"}),
+        request("no wait stated", "c", **{"X-Request-Start": f"{(NOW - 0.5) * 1000:.0f}"}),
+        request("ahead", "d", **{"X-Request-Start": f"t={NOW + 5}"}),
+        request("plain", "e"),
+    ]
+    responses, headers = answer_batch(stamped, FakeClassifier(), HandlerSettings(), now=NOW)
+    waits = [dict(h).get(WAIT_TIME) for h in headers]
+    assert [r.status for r in responses] == [200, 504, 200, 200, 200]
+    assert waits == ["250.000", "2000.000", "500.000", "0.000", None]
 
 
 def test_a_stated_wait_that_ended_in_the_queue_expires_the_request() -> None:
