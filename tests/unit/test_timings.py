@@ -74,7 +74,6 @@ def test_the_worker_sends_each_answer_its_headers(split_worker) -> None:
         assert headers[index][BATCH_SIZE] == "4"
         values = {name: float(headers[index][name]) for name in TIMING_HEADERS[:4]}
         assert values[INFERENCE_TIME] > 0 and values[TOKENIZATION_TIME] > 0
-        assert values[QUEUE_TIME] >= 0
         parts = values[TOKENIZATION_TIME] + values[QUEUE_TIME] + values[INFERENCE_TIME]
         assert parts <= values[COMPUTE_TIME] + 0.01
     assert set(headers[1]) & set(TIMING_HEADERS) == {COMPUTE_TIME, BATCH_SIZE}
