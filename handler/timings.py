@@ -1,6 +1,7 @@
 """Where each request's time went inside the worker, as response headers named as TEI names
 them (the table: docs/api.md). Every time starts when the handler received the batch:
-TorchServe 0.12 passes the worker no arrival time."""
+TorchServe 0.12 passes the worker no arrival time; only ``x-wait-time`` reaches back to the
+client's own start stamp."""
 
 from __future__ import annotations
 

@@ -4,6 +4,7 @@ report; ``harness.reports`` picks the recommendation)."""
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 import tempfile
@@ -16,15 +17,21 @@ from harness.measure import Loads, endpoint, frontend_cost, interleaved, servers
 from harness.reports import recommend_across_loads
 
 CANDIDATE = re.compile(r"b(\d+)d(\d+)w(\d+)t(\d+)")
-DEFAULT_CANDIDATES = [
-    "b1d0w2t1",
-    "b4d1w2t1",
-    "b8d1w2t1",
-    "b16d1w2t1",
-    "b16d2w2t1",
-    "b32d2w2t1",
-    "b16d1w1t2",
-]
+
+
+def default_candidates(cores: float) -> list[str]:
+    """The default layout (one worker per core, one torch thread each) at batch sizes 1 to 32
+    and two batch delays, then the same cores as half the workers x 2 threads and as one
+    worker with them all, batching as the default does; on 2 cores: b1d0w2t1, b4d1w2t1,
+    b8d1w2t1, b16d1w2t1, b16d2w2t1, b32d2w2t1, b16d1w1t2."""
+    workers = max(1, math.floor(cores))
+    names = [
+        f"b{b}d{d}w{workers}t1" for b, d in ((1, 0), (4, 1), (8, 1), (16, 1), (16, 2), (32, 2))
+    ]
+    for layout in (f"w{max(1, workers // 2)}t2", f"w1t{workers}"):
+        if workers > 1 and f"b16d1{layout}" not in names:
+            names.append(f"b16d1{layout}")
+    return names
 
 
 def parse_candidate(name: str) -> dict[str, int]:

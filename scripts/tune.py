@@ -30,6 +30,7 @@ from harness.config import ROOT
 from harness.corpus import make_corpus
 from harness.measure import Loads
 from harness.reports import plot_tune, tune_snippet
+from harness.sizing import read_machine
 
 
 def candidate(name: str) -> dict[str, int]:
@@ -51,7 +52,9 @@ def main() -> int:
         "--candidates",
         type=candidate,
         nargs="+",
-        default=[tune.parse_candidate(name) for name in tune.DEFAULT_CANDIDATES],
+        default=[
+            tune.parse_candidate(name) for name in tune.default_candidates(read_machine(0).cores)
+        ],
     )
     parser.add_argument("--log-clients", type=int, default=32)
     parser.add_argument("--log-rounds", type=int, default=2, help="0 skips the logging experiment")

@@ -52,8 +52,8 @@ def test_an_old_stamp_answers_504_and_a_fresh_one_as_if_unstamped(server: Server
 
 def test_requests_queued_behind_a_stopped_worker_expire_unworked(tmp_path) -> None:
     """Stamped requests with a 0.3 s wait, held 2 s behind a stopped worker, answer 504 with
-    the 2 s in ``x-wait-time`` and reach no forward pass; those sent with them that state no wait, or a wait without a
-    start stamp, are patient: answered 200."""
+    the 2 s in ``x-wait-time`` and reach no forward pass; those sent with them that state no
+    wait, or a wait without a start stamp, are patient: answered 200."""
     one_worker = {"models": models_entry(workers=1)}
     with running(one_worker, state_dir=tmp_path / "state") as server:
         assert post(server, "warm up").status_code == 200
