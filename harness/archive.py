@@ -34,7 +34,8 @@ DEFAULT_MODEL_DIR = ROOT / "build" / "bert-sentiment"
 HANDLER_DIR = ROOT / "handler"
 MODEL_CONFIG = ROOT / "config" / "model-config.yaml"
 PICKLED_SUFFIXES = {".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".h5", ".msgpack"}
-BATCH_KEYS = {"batchSize", "maxBatchDelay", "minWorkers", "maxWorkers"}
+BATCH_KEYS = ("batchSize", "maxBatchDelay", "minWorkers", "maxWorkers")
+"""TorchServe's batching and worker keys: config.properties' ``models=``, never the .mar's yaml."""
 SOURCE_FILE = "mar-source.json"
 STAMP_SUFFIX = ".source"
 VARIANT_CONFIG_SUFFIX = ".model-config.yaml"
@@ -60,7 +61,7 @@ def check_model_dir(model_dir: Path, model_config: Path = MODEL_CONFIG) -> None:
 def check_model_config(path: Path) -> None:
     """Batch settings live in config.properties only; a copy here would silently win."""
     document = yaml.safe_load(path.read_text()) or {}
-    duplicated = sorted(BATCH_KEYS & set(document))
+    duplicated = sorted(set(BATCH_KEYS) & set(document))
     if duplicated:
         raise SystemExit(
             f"{path}: {duplicated} belong in config/config.properties, not the model config"

@@ -19,11 +19,10 @@ from typing import Any
 import psutil
 
 from bert_serve.client import Client
+from harness.archive import BATCH_KEYS
 from harness.batchlog import LogWindow, batch_summary
 from harness.load import run_texts
 from harness.server import Server, running
-
-BATCH_KEYS = ("batchSize", "maxBatchDelay", "minWorkers", "maxWorkers")
 
 
 @dataclass(frozen=True)

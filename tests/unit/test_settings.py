@@ -10,9 +10,9 @@ import pytest
 import yaml
 
 from handler.settings import HandlerSettings
+from harness.archive import BATCH_KEYS
 
 MODEL_CONFIG = Path(__file__).resolve().parents[2] / "config" / "model-config.yaml"
-BATCH_KEYS = ("batchSize", "maxBatchDelay", "minWorkers", "maxWorkers")
 
 
 def test_defaults() -> None:
