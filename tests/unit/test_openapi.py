@@ -34,6 +34,24 @@ def test_the_document_is_valid_openapi() -> None:
     validate(DOCUMENT)
 
 
+def limits(node: Any, key: str) -> list[int]:
+    """Every value of ``key`` (``maxLength``, ``maxItems``) anywhere in ``node``."""
+    if isinstance(node, dict):
+        found = [node[key]] if isinstance(node.get(key), int) else []
+        return found + [n for value in node.values() for n in limits(value, key)]
+    if isinstance(node, list):
+        return [n for value in node for n in limits(value, key)]
+    return []
+
+
+def test_the_documented_limits_are_the_handlers_defaults() -> None:
+    """Text lengths are ``max_chars``; list sizes ``max_texts_per_request``, but for the Open
+    Inference ``inputs`` (a text and its pair) and ``shape`` ([n] or [n, 1]), of 2."""
+    defaults = HandlerSettings()
+    assert set(limits(DOCUMENT, "maxLength")) == {defaults.max_chars}
+    assert sorted(set(limits(DOCUMENT, "maxItems"))) == [2, defaults.max_texts_per_request]
+
+
 def documented_handler_codes() -> dict[str, set[int]]:
     """Every handler error code the document answers, with the statuses it answers it under."""
     codes: dict[str, set[int]] = {}
