@@ -74,7 +74,9 @@ DEFAULT_MODEL = "bert"
 # as fast as 64 x 4.
 DEFAULT_CHUNK_SIZE = 16
 DEFAULT_CONCURRENCY = 32
-DEFAULT_MAX_REQUEST_BYTES = 1_000_000
+# The server's max_request_size (config/config.properties, TorchServe's default too; a unit
+# test keeps the two equal): a bigger body is refused 413 before any worker sees it.
+DEFAULT_MAX_REQUEST_BYTES = 1_048_576
 # The server's responseTimeout (config/model-config.yaml; a unit test keeps the two equal):
 # TorchServe kills a worker whose batch runs longer and answers that batch "Worker died.", so
 # a request that is really being worked on is answered within it. The margin covers the

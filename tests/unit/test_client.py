@@ -423,6 +423,14 @@ def test_the_default_deadline_follows_the_servers_response_timeout() -> None:
     assert Client().timeout == client_module.DEFAULT_TIMEOUT_S > config["responseTimeout"]
 
 
+@pytest.mark.server_side
+def test_list_requests_stay_within_the_servers_max_request_size() -> None:
+    """The client's byte cap for one list request is the max_request_size the server ships."""
+    lines = (ROOT / "config" / "config.properties").read_text().splitlines()
+    setting = next(line for line in lines if line.startswith("max_request_size="))
+    assert client_module.DEFAULT_MAX_REQUEST_BYTES == int(setting.partition("=")[2])
+
+
 @pytest.mark.parametrize(
     "body",
     [
