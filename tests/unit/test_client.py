@@ -426,9 +426,10 @@ def test_the_default_deadline_follows_the_servers_response_timeout() -> None:
 @pytest.mark.server_side
 def test_list_requests_stay_within_the_servers_max_request_size() -> None:
     """The client's byte cap for one list request is the max_request_size the server ships."""
-    lines = (ROOT / "config" / "config.properties").read_text().splitlines()
-    setting = next(line for line in lines if line.startswith("max_request_size="))
-    assert client_module.DEFAULT_MAX_REQUEST_BYTES == int(setting.partition("=")[2])
+    from harness.config import BASE_CONFIG, read_properties
+
+    shipped = read_properties(BASE_CONFIG)["max_request_size"]
+    assert client_module.DEFAULT_MAX_REQUEST_BYTES == int(shipped)
 
 
 @pytest.mark.parametrize(
