@@ -37,13 +37,13 @@ lock:
 	bash scripts/lock.sh
 
 # The venv is an order-only prerequisite (after |): reinstalling must not retrain or repackage.
-build/bert-sentiment/config.json: scripts/build_model.py harness/training.py scripts/data/reviews.tsv scripts/data/reviews-extra.tsv scripts/data/reviews-hard.tsv | $(STAMP)
+build/bert-sentiment/config.json: scripts/build_model.py harness/training.py scripts/data/reviews.tsv scripts/data/reviews-extra.tsv scripts/data/reviews-hard.tsv scripts/data/reviews-typical.tsv | $(STAMP)
 	$(PY) scripts/build_model.py --out build/bert-sentiment
 
 model: build/bert-sentiment/config.json
 
 ## compare-training: the default model's recipe against cheaper and dearer ones, trained back
-##        to back on 3 held-out splits: seconds, held-out and hard-review accuracy
+##        to back on 3 held-out splits: seconds, held-out, hard- and typical-review accuracy
 ##        -> build/training-schemes.json
 compare-training: $(STAMP)
 	$(PY) scripts/compare_training.py --out build/training-schemes.json

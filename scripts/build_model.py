@@ -46,12 +46,6 @@ def main() -> int:
         default=defaults.frozen_layers,
         help="bottom encoder layers kept as pretrained (0: train the whole model)",
     )
-    parser.add_argument(
-        "--members",
-        type=int,
-        default=defaults.members,
-        help="models trained on other batch orders whose mean weights are kept (1: one model)",
-    )
     args = vars(parser.parse_args())
     out = args.pop("out")
     args["extra"] = tuple(args["extra"])

@@ -1,8 +1,9 @@
 """Train every recipe of ``harness.training.SCHEMES`` back to back, once per held-out split of
 ``harness.training.SPLITS``, and compare them: training seconds (wall and CPU), the ratio to
 the default's, held-out accuracy on each split's 96 reviews of ``scripts/data/reviews.tsv``
-and accuracy on the evaluation-only ``scripts/data/reviews-hard.tsv``, each with its mean over
-the splits. Nothing is saved but the table.
+and accuracy on the evaluation-only ``scripts/data/reviews-hard.tsv`` and
+``scripts/data/reviews-typical.tsv``, each with its mean over the splits. Nothing is saved
+but the table.
 
     python scripts/compare_training.py --out build/training-schemes.json
 """
@@ -19,7 +20,13 @@ from typing import Any
 
 from harness.training import SCHEMES, SPLITS, Recipe, fine_tune
 
-KEYS = ("train_seconds", "train_cpu_seconds", "held_out_accuracy", "hard_accuracy")
+KEYS = (
+    "train_seconds",
+    "train_cpu_seconds",
+    "held_out_accuracy",
+    "hard_accuracy",
+    "typical_accuracy",
+)
 
 
 def measure(name: str, recipe: Recipe) -> dict[str, Any]:
@@ -54,6 +61,7 @@ def main() -> int:
         print(
             f"{row['scheme']:<50} {row['train_seconds']:>6} s ({row['seconds_vs_default']}x)"
             f"  held-out {row['held_out_accuracy']:.4f}  hard {row['hard_accuracy']:.4f}"
+            f"  typical {row['typical_accuracy']:.4f}"
         )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"splits": SPLITS, "rows": rows}, indent=2) + "\n")

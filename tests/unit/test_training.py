@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 import re
-from dataclasses import replace
 from difflib import SequenceMatcher
 from itertools import pairwise
 from pathlib import Path
@@ -16,6 +15,7 @@ from harness.corpus import DATA_FILE, read_reviews, split
 from harness.training import (
     EXTRA_FILE,
     HARD_FILE,
+    TYPICAL_FILE,
     Recipe,
     batches,
     collate,
@@ -58,29 +58,6 @@ def test_training_changes_only_the_unfrozen_weights(tiny_model_dir: Path) -> Non
     )
     assert any(name.startswith("bert.encoder.layer.1.") for name in changed)
     assert {"classifier.weight", "bert.pooler.dense.weight"} <= changed
-
-
-def test_members_keep_the_mean_of_models_trained_alone(tiny_model_dir: Path) -> None:
-    """Two members: the weights of one model trained on the seed's batch order and one on the
-    next seed's, averaged; without dropout each member is the model that order trains alone."""
-    examples = [(text, index % 2) for index, text in enumerate(TEXTS * 4)]
-    recipe = Recipe(epochs=1, batch_size=4, lr=1e-2, frozen_layers=1, seed=5)
-
-    def trained(recipe: Recipe) -> dict[str, torch.Tensor]:
-        model, tokenizer = pretrained(tiny_model_dir)
-        torch.manual_seed(0)
-        model.classifier.reset_parameters()  # the same fresh head every time
-        for module in model.modules():
-            if isinstance(module, torch.nn.Dropout):
-                module.p = 0.0
-        train(model, tokenizer, examples, recipe)
-        return {name: weight.detach().clone() for name, weight in model.named_parameters()}
-
-    alone = [trained(replace(recipe, seed=seed, members=1)) for seed in (5, 6)]
-    soup = trained(replace(recipe, members=2))
-    assert not torch.equal(alone[0]["classifier.weight"], alone[1]["classifier.weight"])
-    for name, weight in soup.items():
-        torch.testing.assert_close(weight, (alone[0][name] + alone[1][name]) / 2)
 
 
 def test_collate_pads_right_and_masks() -> None:
@@ -133,17 +110,26 @@ def test_held_out_reviews_are_never_trained_on() -> None:
 
 def near(text: str, other: str) -> bool:
     """Within a fifth of its characters of ``other`` (difflib's ratio >= 0.8), after case and
-    punctuation are dropped; the cheap upper bounds first."""
-    matcher = SequenceMatcher(None, normalized(text), normalized(other))
-    return (
-        matcher.real_quick_ratio() >= 0.8
-        and matcher.quick_ratio() >= 0.8
-        and matcher.ratio() >= 0.8
-    )
+    punctuation are dropped."""
+    return bool(near_copies([text], [other]))
 
 
 def near_copies(texts: list[str], others: list[str]) -> list[tuple[str, str]]:
-    return [(text, other) for text in texts for other in others if near(text, other)]
+    """Every (text, other) pair that is near: the cheap bounds first (the lengths alone bound
+    the ratio), each other's difflib index built once."""
+    found = []
+    matcher = SequenceMatcher(None)
+    keyed = [(text, normalized(text)) for text in texts]
+    for other in others:
+        matcher.set_seq2(normalized(other))
+        for text, key in keyed:
+            shorter, longer = sorted((len(key), len(matcher.b)))
+            if 2 * shorter < 0.8 * (shorter + longer):
+                continue
+            matcher.set_seq1(key)
+            if matcher.quick_ratio() >= 0.8 and matcher.ratio() >= 0.8:
+                found.append((text, other))
+    return found
 
 
 def texts(path: Path) -> list[str]:
@@ -164,11 +150,14 @@ def test_no_training_review_is_a_near_copy_of_a_review_that_can_be_held_out() ->
     assert not copies, copies[:5]
 
 
-def test_the_hard_reviews_are_evaluation_only() -> None:
-    """reviews-hard.tsv is balanced, and no review in it is a near copy of one trained on."""
-    hard = read_reviews(HARD_FILE)
-    assert len(hard) >= 500 and sum(label for _, label in hard) == len(hard) / 2
-    copies = near_copies(texts(HARD_FILE), texts(EXTRA_FILE) + texts(DATA_FILE))
+@pytest.mark.parametrize(("path", "least"), [(HARD_FILE, 500), (TYPICAL_FILE, 200)])
+def test_evaluation_reviews_are_balanced_and_never_trained_on(path: Path, least: int) -> None:
+    """The hard and the typical reviews are balanced, and none is a near copy of a review
+    trained on, nor one of the other set."""
+    reviews = read_reviews(path)
+    assert len(reviews) >= least and sum(label for _, label in reviews) == len(reviews) / 2
+    other = TYPICAL_FILE if path == HARD_FILE else HARD_FILE
+    copies = near_copies(texts(path), texts(EXTRA_FILE) + texts(DATA_FILE) + texts(other))
     assert not copies, copies[:5]
 
 
