@@ -6,11 +6,11 @@ The pretrained MiniLM-L6 BERT encoder and WordPiece tokenizer shipped in the PyP
 the training-only reviews of ``scripts/data/reviews-extra.tsv``. The embeddings and the bottom
 ``frozen_layers`` encoder layers keep their pretrained weights, so their output is computed
 once per review and only the layers above (and the head) are trained, in batches of reviews
-of similar length. The model is accepted only if held-out accuracy and a few
-sanity sentences pass; its accuracy on the evaluation-only ``scripts/data/reviews-hard.tsv``
-(implicit verdicts, reversals, litotes, slang, sarcasm) and ``scripts/data/reviews-typical.tsv``
-(everyday reviews written apart from the training data) is reported beside it. Deterministic
-for a given seed on the same machine. ``SCHEMES`` are the cheaper and dearer recipes that
+of similar length. The model is accepted only if held-out accuracy and a few sanity sentences
+pass; its accuracy on the evaluation-only ``scripts/data/reviews-hard.tsv`` (implicit verdicts,
+reversals, litotes, slang, sarcasm) and ``scripts/data/reviews-typical.tsv`` (everyday reviews
+written apart from the training data) is reported beside it. Deterministic for a given seed on
+the same machine. ``SCHEMES`` are the cheaper and dearer recipes that
 ``scripts/compare_training.py`` measures against the default.
 """
 
