@@ -94,7 +94,7 @@ metrics:
 
 ## smoke: curl smoke tests against the server `make serve` started
 smoke:
-	bash scripts/smoke.sh $(STATE_DIR)
+	VENV_PYTHON=$(PY) bash scripts/smoke.sh $(STATE_DIR)
 
 ## test: the whole suite: unit, integration (a real torchserve on free ports) and curl smoke
 test: $(MAR)
@@ -163,7 +163,7 @@ deploy-layout: $(if $(strip $(MODELS)),,$(MAR)) | $(STAMP)
 IMAGE ?= bert-serve:0.1.0
 IMAGE_TEST_OUT ?= build/image/image-test.json
 image: $(if $(strip $(MODELS)),,$(MAR)) | $(STAMP)
-	IMAGE=$(IMAGE) PYTHON=$(PY) MODELS="$(MODELS)" bash scripts/image.sh
+	IMAGE=$(IMAGE) VENV_PYTHON=$(PY) MODELS="$(MODELS)" bash scripts/image.sh
 
 ## image-test: run that image: READY, the README's requests, /metrics, memory, SIGTERM -> build/image/
 image-test: | $(STAMP)

@@ -15,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 image="${IMAGE:-bert-serve:0.1.0}"
 base="${BASE_IMAGE:-debian:bookworm-slim}"
-python="${PYTHON:-.venv/bin/python}"
+python="${VENV_PYTHON:-.venv/bin/python}"  # not PYTHON: make install reads that as the venv's base
 engine_line="$(bash scripts/container_engine.sh)"
 read -ra engine <<<"$engine_line"
 

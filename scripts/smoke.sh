@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 state_dir="${1:-.run}"
-python="${PYTHON:-.venv/bin/python}"
+python="${VENV_PYTHON:-.venv/bin/python}"  # not PYTHON: make install reads that as the venv's base
 ctl=(scripts/torchserve_ctl.py --state-dir "$state_dir")
 url=$("$python" "${ctl[0]}" url "${ctl[@]:1}")
 models=$("$python" "${ctl[0]}" models "${ctl[@]:1}")

@@ -143,7 +143,7 @@ def test_the_commands_make_serve_prints_work_as_printed(server) -> None:
 
 
 PAIRS = [
-    ("The film was a delight.", "I would watch it again."),
+    ("The film was a delight.", "Then the last hour ruined it."),
     ("A tedious, joyless mess.", "It had some fine moments."),
 ]
 

@@ -199,7 +199,7 @@ def test_smoke_and_metrics_cover_each_model(served: Served) -> None:
     """`make smoke` checks every served model; the handler's metrics carry each model's name
     and version, and `make metrics` prints a line per model."""
     server = served.server
-    env = os.environ | {"PYTHON": sys.executable}
+    env = os.environ | {"VENV_PYTHON": sys.executable}
     state = str(server.state_dir)
     smoke = subprocess.run(
         ["bash", "scripts/smoke.sh", state],
