@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -199,6 +200,10 @@ def test_smoke_and_metrics_cover_each_model(served: Served) -> None:
     """`make smoke` checks every served model; the handler's metrics carry each model's name
     and version, and `make metrics` prints a line per model."""
     server = served.server
+    versions = (("toxicity", "1.0"), ("nli", "1"), ("nli", "2"))
+    for model, version in versions:  # smoke asks the default versions only
+        response = served.post(f"predictions/{model}/{version}", {"text": "A short text."})
+        assert response.status_code == 200, response.text
     env = os.environ | {"VENV_PYTHON": sys.executable}
     state = str(server.state_dir)
     smoke = subprocess.run(
@@ -211,9 +216,17 @@ def test_smoke_and_metrics_cover_each_model(served: Served) -> None:
     )
     assert smoke.returncode == 0, smoke.stdout + smoke.stderr
     assert "model toxicity:" in smoke.stdout and "model nli:" in smoke.stdout
-    exposition = requests.get(f"{server.metrics_url}/metrics", timeout=10).text
-    for model, version in (("toxicity", "1.0"), ("nli", "1"), ("nli", "2")):
-        assert f'Batches{{ModelName="{model}",ModelVersion="{version}",' in exposition
+    wanted = {
+        f'Batches{{ModelName="{model}",ModelVersion="{version}",' for model, version in versions
+    }
+    deadline = time.monotonic() + 10  # the frontend reads the metrics from the worker's output
+    while True:
+        exposition = requests.get(f"{server.metrics_url}/metrics", timeout=10).text
+        missing = {line for line in wanted if line not in exposition}
+        if not missing or time.monotonic() > deadline:
+            break
+        time.sleep(0.25)
+    assert not missing
     summary = subprocess.run(
         [
             sys.executable,
