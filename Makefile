@@ -9,7 +9,7 @@ MODEL_CONFIG ?= config/model-config.yaml
 PRECISION ?=
 MAR       := model_store/bert.mar
 MAR_SOURCE = $(MAR).source
-PACKAGE    = $(PY) scripts/package.py --model-dir $(MODEL_DIR) --model-config $(MODEL_CONFIG) --export-path $(dir $(MAR)) $(if $(PRECISION),--precision $(PRECISION))
+PACKAGE    = $(PY) -m bert_serve_server package --model-dir $(MODEL_DIR) --model-config $(MODEL_CONFIG) --export-path $(dir $(MAR)) $(if $(PRECISION),--precision $(PRECISION))
 STATE_DIR ?= .run
 # TORCH=cpu (default for a new venv) or cuda: the torch build of `make install` and `make image`;
 # TORCH_INDEX=<index> where it comes from (scripts/torch_build.sh). Unset, `make install` keeps
@@ -27,7 +27,7 @@ install:
 	@[ -z "$(TORCH)" ] || [ "$$(cat $(VENV)/.torch-build 2>/dev/null)" = "$(TORCH)" ] || rm -f $(STAMP)
 	@$(MAKE) --no-print-directory $(STAMP)
 
-$(STAMP): pyproject.toml $(LOCK) scripts/install.sh scripts/torch_build.sh
+$(STAMP): pyproject.toml server/pyproject.toml $(LOCK) scripts/install.sh scripts/torch_build.sh
 	TORCH=$(TORCH) bash scripts/install.sh $(VENV)
 	touch $@
 
@@ -37,7 +37,7 @@ lock:
 	bash scripts/lock.sh
 
 # The venv is an order-only prerequisite (after |): reinstalling must not retrain or repackage.
-build/bert-sentiment/config.json: scripts/build_model.py harness/training.py scripts/data/reviews.tsv scripts/data/reviews-extra.tsv scripts/data/reviews-hard.tsv scripts/data/reviews-typical.tsv | $(STAMP)
+build/bert-sentiment/config.json: scripts/build_model.py lab/training.py scripts/data/reviews.tsv scripts/data/reviews-extra.tsv scripts/data/reviews-hard.tsv scripts/data/reviews-typical.tsv | $(STAMP)
 	$(PY) scripts/build_model.py --out build/bert-sentiment
 
 model: build/bert-sentiment/config.json
@@ -60,7 +60,7 @@ $(MAR_SOURCE): $(MODEL_DIR)/config.json FORCE | $(STAMP)
 	@$(PACKAGE) --stamp-only
 
 # --checked: the stamp's recipe, which always runs first, has just checked the folder.
-$(MAR): $(MAR_SOURCE) handler/*.py scripts/package.py harness/archive.py | $(STAMP)
+$(MAR): $(MAR_SOURCE) handler/*.py server/bert_serve_server/package.py server/bert_serve_server/archive.py | $(STAMP)
 	$(PACKAGE) --checked
 
 ## package: rebuild the .mar (MODEL_DIR=path/to/hf-folder to serve your own model;
@@ -75,18 +75,18 @@ serve:
 	@bash scripts/check_java.sh
 ifeq ($(strip $(MODELS)),)
 	@$(MAKE) --no-print-directory $(MAR)
-	$(PY) scripts/torchserve_ctl.py start --state-dir $(STATE_DIR)
+	$(PY) -m bert_serve_server start --state-dir $(STATE_DIR)
 else
 	@$(MAKE) --no-print-directory $(STAMP)
-	$(PY) scripts/torchserve_ctl.py start --state-dir $(STATE_DIR) --models "$(MODELS)" \
+	$(PY) -m bert_serve_server start --state-dir $(STATE_DIR) --models "$(MODELS)" \
 	  --model-config $(MODEL_CONFIG) $(if $(PRECISION),--precision $(PRECISION))
 endif
 
 stop:
-	@if [ -x $(PY) ]; then $(PY) scripts/torchserve_ctl.py stop --state-dir $(STATE_DIR); fi
+	@if [ -x $(PY) ]; then $(PY) -m bert_serve_server stop --state-dir $(STATE_DIR); fi
 
 status:
-	$(PY) scripts/torchserve_ctl.py status --state-dir $(STATE_DIR)
+	$(PY) -m bert_serve_server status --state-dir $(STATE_DIR)
 
 ## metrics: a live summary of the handler's metrics of the `make serve` server (60 s)
 metrics:
@@ -174,8 +174,8 @@ unit: $(STAMP)
 	$(PY) -m pytest -m "not integration" -q
 
 check: $(STAMP)
-	$(VENV)/bin/ruff check handler bert_serve harness scripts tests
-	$(VENV)/bin/ruff format --check handler bert_serve harness scripts tests
+	$(VENV)/bin/ruff check handler bert_serve server lab scripts tests
+	$(VENV)/bin/ruff format --check handler bert_serve server lab scripts tests
 	$(VENV)/bin/mypy
 	@# The client supports 3.9: mypy checks it as far back as mypy goes (test-client runs it on 3.9).
 	$(VENV)/bin/mypy --python-version 3.10 bert_serve

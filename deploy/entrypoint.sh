@@ -4,10 +4,11 @@
 # it and runs `torchserve --stop --foreground`: SIGTERM to the Java frontend, which stops
 # its workers, and a wait of up to 60 s for it to exit.
 # Workers, the queue bound and the heap follow this container's CPU and memory limits:
-# harness/sizing.py (in /opt/bert-serve/lib) writes the config with them filled in to the home
-# folder and prints the torch threads per worker; TorchServe takes the last --ts-config.
+# the installed server package (python -m bert_serve_server size) writes the config with them
+# filled in to the home folder and prints the torch threads per worker; TorchServe takes the
+# last --ts-config.
 sized="$HOME/config.properties"
-threads=$(python3.11 -m harness.sizing --out "$sized" -- "$@") || exit 1
+threads=$(python3.11 -m bert_serve_server size --out "$sized" -- "$@") || exit 1
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$threads}"
 trap 'torchserve --stop --foreground' TERM INT
 torchserve --foreground --ncs "$@" --ts-config "$sized" &

@@ -304,7 +304,7 @@ def _is_expired(outcome: Outcome) -> bool:
 def _log_batch(
     requests: Sequence[IncomingRequest], outcomes: Sequence[Outcome], stats: BatchStats
 ) -> None:
-    """One line per batch (read back by ``harness.batchlog``), and one naming its refused
+    """One line per batch (read back by ``lab.batchlog``), and one naming its refused
     requests: a line each would cost a spike of refusals more than the refusals."""
     rejected = [
         (r.request_id, o.code.value)

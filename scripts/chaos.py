@@ -1,6 +1,6 @@
 """Chaos: faults and overload against a real TorchServe, and a JSON report of what happened.
 
-The experiments (``harness.chaos``, one module each), each on its own server with a
+The experiments (``lab.chaos``, one module each), each on its own server with a
 pass/fail verdict computed from its numbers: a poisoning soak (10 % malformed traffic), a
 worker SIGKILL under load, a burst over a small queue, a body over the frontend's limit, a
 restart in the same state folder, and the kill runs (--kills worker kills per load level,
@@ -28,9 +28,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.chaos import EXPERIMENTS, durations, run_part, spike, summary_table
-from harness.chaos.common import SPIKE_FORMS
-from harness.measure import env_assignments
+from lab.chaos import EXPERIMENTS, durations, run_part, spike, summary_table
+from lab.chaos.common import SPIKE_FORMS
+from lab.measure import env_assignments
 
 
 def previous_report(path: Path) -> dict[str, Any]:

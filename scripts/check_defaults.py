@@ -1,5 +1,5 @@
 """Check the shipped defaults on the default model and on stand-ins for faster and slower
-hardware (``harness.defaults_check``): patient clients never refused, clients that state a
+hardware (``lab.defaults_check``): patient clients never refused, clients that state a
 deadline better off than those that do not. Writes ``defaults.json`` into ``--out`` and prints
 each model's sizing and bars; exits 1 if a bar is not met.
 
@@ -15,9 +15,10 @@ import sys
 import time
 from pathlib import Path
 
-from harness import defaults_check
-from harness.config import ROOT
-from harness.machine import describe
+from bert_serve_server.config import ROOT
+
+from lab import defaults_check
+from lab.machine import describe
 
 
 def main() -> int:

@@ -13,7 +13,7 @@ import importlib.metadata
 import sys
 from pathlib import Path
 
-from harness.environment import BUILDS, build_problems, wheel_distributions
+from bert_serve_server.environment import BUILDS, build_problems, wheel_distributions
 
 
 def main() -> int:

@@ -3,7 +3,7 @@ level: did a change move the served numbers? Ratios are AFTER over BEFORE, measu
 on one machine.
 
     git worktree add --detach ../before <commit>
-    (cd ../before && PYTHONPATH=. ../main/.venv/bin/python scripts/package.py \
+    (cd ../before && PYTHONPATH=.:server ../main/.venv/bin/python -m bert_serve_server package \
         --model-dir ../main/build/bert-sentiment --export-path /tmp/before)
     python scripts/compare_mars.py --before /tmp/before --after model_store --out build/ab.json
 
@@ -25,8 +25,8 @@ import argparse
 import json
 from pathlib import Path
 
-from harness.corpus import make_corpus
-from harness.measure import Loads, compare_stores, env_assignments
+from lab.corpus import make_corpus
+from lab.measure import Loads, compare_stores, env_assignments
 
 
 def main() -> int:

@@ -18,10 +18,11 @@ import json
 import sys
 from pathlib import Path
 
+from bert_serve_server.archive import DEFAULT_MODEL_DIR, MODEL_CONFIG
+
 from handler.settings import PRECISION_CHOICES
-from harness.archive import DEFAULT_MODEL_DIR, MODEL_CONFIG
-from harness.compare import compare_precision, config_settings, summary
-from harness.corpus import make_corpus
+from lab.compare import compare_precision, config_settings, summary
+from lab.corpus import make_corpus
 
 
 def main() -> int:

@@ -1,5 +1,5 @@
-"""Train every recipe of ``harness.training.SCHEMES`` back to back, once per held-out split of
-``harness.training.SPLITS``, and compare them: training seconds (wall and CPU), the ratio to
+"""Train every recipe of ``lab.training.SCHEMES`` back to back, once per held-out split of
+``lab.training.SPLITS``, and compare them: training seconds (wall and CPU), the ratio to
 the default's, held-out accuracy on each split's 96 reviews of ``scripts/data/reviews.tsv``
 and accuracy on the evaluation-only ``scripts/data/reviews-hard.tsv`` and
 ``scripts/data/reviews-typical.tsv``, each with its mean over the splits. Nothing is saved
@@ -18,7 +18,7 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
-from harness.training import SCHEMES, SPLITS, Recipe, fine_tune
+from lab.training import SCHEMES, SPLITS, Recipe, fine_tune
 
 KEYS = (
     "train_seconds",

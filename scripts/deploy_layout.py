@@ -1,5 +1,5 @@
 """Write the container / KServe layout of the model from config/config.properties
-(``harness.layout`` says what it rewrites and why).
+(``bert_serve_server.layout`` says what it rewrites and why).
 
     python scripts/deploy_layout.py [--out build/kserve]
     python scripts/deploy_layout.py --models "sentiment=DIR toxicity=DIR2"   # several models
@@ -11,9 +11,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from harness.config import effective_properties, read_models
-from harness.layout import DEFAULT_OUT, write_layout
-from harness.models import package_models, parse_models
+from bert_serve_server.config import effective_properties, read_models
+from bert_serve_server.layout import DEFAULT_OUT, write_layout
+from bert_serve_server.models import package_models, parse_models
 
 
 def main() -> int:

@@ -1,7 +1,7 @@
 """What explanations cost predictions: prediction p50 at 8 closed-loop clients, alone and with
 one client asking /explanations beside them, on a TorchServe of the default config (free
 127.0.0.1 ports, always stopped). Rounds alternate; each is bounded in time
-(``harness.explain_cost``).
+(``lab.explain_cost``).
 
     python scripts/explain_cost.py --out /tmp/explain_cost.json            # about 2 minutes
     python scripts/explain_cost.py --n-steps 10 --out /tmp/explain10.json  # cheaper explanations
@@ -16,10 +16,11 @@ import json
 import sys
 from pathlib import Path
 
-from harness import explain_cost
-from harness.corpus import make_corpus
-from harness.machine import describe
-from harness.server import running
+from bert_serve_server.control import running
+
+from lab import explain_cost
+from lab.corpus import make_corpus
+from lab.machine import describe
 
 BAR = 1.5
 

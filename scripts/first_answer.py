@@ -1,5 +1,5 @@
 """Seconds from `make serve` on a fresh clone, with empty pip and uv caches, to the first
-answer 200, and each step's share (``harness.first_answer``); `make stop` after.
+answer 200, and each step's share (``lab.first_answer``); `make stop` after.
 
     python scripts/first_answer.py --out build/first-answer.json [--ref BRANCH] [-- MAKE ARGS]
 """
@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness.first_answer import measure
+from lab.first_answer import measure
 
 
 def main() -> int:

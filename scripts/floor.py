@@ -1,5 +1,5 @@
 """The floor: TorchServe and LitServe each serving a constant, a free forward and the real
-model at 1 and 8 clients, and a lone request on our server taken apart (``harness.floor``).
+model at 1 and 8 clients, and a lone request on our server taken apart (``lab.floor``).
 
     python scripts/floor.py --out docs/bench          # about 5 minutes -> floor.json
     python scripts/floor.py --smoke --out /tmp/floor  # TorchServe only, a few seconds a level
@@ -17,12 +17,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import floor
-from harness.archive import DEFAULT_MODEL_DIR
-from harness.config import ROOT
-from harness.corpus import make_corpus
-from harness.machine import describe
-from harness.measure import Loads
+from bert_serve_server.archive import DEFAULT_MODEL_DIR
+from bert_serve_server.config import ROOT
+
+from lab import floor
+from lab.corpus import make_corpus
+from lab.machine import describe
+from lab.measure import Loads
 
 
 def one_client_bars(results: dict[str, Any]) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Fuzz the API from docs/openapi.yaml with schemathesis against a real torchserve (``make fuzz``).
 
-``harness.fuzz`` holds the run; this starts its own server on free local ports
+``lab.fuzz`` holds the run; this starts its own server on free local ports
 (always stopped), runs it, prints the summary and writes it as ``fuzz.json`` into --out.
 
     python scripts/fuzz.py --max-examples 30 --max-time 45              # about what make test runs
@@ -17,8 +17,9 @@ import json
 import sys
 from pathlib import Path
 
-from harness.fuzz import passed, run_fuzz
-from harness.server import running
+from bert_serve_server.control import running
+
+from lab.fuzz import passed, run_fuzz
 
 
 def main() -> int:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build the bert-serve image (deploy/Dockerfile) with podman or docker, then print its size
 # and what makes it up. The context is build/image/context: the layout of
-# scripts/deploy_layout.py, the entrypoint, and a wheelhouse from `pip download`.
+# scripts/deploy_layout.py, the entrypoint, and a wheelhouse from `pip download` with the
+# server package's wheel (server/).
 #   IMAGE       the tag (default bert-serve:0.1.0)
 #   BASE_IMAGE  default debian:bookworm-slim; when it is neither present nor pullable (no
 #               registry), a debootstrap'd bookworm minbase (scripts/image_base.sh) is used
@@ -46,10 +47,7 @@ context=build/image/context
 wheels="build/image/wheels-$torch_build"
 "$python" scripts/deploy_layout.py --out "$context" ${MODELS:+--models "$MODELS"} >/dev/null
 cp deploy/entrypoint.sh "$context/entrypoint.sh"
-mkdir -p "$context/lib/harness"
-cp harness/config.py harness/models.py harness/sizing.py "$context/lib/harness/"
-: >"$context/lib/harness/__init__.py"
-# Their dependencies at the locked versions too (requirements/server.lock, the tested ones),
+# The runtime packages at the locked versions (requirements/server.lock, the tested ones),
 # torch as the build asked for.
 torch_constraints "$python" build/image/constraints.txt
 "$python" -m pip download -qq --dest "$wheels" "${torch_index_args[@]}" \
@@ -59,6 +57,10 @@ torch_constraints "$python" build/image/constraints.txt
 "$python" -m pip download -qq --no-index --find-links "$wheels" --dest "$context/wheels" \
     -r "$context/requirements.txt" -c build/image/constraints.txt
 "$python" scripts/check_torch.py "$torch_build" --wheels "$context/wheels"
+# The server package users run (server/), as a wheel: the image installs it and nothing else of
+# the checkout; its dependencies are among requirements.txt's.
+rm -f "$context"/wheels/bert_serve_server-*.whl
+"$python" -m pip wheel -qq --no-deps --no-build-isolation --wheel-dir "$context/wheels" ./server
 
 format=()
 [ "${engine[0]}" = podman ] && format=(--format docker)  # OCI images drop HEALTHCHECK

@@ -2,10 +2,10 @@
 
 Starts the container with its ports published on free 127.0.0.1 ports, waits for READY
 (/ping healthy and every worker READY), runs the request checks (the README's examples, a
-list, a pair, an Open Inference (v2) request, /metrics: ``harness.image_checks.CHECKS``),
+list, a pair, an Open Inference (v2) request, /metrics: ``lab.image_checks.CHECKS``),
 runs the image's health check, measures each process's memory from the host after a short
 bounded burst, then sends SIGTERM and checks the container exits 0 within the grace period.
-The container is always removed (``harness.image`` has the steps). Writes the numbers to
+The container is always removed (``lab.image`` has the steps). Writes the numbers to
 build/image/image-test.json.
 
     python scripts/image_test.py [--image bert-serve:0.1.0] [--out PATH]
@@ -19,8 +19,9 @@ import os
 import sys
 from pathlib import Path
 
-from harness.config import ROOT
-from harness.image import ImageTestFailed, engine_command, run_image_test
+from bert_serve_server.config import ROOT
+
+from lab.image import ImageTestFailed, engine_command, run_image_test
 
 
 def main() -> int:

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Create the virtual environment for developing the project: the server and dev extras at the
-# versions of requirements/server.lock, the client (editable), and the checkout itself on the
-# venv's path, since the server side's code (handler/, harness/) is not part of the
-# installable client and runs from here. Then check the torch build it got.
+# versions of requirements/server.lock, the client and the server package (server/), both
+# editable, and the checkout itself on the venv's path, since handler/ and the lab (lab/) are
+# not installable and run from here. Then check the torch build it got.
 #   TORCH, TORCH_INDEX  the torch build, cpu (default) or cuda, and its index
 #                       (scripts/torch_build.sh). Unset, TORCH keeps the venv's build, so
 #                       reinstalling after a change to pyproject.toml keeps a CUDA venv CUDA;
@@ -47,17 +47,17 @@ fi
 case "$installer" in
     uv)
         # uv reads no pip.conf: the sources pip is configured with, as uv flags
-        mapfile -t pip_sources < <(PYTHONPATH="$PWD" "$venv/bin/python" -c 'import subprocess, sys
-from harness.environment import uv_arguments
+        mapfile -t pip_sources < <(PYTHONPATH="$PWD/server" "$venv/bin/python" -c 'import subprocess, sys
+from bert_serve_server.environment import uv_arguments
 listed = subprocess.run([sys.argv[1], "-m", "pip", "config", "list"], capture_output=True, text=True)
 print(*uv_arguments(listed.stdout), sep="\n")' "$python")
         "$uv" pip install --quiet --python "$venv/bin/python" --index-strategy unsafe-best-match \
-            "${pip_sources[@]}" "${torch_index_args[@]}" -c "$constraints" -e ".[server,dev]"
+            "${pip_sources[@]}" "${torch_index_args[@]}" -c "$constraints" -e ".[server,dev]" -e ./server
         ;;
     pip)
         "$venv/bin/python" -m pip --version >/dev/null 2>&1 || "$venv/bin/python" -m ensurepip --upgrade >/dev/null
         "$venv/bin/python" -m pip install --quiet --upgrade pip
-        "$venv/bin/python" -m pip install --quiet "${torch_index_args[@]}" -c "$constraints" -e ".[server,dev]"
+        "$venv/bin/python" -m pip install --quiet "${torch_index_args[@]}" -c "$constraints" -e ".[server,dev]" -e ./server
         ;;
     *) echo "INSTALLER=$installer: expected uv or pip" >&2; exit 2 ;;
 esac

@@ -5,7 +5,7 @@ same tokenization and forward code. By default it is what LitServe gives out of 
 worker, torch's own thread count, no batching); the flags configure it like bert-serve's
 default (``--workers 2 --torch-threads 1 --max-batch-size 16 --batch-timeout-ms 1``), LitServe's
 own dynamic batching included. ``--constant 1`` answers a constant without loading the model:
-LitServe's own floor, beside TorchServe's (``harness.floor``). Installed with the ``bench`` extra.
+LitServe's own floor, beside TorchServe's (``lab.floor``). Installed with the ``bench`` extra.
 
     python scripts/litserve_peer.py --model-dir build/bert-sentiment --port 8100
 """

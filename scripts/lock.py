@@ -13,7 +13,13 @@ import json
 import sys
 from pathlib import Path
 
-from harness.environment import LOCK, lock_changes, lock_text, parse_lock, pins_from_report
+from bert_serve_server.environment import (
+    LOCK,
+    lock_changes,
+    lock_text,
+    parse_lock,
+    pins_from_report,
+)
 
 
 def main() -> int:

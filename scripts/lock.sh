@@ -15,4 +15,4 @@ rm -rf "$venv"
 "$venv/bin/python" -m pip install --quiet --upgrade pip
 "$venv/bin/python" -m pip install --quiet --dry-run --ignore-installed \
     --report build/lock/report.json "${torch_index_args[@]}" ".[server,dev]"
-PYTHONPATH="$PWD" "$venv/bin/python" scripts/lock.py build/lock/report.json
+PYTHONPATH="$PWD:$PWD/server" "$venv/bin/python" scripts/lock.py build/lock/report.json

@@ -16,8 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-from harness.metrics import scrape_models, summary
-from harness.server import DEFAULT_STATE_DIR, server_for
+from bert_serve_server.control import DEFAULT_STATE_DIR, server_for
+from bert_serve_server.metrics import scrape_models, summary
 
 
 def main() -> int:

@@ -1,4 +1,4 @@
-"""Two models on one server against one alone (``harness.models_share``); exits 1 if their
+"""Two models on one server against one alone (``lab.models_share``); exits 1 if their
 summed answers per second fall under 0.8 of one model's alone.
 
     python scripts/models_share.py --out docs/bench/models.json [--seconds 15]
@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from harness.models_share import run
+from lab.models_share import run
 
 
 def main() -> int:

@@ -8,10 +8,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 state_dir="${1:-.run}"
 python="${VENV_PYTHON:-.venv/bin/python}"  # not PYTHON: make install reads that as the venv's base
-ctl=(scripts/torchserve_ctl.py --state-dir "$state_dir")
-url=$("$python" "${ctl[0]}" url "${ctl[@]:1}")
-models=$("$python" "${ctl[0]}" models "${ctl[@]:1}")
-token=$("$python" "${ctl[0]}" key "${ctl[@]:1}")
+ctl() { "$python" -m bert_serve_server "$@" --state-dir "$state_dir"; }
+url=$(ctl url)
+models=$(ctl models)
+token=$(ctl key)
 failures=0
 passed=0
 
@@ -30,7 +30,7 @@ call() {  # call EXPECTED_STATUS EXPECTED_FRAGMENT curl-args...
 
 call 200 '"status": "Healthy"' "$url/ping"
 for model in $models; do
-  predict=$("$python" "${ctl[0]}" predict-url --model "$model" "${ctl[@]:1}")
+  predict=$(ctl predict-url --model "$model")
   echo "model $model: $predict"
   if [ "$model" = bert ]; then good='"label": "positive"' bad='"label": "negative"' form='"label": "positive"'
   else good='"scores"' bad='"scores"' form='"scores"'; fi

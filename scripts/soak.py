@@ -3,7 +3,7 @@
 Starts its own server on free 127.0.0.1 ports, sends ``--concurrency`` clients' traffic for
 ``--seconds`` (every 10th request malformed, single texts and lists), samples the frontend's
 and every worker's RSS, requests/s and the log folder's size, and writes ``soak.json`` and
-``soak.png`` into --out (``harness.soak`` says what passes).
+``soak.png`` into --out (``lab.soak`` says what passes).
 
     python scripts/soak.py --out docs/soak                     # 10 minutes (make soak)
     python scripts/soak.py --seconds 20 --out /tmp/soak        # a check that the tool works
@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from harness import soak
+from lab import soak
 
 
 def main() -> int:

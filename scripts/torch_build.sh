@@ -1,5 +1,5 @@
 # Sourced by scripts/install.sh, scripts/lock.sh and scripts/image.sh: which torch build, and
-# the index it comes from (harness/environment.py says why the lock pins the CPU build).
+# the index it comes from (server/bert_serve_server/environment.py says why the lock pins the CPU build).
 #   TORCH        cpu (the default) or cuda
 #   TORCH_INDEX  an index pip adds (--extra-index-url) for torch. Unset: PyTorch's CPU index,
 #                https://download.pytorch.org/whl/cpu, for cpu; none for cuda (PyPI's Linux
@@ -26,9 +26,9 @@ if [ -n "$torch_index" ]; then
 fi
 
 # torch_constraints PYTHON FILE: write requirements/server.lock as constraints for this build
-# (harness.environment.with_torch_build), with any Python of 3.9 or later.
+# (bert_serve_server.environment.with_torch_build), with any Python of 3.9 or later.
 torch_constraints() {
-    PYTHONPATH="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)" "$1" -c 'import sys
-from harness.environment import LOCK, with_torch_build
+    PYTHONPATH="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/server" "$1" -c 'import sys
+from bert_serve_server.environment import LOCK, with_torch_build
 sys.stdout.write(with_torch_build(LOCK.read_text(), sys.argv[1]))' "$torch_build" >"$2"
 }

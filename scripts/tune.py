@@ -9,7 +9,7 @@ all levels, and the recommendation is the candidate with the best score. A secon
 experiment measures what TorchServe's logging costs: the default config at --log-clients
 clients with TorchServe's built-in log4j2 config and with config/log4j2.xml, alternated.
 
-The experiments live in ``harness.tune``. Writes ``results.json``, ``tune.png`` and
+The experiments live in ``lab.tune``. Writes ``results.json``, ``tune.png`` and
 ``recommended.properties`` into --out.
 
     python scripts/tune.py --out docs/tune                       # make tune
@@ -25,12 +25,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import tune
-from harness.config import ROOT
-from harness.corpus import make_corpus
-from harness.measure import Loads
-from harness.reports import plot_tune, tune_snippet
-from harness.sizing import read_machine
+from bert_serve_server.config import ROOT
+from bert_serve_server.sizing import read_machine
+
+from lab import tune
+from lab.corpus import make_corpus
+from lab.measure import Loads
+from lab.reports import plot_tune, tune_snippet
 
 
 def candidate(name: str) -> dict[str, int]:

@@ -1,4 +1,4 @@
-"""A stand-in for podman or docker, so harness/image.py's whole run can be tested where no
+"""A stand-in for podman or docker, so lab/image.py's whole run can be tested where no
 container engine works: ``python fake_engine.py STATE_DIR VERB ARGS...``.
 
 ``run`` starts a stub of the image in a process of its own, answering on the published host
@@ -118,9 +118,12 @@ def inspect(state: Path, args: list[str]) -> str:
 
 def exec_(state: Path, args: list[str]) -> str:
     """exec NAME python3.11 -c CODE method path body base: the model's description, or
-    TorchServe's refusal of a workflow; exec NAME ls -A /tmp: an empty /tmp."""
+    TorchServe's refusal of a workflow; exec NAME ls -A /tmp: an empty /tmp; exec NAME
+    python3.11 -c INSTALLED_PACKAGES: what an image of the server package alone holds."""
     if args[1] == "ls":
         return ""
+    if "find_spec" in args[3]:  # lab.image.INSTALLED_PACKAGES: the server package alone
+        return json.dumps({"dists": ["bert-serve-server"], "importable": ["bert_serve_server"]})
     if args[4] == "POST" and args[5].startswith("/workflows?"):
         return "404\n" + json.dumps({"code": 404, "type": "WorkflowNotFoundException"})
     assert args[4:6] == ["GET", "/models/bert"], args

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from bert_serve_server.control import Server, running
 
-from harness.server import Server, running
 from tests.conftest import MAR_PATH
 
 INTEGRATION_DIR = Path(__file__).resolve().parent

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 import requests
+from bert_serve_server import control as torchserve_ctl
+from bert_serve_server.archive import package, package_variant
 
-from harness import server as torchserve_ctl
-from harness.archive import package, package_variant
 from tests.heads import ITEMS, Reference, largest_difference
 from tests.integration.conftest import model_log
 

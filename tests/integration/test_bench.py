@@ -103,7 +103,7 @@ def test_defaults_check_runs_on_a_stand_in_model() -> None:
     was answered; the sizing it reports is what the server ran. Its bars need a quiet machine
     and full levels, so only the one that holds on any machine is asserted: 256 patient
     clients are never refused."""
-    from harness import defaults_check
+    from lab import defaults_check
 
     (result,) = defaults_check.run(("fast",), seconds=1.0).values()
     levels = result["levels"]

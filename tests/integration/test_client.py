@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 import requests
+from bert_serve_server.control import curl_example
 
 import bert_serve.exceptions as client_errors
 from bert_serve import BertServeError, Client
-from harness.corpus import make_corpus
-from harness.server import curl_example
+from lab.corpus import make_corpus
 
 BERT_SERVE = Path(sys.executable).parent / "bert-serve"
 # Positions (0-based) and contents of the bad lines mixed into the 500-line file.

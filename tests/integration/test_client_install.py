@@ -116,7 +116,7 @@ def test_bert_serve_classify_works_without_torch(client_venv: Path, stub_url: st
         "import sys\n"
         "from bert_serve.cli import main\n"
         f"status = main(['classify', '--url', {stub_url!r}, '--no-progress', '--file', '-'])\n"
-        "assert 'torch' not in sys.modules and 'harness' not in sys.modules\n"
+        "assert 'torch' not in sys.modules and 'bert_serve_server' not in sys.modules and 'lab' not in sys.modules\n"
         "sys.exit(status)\n"
     )
     lines = subprocess.run(

@@ -12,11 +12,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import requests
+from bert_serve_server.config import models_entry
+from bert_serve_server.control import Server, running
 
 from handler.timings import WAIT_TIME
-from harness.batchlog import LogWindow
-from harness.config import models_entry
-from harness.server import Server, running
+from lab.batchlog import LogWindow
 
 EXPIRED_LINE = re.compile(r"batch_size=(\d+) valid=(\d+) rejected=(\d+) .* expired=(\d+)")
 

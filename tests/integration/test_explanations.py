@@ -13,7 +13,7 @@ import pytest
 import requests
 
 from bert_serve import Client
-from harness.explain_cost import explain_url
+from lab.explain_cost import explain_url
 from tests.unit.test_explain import cosine, reference, top3
 
 BERT_SERVE = Path(sys.executable).parent / "bert-serve"

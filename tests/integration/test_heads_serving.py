@@ -1,6 +1,6 @@
 """A multi-label and a sentence-pair model, packaged and served by a real torchserve.
 
-Each is built on the real MiniLM encoder (tests/heads.py), packaged by scripts/package.py
+Each is built on the real MiniLM encoder (tests/heads.py), packaged by bert_serve_server.package
 into its own model store and served on free 127.0.0.1 ports from a state folder of its own,
 always stopped at the end. Over HTTP, every valid item must equal transformers' pipeline,
 and under concurrent mixed traffic every request must get exactly its answer when alone.
@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 import requests
+from bert_serve_server.archive import package
+from bert_serve_server.control import Server, running
 
-from harness.archive import package
-from harness.server import Server, running
 from tests.heads import ITEMS, Reference, largest_difference
 from tests.integration.conftest import model_log
 

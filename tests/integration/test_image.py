@@ -20,8 +20,8 @@ import signal
 import subprocess
 
 import pytest
+from bert_serve_server import sizing
 
-from harness import sizing
 from tests.conftest import ROOT
 
 # From nothing (debootstrap base + first build + run) 7 to 12 min on a loaded machine of this

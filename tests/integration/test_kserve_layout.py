@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 import requests
+from bert_serve_server import layout as deploy_layout
+from bert_serve_server.config import configured_model, read_properties
+from bert_serve_server.control import Server, running
 
-from harness import layout as deploy_layout
-from harness.config import configured_model, read_properties
-from harness.server import Server, running
 from tests.conftest import MAR_PATH
 
 

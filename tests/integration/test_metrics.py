@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import time
 
+from bert_serve_server.metrics import histogram_delta, scrape, summary
+
 from handler.timings import BATCH_SIZE, COMPUTE_TIME, INFERENCE_TIME, TIMING_HEADERS
-from harness.metrics import histogram_delta, scrape, summary
 from tests.integration.test_serving import post
 
 

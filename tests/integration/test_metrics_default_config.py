@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 import requests
+from bert_serve_server.archive import package
+from bert_serve_server.config import BASE_CONFIG
+from bert_serve_server.control import Server, running
 
-from harness.archive import package
-from harness.config import BASE_CONFIG
-from harness.server import Server, running
 from tests.heads import Reference, largest_difference
 
 TEXTS = [

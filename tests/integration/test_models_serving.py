@@ -4,8 +4,8 @@ One server for the module, on free 127.0.0.1 ports, always stopped: ``toxicity``
 DistilBERT), ``nli`` in two versions (RoBERTa sentence-pair classifiers of different weights;
 the config makes version 2 the default although 1 is listed first) and ``broken`` (a folder
 with no tokenizer, refused by name while the others start). Packaged and configured by the same
-code as ``make serve MODELS=...`` (``harness.models``), batch settings stated so that the start
-measures nothing (``harness.sizing`` is tested on its own).
+code as ``make serve MODELS=...`` (``bert_serve_server.models``), batch settings stated so that the start
+measures nothing (``bert_serve_server.sizing`` is tested on its own).
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from typing import Any
 
 import pytest
 import requests
+from bert_serve_server.control import Server, running
+from bert_serve_server.models import package_models, parse_models
 
-from harness.load import ClosedLoop, Job, statuses
-from harness.models import package_models, parse_models
-from harness.server import Server, running
+from lab.load import ClosedLoop, Job, statuses
 from tests.architectures import build_architecture
 from tests.conftest import ROOT
 from tests.heads import ITEMS, Reference, largest_difference

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from harness.fuzz import passed, run_fuzz
+from lab.fuzz import passed, run_fuzz
 
 MAX_EXAMPLES = 30
 MAX_TIME_S = 45

@@ -10,11 +10,11 @@ import json
 
 import pytest
 import requests
+from bert_serve_server.archive import package_variant
+from bert_serve_server.config import models_entry
+from bert_serve_server.control import Server, running
 
 from handler.precision import cpu_has_native_bf16
-from harness.archive import package_variant
-from harness.config import models_entry
-from harness.server import Server, running
 
 TEXTS = [
     "An absolute delight from start to finish.",

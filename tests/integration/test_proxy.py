@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import requests
+from bert_serve_server.control import Server
 
-from harness.proxy import nginx_binary, running_proxy
-from harness.server import Server
+from lab.proxy import nginx_binary, running_proxy
 from tests.stub_http import Seen, stub_server
 
 pytestmark = pytest.mark.skipif(

@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 import requests
+from bert_serve_server.config import MODEL_NAME
+from bert_serve_server.control import Server, running
 
-from harness.code_routes import (
+from lab.code_routes import (
     WORKFLOW_NAME,
     WorkflowArchive,
     build_workflow_archive,
     grpc_register_model,
     register_workflow,
 )
-from harness.config import MODEL_NAME
-from harness.server import Server, running
 from tests.conftest import MAR_PATH
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import subprocess
 
-from harness.config import local_port_overrides
-from harness.server import server_for, start, start_or_reuse, stop
+from bert_serve_server.config import local_port_overrides
+from bert_serve_server.control import server_for, start, start_or_reuse, stop
+
 from tests.conftest import MAR_PATH, ROOT
 
 

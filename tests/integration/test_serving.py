@@ -10,9 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
+from bert_serve_server import sizing
+from bert_serve_server.config import configured_model
 
-from harness import sizing
-from harness.config import configured_model
 from tests.conftest import MAR_PATH, ROOT
 from tests.integration.conftest import model_log
 
@@ -102,7 +102,7 @@ def test_inference_requires_the_token(server, predict_url) -> None:
 
 def test_batch_settings_and_workers_in_force_are_what_make_status_reports(server) -> None:
     """maxBatchDelay from config.properties, timeouts from the model config; workers (one per
-    core of this machine), batchSize (measured at start) and the queue from harness/sizing.py,
+    core of this machine), batchSize (measured at start) and the queue from server/bert_serve_server/sizing.py,
     as `make status` reports them and TorchServe runs them."""
     response = requests.get(
         f"{server.management_url}/models/bert", headers=server.headers("management"), timeout=30
@@ -126,13 +126,14 @@ def test_batch_settings_and_workers_in_force_are_what_make_status_reports(server
 
 
 def test_make_status_prints_the_defaults_chosen_on_this_machine(server) -> None:
-    """`make status` (torchserve_ctl status) prints the workers, threads, batch size, queue and
-    heap in force with the reasons, and they follow the rules of harness/sizing.py from this
+    """`make status` (python -m bert_serve_server status) prints the workers, threads, batch size, queue and
+    heap in force with the reasons, and they follow the rules of server/bert_serve_server/sizing.py from this
     machine's cores and the rates the start measured (printed in the reasons)."""
     printed = subprocess.run(
         [
             sys.executable,
-            "scripts/torchserve_ctl.py",
+            "-m",
+            "bert_serve_server",
             "status",
             "--state-dir",
             str(server.state_dir),

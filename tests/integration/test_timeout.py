@@ -15,10 +15,9 @@ import signal
 import time
 
 import requests
-
-from harness.archive import package_variant
-from harness.config import models_entry
-from harness.server import running
+from bert_serve_server.archive import package_variant
+from bert_serve_server.config import models_entry
+from bert_serve_server.control import running
 
 RESPONSE_TIMEOUT_S = 4
 

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 import requests
+from bert_serve_server.config import models_entry
+from bert_serve_server.control import Server, running, wait_ready
 
 from bert_serve import Client
-from harness.config import models_entry
-from harness.server import Server, running, wait_ready
 
 BATCH_DELAY_MS = 3000
 INSIDE_THE_WINDOW_S = 1.0

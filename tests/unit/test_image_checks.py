@@ -1,10 +1,11 @@
-"""The pieces of `make image-test` that need no container engine (harness/image.py and
-harness/image_checks.py): the request checks against stub servers that answer right and
+"""The pieces of `make image-test` that need no container engine (lab/image.py and
+lab/image_checks.py): the request checks against stub servers that answer right and
 wrong, the management API read through an engine's `exec`, and the memory bookkeeping.
 tests/integration/test_image.py runs the whole thing against a real image."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -13,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from bert_serve_server.config import free_port
 
-from harness import image
-from harness.config import free_port
-from harness.image_checks import CHECKS, Target, run_checks
+from lab import image
+from lab.image_checks import CHECKS, Target, run_checks
 from tests import fake_engine
 from tests.fake_engine import Reply, handler, served
 from tests.stub_http import serving
@@ -137,10 +138,40 @@ def test_the_whole_run_against_a_fake_engine(tmp_path: Path) -> None:
     said: list[str] = []
     result = image.run_image_test("bert-serve:x", engine, say=said.append)
     assert result["checks"] == [name for name, _ in CHECKS] + [
-        "a workflow archive is refused and never runs"
+        "a workflow archive is refused and never runs",
+        "the server package is installed, and no lab, client or test module",
     ]
     assert result["image_bytes"] == 123456 and result["stop_s"] < result["grace_s"]
     assert result["processes"] and result["processes"][0]["pss_mib"] > 0
     assert said[0] == "start" and said[-1].startswith("stopped with exit code 0")
     assert f"burst of {image.BURST_REQUESTS}" in said
     assert (tmp_path / f"bert-serve-image-test-{os.getpid()}.exit").read_text() == "0"
+
+
+class PackagesContainer:
+    """A container whose exec answers the installed-packages probe with ``found``."""
+
+    name = "probe"
+
+    def __init__(self, found: dict[str, list[str]]) -> None:
+        self.found = found
+
+    def run(self, *args: str, timeout: float = 120) -> str:
+        assert args[:3] == ("exec", "probe", "python3.11") and args[4] == image.INSTALLED_PACKAGES
+        return json.dumps(self.found)
+
+
+@pytest.mark.parametrize(
+    ("found", "problem"),
+    [
+        ({"dists": ["bert-serve-server"], "importable": ["bert_serve_server"]}, None),
+        ({"dists": ["bert-serve-server"], "importable": ["bert_serve_server", "lab"]}, "lab"),
+        ({"dists": [], "importable": ["bert_serve_server"]}, "distributions"),
+        ({"dists": ["bert-serve", "bert-serve-server"], "importable": []}, "bert-serve"),
+    ],
+)
+def test_the_image_must_hold_the_server_package_alone(found, problem) -> None:
+    outcome = image.installed_packages(PackagesContainer(found))  # type: ignore[arg-type]
+    assert outcome.ok == (problem is None)
+    if problem:
+        assert problem in " ".join(outcome.problems)

@@ -1,10 +1,10 @@
-"""harness.load.ClosedLoop's impatient clients: a pause after a failure, and stamped requests."""
+"""lab.load.ClosedLoop's impatient clients: a pause after a failure, and stamped requests."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from harness.load import ClosedLoop, json_job
+from lab.load import ClosedLoop, json_job
 from tests.unit.test_client import QUEUE_FULL, Stub, stub_factory
 
 __all__ = ["stub_factory"]

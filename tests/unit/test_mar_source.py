@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from bert_serve_server.archive import MODEL_CONFIG, SOURCE_FILE, source_record, stamp_for
 
-from harness.archive import MODEL_CONFIG, SOURCE_FILE, source_record, stamp_for
 from tests.conftest import MAR_PATH, REAL_MODEL_DIR, ROOT
 
 
@@ -136,7 +136,7 @@ def test_packagings_at_the_same_time_do_not_mix(
     its own, concurrent runs (tests, tune, another checkout) fail or pack each other's files."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from harness.archive import package
+    from bert_serve_server.archive import package
 
     kinds = ["multi_label", "pair", "regression", "one_logit"] * 2
     jobs = [(head_model_dir(kind), tmp_path / f"store-{i}") for i, kind in enumerate(kinds)]

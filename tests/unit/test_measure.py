@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from harness.measure import Endpoint, its_turn
+from lab.measure import Endpoint, its_turn
 
 
 def stopped(pid: int, expected: bool) -> bool:

@@ -1,6 +1,6 @@
 """A folder that cannot be served is refused, with its reason and fix, before packaging and at start.
 
-``handler.model_check.inspect_folder`` is the one check: ``scripts/package.py`` runs it before
+``handler.model_check.inspect_folder`` is the one check: ``bert_serve_server.package`` runs it before
 archiving (and ``make serve`` through ``--stamp-only``), ``load_model`` runs it at worker start.
 Each broken folder is a copy of a good tiny one (tests/architectures.py) with one thing wrong.
 """
@@ -168,14 +168,16 @@ def test_a_tokenizer_without_pad_is_refused(architecture_dir, tmp_path: Path) ->
 
 
 def test_package_refuses_in_seconds_and_writes_nothing(broken, tmp_path: Path) -> None:
-    """scripts/package.py (make package) prints every reason and its fix and exits 1 before
+    """python -m bert_serve_server package (make package) prints every reason and its fix and exits 1 before
     the archiver runs; the same for --stamp-only (what make serve runs first)."""
     for extra in ([], ["--stamp-only"]):
         started = time.monotonic()
         result = subprocess.run(
             [
                 sys.executable,
-                str(ROOT / "scripts" / "package.py"),
+                "-m",
+                "bert_serve_server",
+                "package",
                 "--model-dir",
                 str(broken("pickled weights only")),
                 "--export-path",

@@ -1,4 +1,4 @@
-"""harness/models.py: MODELS parsed, archives named, and the ``models=``/``load_models`` that
+"""server/bert_serve_server/models.py: MODELS parsed, archives named, and the ``models=``/``load_models`` that
 serve several models and versions, the default version first."""
 
 from __future__ import annotations
@@ -7,9 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-
-from harness.config import read_models
-from harness.models import (
+from bert_serve_server.config import read_models
+from bert_serve_server.models import (
     ModelSpec,
     archive_name,
     handler_config_for,
@@ -97,7 +96,7 @@ def test_a_refused_model_leaves_the_others_and_its_name_keeps_a_default() -> Non
 def test_a_models_own_handler_config_is_used_where_it_exists(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from harness import models
+    from bert_serve_server import models
 
     monkeypatch.setattr(models, "PER_MODEL_CONFIG_DIR", tmp_path)
     (tmp_path / "toxicity.yaml").write_text("handler: {}\n")

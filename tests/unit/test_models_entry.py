@@ -6,9 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
-
-from harness.config import BASE_CONFIG, models_entry, models_entry_problems, read_properties
-from harness.server import Server, ServerError, check_startable
+from bert_serve_server.config import (
+    BASE_CONFIG,
+    models_entry,
+    models_entry_problems,
+    read_properties,
+)
+from bert_serve_server.control import Server, ServerError, check_startable
 
 
 def test_the_shipped_config_has_no_silently_replaced_value() -> None:

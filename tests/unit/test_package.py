@@ -7,8 +7,8 @@ import zipfile
 
 import pytest
 import yaml
+from bert_serve_server.config import MODEL_NAME, read_models
 
-from harness.config import MODEL_NAME, read_models
 from tests.conftest import MAR_PATH, ROOT
 
 

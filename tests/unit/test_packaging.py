@@ -11,7 +11,17 @@ import tomllib
 
 from tests.conftest import ROOT
 
-SERVER_SIDE = ("torch", "transformers", "ts", "aiohttp", "psutil", "yaml", "harness", "handler")
+SERVER_SIDE = (
+    "torch",
+    "transformers",
+    "ts",
+    "aiohttp",
+    "psutil",
+    "yaml",
+    "bert_serve_server",
+    "lab",
+    "handler",
+)
 
 
 def pyproject() -> dict:
@@ -30,7 +40,7 @@ def test_the_distribution_is_the_client_and_the_server_side_an_extra() -> None:
 
 
 def test_importing_the_client_and_its_command_loads_nothing_of_the_server() -> None:
-    """In this venv torch, aiohttp and the harness are all importable: none may come along."""
+    """In this venv torch, aiohttp, the server package and the lab are all importable: none may come along."""
     code = (
         "import json, sys\n"
         "import bert_serve, bert_serve.cli, bert_serve.client\n"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.reports import bench_ratios, ceiling_at
+from lab.reports import bench_ratios, ceiling_at
 
 BY_SIZE = {
     "1": {"texts_per_s": 100.0},

@@ -7,9 +7,9 @@ import re
 from pathlib import Path
 
 import pytest
-
-from harness import layout, server
-from harness.config import BASE_CONFIG, read_properties
+from bert_serve_server import control as server
+from bert_serve_server import layout
+from bert_serve_server.config import BASE_CONFIG, read_properties
 
 SHUT = {
     "enable_model_api": "false",

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from bert_serve_server.control import Server, ServerError
 
-from harness.server import Server, ServerError
 from tests.stub_http import stub_server
 
 
@@ -127,7 +127,7 @@ def test_a_servers_own_environment_wins_over_the_callers(
 
 
 def test_compare_mars_reads_name_value_settings() -> None:
-    from harness.measure import env_assignments
+    from lab.measure import env_assignments
 
     assert env_assignments(["OMP_NUM_THREADS=2", "OMP_WAIT_POLICY=PASSIVE", "EMPTY="]) == {
         "OMP_NUM_THREADS": "2",
@@ -142,8 +142,8 @@ def test_a_frontend_that_exits_during_start_is_started_again_on_new_ports(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A port picked free can be taken before TorchServe binds it (CI saw "TorchServe exited
-    during start"): the harness tries again on new ports, and says why when it gives up."""
-    from harness import server as server_module
+    during start"): the start tries again on new ports, and says why when it gives up."""
+    from bert_serve_server import control as server_module
 
     tried: list[str] = []
 
@@ -167,7 +167,7 @@ def test_a_frontend_that_exits_during_start_is_started_again_on_new_ports(
 
 
 def test_the_log_tail_names_the_frontends_last_words(tmp_path: Path) -> None:
-    from harness.server import log_tail
+    from bert_serve_server.control import log_tail
 
     logs = tmp_path / "logs"
     logs.mkdir()

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 import yaml
+from bert_serve_server.archive import BATCH_KEYS
 
 from handler.settings import HandlerSettings
-from harness.archive import BATCH_KEYS
 
 MODEL_CONFIG = Path(__file__).resolve().parents[2] / "config" / "model-config.yaml"
 

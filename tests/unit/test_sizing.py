@@ -1,4 +1,4 @@
-"""harness/sizing.py: the machine read from cgroup files, and the rule from machine and
+"""server/bert_serve_server/sizing.py: the machine read from cgroup files, and the rule from machine and
 measured rate to workers, threads, queue and heap; the config's own values always win."""
 
 from __future__ import annotations
@@ -7,9 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-
-from harness import sizing
-from harness.config import effective_properties
+from bert_serve_server import sizing
+from bert_serve_server.config import effective_properties
 
 GIB = 2**30
 

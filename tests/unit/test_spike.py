@@ -1,5 +1,5 @@
 """The spike part's reading of TorchServe's access log and batch lines, and the cores each
-process used (harness.chaos.spike, harness.measure)."""
+process used (lab.chaos.spike, lab.measure)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from harness.batchlog import batch_times
-from harness.chaos.spike import cores_by_role, frontend_latency
-from harness.measure import cores_used
+from lab.batchlog import batch_times
+from lab.chaos.spike import cores_by_role, frontend_latency
+from lab.measure import cores_used
 
 ACCESS_LINES = """\
 2026-11-24T01:13:43,134 - /127.0.0.1:56342 "POST /predictions/bert HTTP/1.1" 503 0

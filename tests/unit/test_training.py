@@ -1,4 +1,4 @@
-"""The training helpers of ``harness.training`` (``make model``), on the tiny BERT."""
+"""The training helpers of ``lab.training`` (``make model``), on the tiny BERT."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.corpus import DATA_FILE, read_reviews, split
-from harness.training import (
+from lab.corpus import DATA_FILE, read_reviews, split
+from lab.training import (
     EXTRA_FILE,
     HARD_FILE,
     TYPICAL_FILE,

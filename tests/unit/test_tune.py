@@ -1,10 +1,10 @@
-"""harness/tune.py: the candidates make tune measures follow the cores it runs on."""
+"""lab/tune.py: the candidates make tune measures follow the cores it runs on."""
 
 from __future__ import annotations
 
 import pytest
 
-from harness.tune import candidate_name, default_candidates, parse_candidate
+from lab.tune import candidate_name, default_candidates, parse_candidate
 
 
 def test_two_cores_give_the_default_layout_and_one_worker_with_both() -> None:

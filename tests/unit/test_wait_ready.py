@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.server import worker_load_error
+from bert_serve_server.control import worker_load_error
 
 PREFIX = "2026-11-23T20:31:02,118 [INFO ] W-9000-bert_1.0-stdout MODEL_LOG - "
 
@@ -47,7 +47,7 @@ def test_a_refused_folder_is_answered_with_its_one_line_reason() -> None:
 def test_each_workers_error_is_told_apart_by_its_model() -> None:
     """With several models, the worker tag (``W-<port>-<name>_<version>``) says whose worker
     died, so that model alone is left out of the next start."""
-    from harness.server import worker_load_errors
+    from bert_serve_server.control import worker_load_errors
 
     other = "2026-11-23T20:31:02,118 [INFO ] W-9001-nli_2-stdout MODEL_LOG - "
     text = log("loaded bert on cpu") + "".join(

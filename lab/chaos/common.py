@@ -1,0 +1,116 @@
+"""What the chaos experiments share: their durations, the malformed requests, and a few
+bounded requests against a server."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import requests
+from bert_serve_server.control import REPLACE_LIMIT_S, Server
+
+from lab.load import ClosedLoop, Job
+
+FORM = "application/x-www-form-urlencoded"
+REQUEST_TIMEOUT_S = 30.0
+RECOVERY_LIMIT_S = REPLACE_LIMIT_S
+SPIKE_FORMS = ("plain", "timeout", "stamped")
+"""The spike's request forms (``lab.chaos.spike``)."""
+
+
+@dataclass(frozen=True)
+class Durations:
+    soak_s: float
+    crash_before_kill_s: float
+    crash_after_recovery_s: float
+    crash_limit_s: float = RECOVERY_LIMIT_S
+    overload_requests: int = 400
+    overload_concurrency: int = 200
+    kills: int = 50
+    spike_s: float = 15.0
+    spike_set: dict[str, str] = field(default_factory=dict)
+    """config.properties overrides for the spike part's server (``--set``): to compare
+    configs or model stores (``model_store=...``) under the same spike."""
+    spike_forms: tuple[str, ...] = SPIKE_FORMS
+    spike_peer: bool = True
+
+
+def durations(seconds: float, quick: bool, kills: int | None = None) -> Durations:
+    """``kills`` per load level of the kill runs: 3 in the quick form, 50 otherwise."""
+    if quick:
+        return Durations(
+            soak_s=min(seconds, 4.0),
+            crash_before_kill_s=1.0,
+            crash_after_recovery_s=1.0,
+            kills=3 if kills is None else kills,
+            spike_s=2.0,
+        )
+    return Durations(
+        soak_s=seconds,
+        crash_before_kill_s=3.0,
+        crash_after_recovery_s=5.0,
+        kills=50 if kills is None else kills,
+    )
+
+
+def malformed(kind: str, data: bytes, content_type: str, code: str, status: int = 400) -> Job:
+    return Job(data, content_type, kind=kind, expected=code, status=status)
+
+
+MALFORMED = (
+    malformed("empty_text", b"  \n\t ", "text/plain", "empty_text"),
+    malformed("missing_field", b'{"txt": "hi"}', "application/json", "missing_field"),
+    malformed("invalid_type", b'{"text": 42}', "application/json", "invalid_type"),
+    malformed("invalid_json", b'{"text": "unterminated', "application/json", "invalid_json"),
+    malformed("invalid_encoding", b"caf\xc3\xa9 \xff\xfe", "text/plain", "invalid_encoding"),
+    malformed("payload_too_large", b"a" * 10_001, "text/plain", "payload_too_large", 413),
+    malformed("form_without_text", b"great film", FORM, "missing_field"),
+)
+"""Every kind of malformed request the validator knows, with the status and code it gets."""
+
+
+def closed_loop(
+    server: Server,
+    job_for: Callable[[int], Job],
+    concurrency: int,
+    seconds: float,
+    max_requests: int | None = None,
+) -> ClosedLoop:
+    """A load on the server's predictions endpoint, each request bounded by REQUEST_TIMEOUT_S."""
+    return ClosedLoop(
+        server.predict_url,
+        server.headers(),
+        job_for,
+        concurrency,
+        seconds,
+        max_requests=max_requests,
+        request_timeout_s=REQUEST_TIMEOUT_S,
+    )
+
+
+def predict(server: Server, text: str) -> dict[str, Any]:
+    response = requests.post(
+        server.predict_url,
+        json={"text": text},
+        headers=server.headers(),
+        timeout=REQUEST_TIMEOUT_S,
+    )
+    response.raise_for_status()
+    return dict(response.json())
+
+
+def ping_status(server: Server) -> int | str:
+    try:
+        url = f"{server.inference_url}/ping"
+        return requests.get(url, headers=server.headers(), timeout=10).status_code
+    except requests.RequestException as error:
+        return f"client_{type(error).__name__}"
+
+
+def error_code(body: bytes) -> str | None:
+    try:
+        return str(json.loads(body)["error"]["code"])
+    except (ValueError, KeyError, TypeError):
+        return None

@@ -1,0 +1,306 @@
+"""Kill runs: SIGKILL a worker many times and count the requests that get no answer.
+
+TorchServe 0.12 drops, without any answer, the requests a worker's frontend thread had
+collected for its next batch when that worker dies (docs/chaos/README.md, "When a worker
+dies"). One worker kill under load rarely hits that window; this experiment kills many times.
+
+On one server, for each load level (light: 1 raw HTTP client and 1 ``bert_serve.Client``;
+heavy: 16 of each), it kills a random READY worker ``kills`` times, each after a random pause
+once every worker is READY again, and right after each kill sends one probe request of each
+kind (the issue's ``curl`` right after ``kill -9``). It counts:
+
+- raw HTTP (aiohttp, no retries): answers by status, and requests with no answer within
+  NO_ANSWER_DEADLINE_S (``client_timeout``): a raw client without a timeout would hang on them;
+- ``bert_serve.Client`` with its defaults (retries, per-attempt deadline): calls that failed and
+  calls that did not return within the client's own worst case (``client_hung``).
+
+The bar: 0 failed and 0 hung ``bert_serve.Client`` calls. Raw HTTP's counts are reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from bert_serve_server.config import models_entry
+from bert_serve_server.control import Server, running
+
+from bert_serve.client import DEFAULT_TIMEOUT_S, BertServeError, Client
+from lab.chaos.common import RECOVERY_LIMIT_S, Durations
+from lab.corpus import make_corpus
+from lab.load import ClosedLoop, Job, Outcome, json_job, percentile, send, statuses
+
+# What docs/chaos/README.md tells a raw HTTP client to use (curl -m 70): responseTimeout + 10 s.
+NO_ANSWER_DEADLINE_S = DEFAULT_TIMEOUT_S
+MAX_PAUSE_S = 2.0
+SETTLE_S = 2.0
+HUNG = "client_hung"
+WORKER_DIED = b"Worker died."
+LONG_DELAY_MS = 20
+
+
+@dataclass(frozen=True)
+class Level:
+    name: str
+    raw_clients: int
+    client_threads: int
+
+
+LEVELS = (Level("light", 1, 1), Level("heavy", 16, 16))
+
+
+class ClientSender:
+    """Sends a job's text with ``Client.classify`` (the client's defaults) in a thread of its
+    own pool. A call that has not returned within the client's worst case (every attempt
+    timing out, every backoff at its cap) is recorded as ``client_hung``; a raised error as
+    ``client_error_<code>``. The client's sleep hook counts its retries, per call."""
+
+    def __init__(self, server: Server, threads: int) -> None:
+        self.client = Client(server.inference_url, token=server.key("inference"), sleep=self._sleep)
+        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kill-runs")
+        attempts = self.client.retries + 1
+        self.limit_s = (
+            attempts * self.client.timeout + self.client.retries * self.client.max_backoff + 5
+        )
+        self.local = threading.local()
+        self.lock = threading.Lock()
+        self.retries = 0
+        self.calls_retried = 0
+
+    def _sleep(self, seconds: float) -> None:
+        self.local.retries += 1
+        time.sleep(seconds)
+
+    def _call(self, text: str) -> tuple[str, bytes]:
+        self.local.retries = 0
+        try:
+            prediction = self.client.classify(text)
+            status, body = "200", json.dumps(prediction.scores).encode()
+        except BertServeError as error:
+            status, body = f"client_error_{error.code}", str(error).encode()
+        except Exception as error:  # recorded: a sender never raises
+            status, body = f"client_error_{type(error).__name__}", str(error).encode()
+        with self.lock:
+            self.retries += self.local.retries
+            self.calls_retried += self.local.retries > 0
+        return status, body
+
+    async def __call__(self, job: Job) -> Outcome:
+        sent = time.monotonic()
+        call = asyncio.get_running_loop().run_in_executor(self.pool, self._call, job.expected)
+        try:
+            status, body = await asyncio.wait_for(call, self.limit_s)
+        except TimeoutError:
+            status, body = HUNG, b""
+        return Outcome(job, status, body, sent, time.monotonic())
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+@dataclass
+class KillLog:
+    """What the kill series did; the probes are tasks awaited before the series ends."""
+
+    pids: list[int] = field(default_factory=list)
+    replaced_s: list[float] = field(default_factory=list)
+    raw_probes: list[asyncio.Task[Outcome]] = field(default_factory=list)
+    client_probes: list[asyncio.Task[Outcome]] = field(default_factory=list)
+    error: str | None = None
+
+
+async def kill_random_worker(server: Server, rng: random.Random) -> tuple[int, set[int]]:
+    """SIGKILL one READY worker; (its pid, every worker's pid before the kill)."""
+    workers = await asyncio.to_thread(server.workers)
+    ready = sorted(worker.pid for worker in workers if worker.ready)
+    if not ready:
+        raise RuntimeError("no READY worker to kill")
+    pid = rng.choice(ready)
+    await asyncio.to_thread(server.kill_worker, pid)
+    return pid, {worker.pid for worker in workers}
+
+
+@dataclass
+class KillSeries:
+    """Kills ``kills`` workers at random moments, probing after each, then stops the loads."""
+
+    server: Server
+    loads: list[ClosedLoop]
+    probe_sender: ClientSender
+    texts: list[str]
+    kills: int
+    rng: random.Random
+    log: KillLog = field(default_factory=KillLog)
+
+    async def run(self) -> None:
+        timeout = aiohttp.ClientTimeout(total=NO_ANSWER_DEADLINE_S)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            try:
+                await self._kill_all(session)
+            except Exception as error:  # reported; the loads stop and the part fails
+                self.log.error = f"{type(error).__name__}: {error}"
+            finally:
+                for load in self.loads:
+                    load.stopped = True
+                await asyncio.gather(*self.log.raw_probes, *self.log.client_probes)
+
+    async def _kill_all(self, session: aiohttp.ClientSession) -> None:
+        for _ in range(self.kills):
+            await asyncio.sleep(self.rng.uniform(0, MAX_PAUSE_S))
+            pid, before = await kill_random_worker(self.server, self.rng)
+            self.log.pids.append(pid)
+            self._probe(session)
+            _, waited = await asyncio.to_thread(
+                self.server.wait_replaced, pid, before, RECOVERY_LIMIT_S
+            )
+            self.log.replaced_s.append(waited)
+        await asyncio.sleep(SETTLE_S)
+
+    def _probe(self, session: aiohttp.ClientSession) -> None:
+        """One raw request and one Client call, sent right after the kill, not awaited here."""
+        job = json_job(self.rng.choice(self.texts))
+        url, headers = self.server.predict_url, self.server.headers()
+        self.log.raw_probes.append(asyncio.create_task(send(session, url, headers, job)))
+        self.log.client_probes.append(asyncio.create_task(self.probe_sender(job)))
+
+
+def raw_counts(outcomes: list[Outcome]) -> dict[str, Any]:
+    return {
+        "requests": len(outcomes),
+        "statuses": statuses(outcomes),
+        "no_answer_within_deadline": sum(o.status == "client_timeout" for o in outcomes),
+        "worker_died_answers": sum(WORKER_DIED in o.body for o in outcomes),
+    }
+
+
+def client_counts(outcomes: list[Outcome], sender: ClientSender) -> dict[str, Any]:
+    """``retried_calls``: calls that got their answer only after a retry (a "Worker died."
+    answer, a 503 or an attempt nobody answered); ``slower_than_one_attempt``: calls that
+    outlived one attempt's deadline, i.e. that had an attempt nobody answered."""
+    return {
+        "calls": len(outcomes),
+        "statuses": statuses(outcomes),
+        "failed": sum(o.status not in ("200", HUNG) for o in outcomes),
+        "hung": sum(o.status == HUNG for o in outcomes),
+        "retried_calls": sender.calls_retried,
+        "retries": sender.retries,
+        "slower_than_one_attempt": sum(o.ms > NO_ANSWER_DEADLINE_S * 1000 for o in outcomes),
+    }
+
+
+def seconds_summary(values: list[float]) -> dict[str, float]:
+    return {
+        "p50": round(percentile(values, 50), 2),
+        "max": round(max(values, default=0.0), 2),
+    }
+
+
+def run_level(server: Server, level: Level, kills: int, seed: int) -> dict[str, Any]:
+    """One load level: the loads, the kill series beside them, and what every request got."""
+    corpus = make_corpus()
+    sender = ClientSender(server, level.client_threads)
+    probe_sender = ClientSender(server, kills)
+    bound_s = kills * (MAX_PAUSE_S + RECOVERY_LIMIT_S) + 60
+
+    def job_for(n: int) -> Job:
+        return json_job(corpus[n % len(corpus)])
+
+    url, headers = server.predict_url, server.headers()
+    raw = ClosedLoop(
+        url, headers, job_for, level.raw_clients, bound_s, request_timeout_s=NO_ANSWER_DEADLINE_S
+    )
+    calls = ClosedLoop(url, headers, job_for, level.client_threads, bound_s, sender=sender)
+    series = KillSeries(server, [raw, calls], probe_sender, corpus, kills, random.Random(seed))
+    try:
+        raw.run(calls.run_async(), series.run())
+    finally:
+        sender.close()
+        probe_sender.close()
+    log = series.log
+    result: dict[str, Any] = {
+        "raw_clients": level.raw_clients,
+        "client_threads": level.client_threads,
+        "kills": len(log.pids),
+        "seconds": round(raw.elapsed, 1),
+        "worker_replaced_s": seconds_summary(log.replaced_s),
+        "raw_http": raw_counts(raw.outcomes),
+        "raw_probes": raw_counts([task.result() for task in log.raw_probes]),
+        "client": client_counts(calls.outcomes, sender),
+        "client_probes": client_counts([t.result() for t in log.client_probes], probe_sender),
+        "silently_lost": raw.silently_lost + calls.silently_lost,
+    }
+    if log.error:
+        result["error"] = log.error
+    return result
+
+
+def totals(levels: dict[str, dict[str, Any]]) -> dict[str, int]:
+    """The counts the verdict and the summary use, over every level, loads and probes."""
+
+    def total(part: str, key: str) -> int:
+        return sum(int(level[part][key]) for level in levels.values())
+
+    return {
+        "raw_no_answer": total("raw_http", "no_answer_within_deadline")
+        + total("raw_probes", "no_answer_within_deadline"),
+        "raw_worker_died": total("raw_http", "worker_died_answers")
+        + total("raw_probes", "worker_died_answers"),
+        "raw_requests": total("raw_http", "requests") + total("raw_probes", "requests"),
+        "client_calls": total("client", "calls") + total("client_probes", "calls"),
+        "client_failed": total("client", "failed") + total("client_probes", "failed"),
+        "client_hung": total("client", "hung") + total("client_probes", "hung"),
+        "client_retried_calls": total("client", "retried_calls")
+        + total("client_probes", "retried_calls"),
+        "client_retried_unanswered": total("client", "slower_than_one_attempt")
+        + total("client_probes", "slower_than_one_attempt"),
+    }
+
+
+def kill_runs_with(d: Durations, overrides: dict[str, str] | None) -> dict[str, Any]:
+    """Every load level on one server started with ``overrides``."""
+    with running(overrides) as server:
+        model = server.model()
+        levels = {
+            level.name: run_level(server, level, d.kills, seed) for seed, level in enumerate(LEVELS)
+        }
+    counts = totals(levels)
+    complete = all(
+        level["kills"] == d.kills and "error" not in level and level["silently_lost"] == 0
+        for level in levels.values()
+    )
+    result: dict[str, Any] = {
+        "kills_per_level": d.kills,
+        "workers": len(model.get("workers", [])),
+        "batch_size": model.get("batchSize"),
+        "max_batch_delay_ms": model.get("maxBatchDelay"),
+        "no_answer_deadline_s": NO_ANSWER_DEADLINE_S,
+        "client_settings": {"timeout_s": DEFAULT_TIMEOUT_S, "retries": Client().retries},
+        "levels": levels,
+        **counts,
+    }
+    result["passed"] = complete and counts["client_failed"] == counts["client_hung"] == 0
+    result["summary"] = (
+        f"{d.kills} kills x {len(levels)} loads, maxBatchDelay {result['max_batch_delay_ms']} ms: "
+        f"raw HTTP {counts['raw_no_answer']} of {counts['raw_requests']} unanswered within "
+        f"{NO_ANSWER_DEADLINE_S:.0f} s, {counts['raw_worker_died']} 'Worker died.'; Client "
+        f"{counts['client_failed']} failed, {counts['client_hung']} hung of "
+        f"{counts['client_calls']} ({counts['client_retried_calls']} answered after a retry)"
+    )
+    return result
+
+
+def run(d: Durations) -> dict[str, Any]:
+    """The kill runs with the server's own batch settings (config/config.properties)."""
+    return kill_runs_with(d, None)
+
+
+def run_long_delay(d: Durations) -> dict[str, Any]:
+    """The same with maxBatchDelay 20 ms (the default before 2 ms): a ten times wider window."""
+    return kill_runs_with(d, {"models": models_entry(max_batch_delay=LONG_DELAY_MS)})

@@ -1,0 +1,326 @@
+"""Spike: impatient clients over capacity (issue 23, docs/deadlines.md).
+
+One server with the default config; closed-loop levels one after another, as an outside load
+generator would send them: patient clients first, then 2x and 4x overload whose clients each
+give up after their deadline and send again 50 ms after a failure (the last level at once).
+Each level runs in three forms (``SPIKE_FORMS``): plain (what an outside generator sends: no
+deadline, so the handler works on every request it is given), timeout (``X-Request-Timeout``
+alone, as gRPC and Envoy clients send their wait; without a start stamp the handler cannot
+date it, so it is patient too) and stamped (``X-Request-Start`` as well, as
+``bert_serve.Client`` sends). Then,
+that server stopped, LitServe out of the box (``lab.peer``) takes the plain levels,
+restarted for each (its unbounded queue takes minutes to drain). Reported per level: goodput
+(200s within the deadline per second), the other answers by status with their p50/p99,
+client timeouts, the requests the handler expired and its batches' forward time (its batch
+log: ``handler_batches``); then a lone client's p50 before and after the
+spike, and ``spike.png``.
+
+The verdict checks only what must hold at any load: every request was answered or reached its
+own timeout (none lost), and no 5xx other than 503 (queue full) and 504 (deadline_exceeded).
+The issue's bars (goodput ratios, refusal p99) are reported, not asserted: they need a quiet
+machine.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import requests
+from bert_serve_server.archive import DEFAULT_MODEL_DIR
+from bert_serve_server.control import running
+
+from handler.deadline import TIMEOUT_HEADER
+from lab.batchlog import LogWindow, batch_times
+from lab.chaos.common import REQUEST_TIMEOUT_S, SPIKE_FORMS, Durations
+from lab.corpus import make_corpus
+from lab.load import ClosedLoop, Outcome, json_job, percentile, statuses
+from lab.measure import cores_used, server_processes
+from lab.peer import OUT_OF_THE_BOX, litserve_peer
+from lab.reports import pyplot
+
+PAUSE_AFTER_FAILURE_S = 0.05
+ACCESS = re.compile(r'"POST /predictions/\S+ HTTP/[\d.]+" (\d{3}) (\d+)$', re.MULTILINE)
+LONE_REQUESTS = 10
+SETTLE_LIMIT_S = 300.0
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a level's load goes: our server or the LitServe peer."""
+
+    url: str
+    headers: dict[str, str] = field(default_factory=dict)
+    model_log: Path | None = None
+    """The handler's log, for its batch lines; None for the peer."""
+    access_log: Path | None = None
+    """The frontend's access log, for its own time per answer; None for the peer."""
+    processes: Mapping[str, int] = field(default_factory=dict)
+    """The server's pids and the load generator's (``server_processes``), for the cores each
+    used; empty for the peer."""
+
+    def predict(self, text: str) -> None:
+        """One request, raising ``requests.HTTPError`` for an answer other than 2xx."""
+        response = requests.post(
+            self.url, json={"text": text}, headers=self.headers, timeout=REQUEST_TIMEOUT_S
+        )
+        response.raise_for_status()
+
+
+@dataclass(frozen=True)
+class Level:
+    name: str
+    clients: int
+    deadline_s: float | None  # None: patient (REQUEST_TIMEOUT_S)
+    pause_s: float = PAUSE_AFTER_FAILURE_S
+
+
+def level_key(level_name: str, form: str) -> str:
+    return level_name if form == "plain" else f"{level_name}_{form}"
+
+
+LEVELS = (
+    Level("patient_32", 32, None),
+    Level("128_at_0.4s", 128, 0.4),
+    Level("256_at_0.5s", 256, 0.5),
+    Level("256_at_1s_no_pause", 256, 1.0, pause_s=0.0),
+)
+
+
+def latency(outcomes: list[Outcome]) -> dict[str, float | int]:
+    values = [o.ms for o in outcomes]
+    return {
+        "count": len(values),
+        "p50_ms": round(percentile(values, 50), 1),
+        "p99_ms": round(percentile(values, 99), 1),
+    }
+
+
+def frontend_latency(access_lines: str) -> dict[str, dict[str, float | int]]:
+    """By status, the count and p50/p99 of the time each answer spent in the frontend, from
+    TorchServe's access log. Beside the client's own times it separates the server's part from
+    the load generator's (which shares the CPU)."""
+    by_status: dict[str, list[float]] = {}
+    for status, ms in ACCESS.findall(access_lines):
+        by_status.setdefault(status, []).append(float(ms))
+    return {
+        status: {
+            "count": len(values),
+            "p50_ms": percentile(values, 50),
+            "p99_ms": percentile(values, 99),
+        }
+        for status, values in sorted(by_status.items())
+    }
+
+
+def lone_p50_ms(target: Target, corpus: list[str]) -> float:
+    times = []
+    for text in corpus[:LONE_REQUESTS]:
+        started = time.monotonic()
+        target.predict(text)
+        times.append((time.monotonic() - started) * 1000)
+    return round(percentile(times, 50), 1)
+
+
+def settle(target: Target, text: str, limit_s: float = SETTLE_LIMIT_S) -> float:
+    """Wait until the last level's abandoned queue has drained: a request is answered 200
+    (meanwhile a bounded queue answers 503, an unbounded one makes it wait). Returns the
+    seconds it took; raises past ``limit_s``."""
+    started = time.monotonic()
+    while True:
+        try:
+            target.predict(text)
+            return round(time.monotonic() - started, 1)
+        except requests.RequestException:
+            if time.monotonic() - started > limit_s:
+                raise
+            time.sleep(0.2)
+
+
+def run_level(
+    target: Target, level: Level, corpus: list[str], seconds: float, form: str = "plain"
+) -> dict[str, Any]:
+    settle_s = settle(target, corpus[0])
+    deadline_s = level.deadline_s or REQUEST_TIMEOUT_S
+    headers = target.headers
+    if form == "timeout":
+        headers = headers | {TIMEOUT_HEADER: f"{deadline_s:g}"}
+    load = ClosedLoop(
+        target.url,
+        headers,
+        lambda i: json_job(corpus[i % len(corpus)]),
+        level.clients,
+        seconds,
+        max_requests=int(seconds * 2000),
+        request_timeout_s=deadline_s,
+        pause_after_failure_s=level.pause_s,
+        stamped=form == "stamped",
+    )
+    batches = frontend = None
+    with cores_used(target.processes) as cores:
+        if target.model_log is None or target.access_log is None:
+            load.run()
+        else:
+            with LogWindow(target.model_log) as window, LogWindow(target.access_log) as access:
+                load.run()
+                batches = batch_times(window.read())
+                frontend = frontend_latency(access.read())
+    in_time = [o for o in load.outcomes if o.status == "200" and o.ms <= deadline_s * 1000]
+    by_status = {
+        status: latency([o for o in load.outcomes if o.status == status])
+        for status in statuses(load.outcomes)
+    }
+    return {
+        "clients": level.clients,
+        "deadline_s": level.deadline_s,
+        "pause_after_failure_s": level.pause_s,
+        "form": form,
+        "goodput_per_s": round(len(in_time) / load.elapsed, 1),
+        "by_status": by_status,
+        "frontend_ms_by_status": frontend,
+        "handler_batches": batches,
+        "cores": cores_by_role(cores) if cores else None,
+        "silently_lost": load.silently_lost,
+        "drain_before_s": settle_s,
+    }
+
+
+def cores_by_role(cores: Mapping[str, float]) -> dict[str, float]:
+    """The cores used by the load generator, the frontend and the workers together."""
+    roles = {"load_generator": 0.0, "frontend": 0.0, "workers": 0.0}
+    for name, used in cores.items():
+        role = "workers" if name.startswith("worker_") else name
+        roles[role] = round(roles.get(role, 0.0) + used, 3)
+    return roles
+
+
+def run_levels(
+    target: Target, corpus: list[str], seconds: float, forms: tuple[str, ...]
+) -> dict[str, Any]:
+    """Every level in each of ``forms``; lone p50 before and after."""
+    levels: dict[str, Any] = {}
+    lone_before = warm_lone_p50_ms(target, corpus)
+    for form in forms:
+        for level in LEVELS:
+            levels[level_key(level.name, form)] = run_level(target, level, corpus, seconds, form)
+    drain_after_s = settle(target, corpus[0])
+    return {
+        "levels": with_ratios(levels),
+        "drain_after_s": drain_after_s,
+        "lone_p50_ms_before": lone_before,
+        "lone_p50_ms_after": lone_p50_ms(target, corpus),
+    }
+
+
+def run_peer_levels(corpus: list[str], seconds: float) -> dict[str, Any]:
+    """LitServe out of the box on the plain levels, a fresh peer for each: its queue has no
+    bound, so what a level leaves behind takes minutes to drain (a first full run was still
+    waiting after five), and the next level would start behind it."""
+    levels: dict[str, Any] = {}
+    lone_before = None
+    for level in LEVELS:
+        with litserve_peer(DEFAULT_MODEL_DIR, OUT_OF_THE_BOX) as peer:
+            target = Target(peer.url)
+            if lone_before is None:
+                lone_before = warm_lone_p50_ms(target, corpus)
+            levels[level.name] = run_level(target, level, corpus, seconds)
+    return {
+        "levels": with_ratios(levels),
+        "restarted_per_level": True,
+        "lone_p50_ms_before": lone_before,
+    }
+
+
+def warm_lone_p50_ms(target: Target, corpus: list[str]) -> float:
+    for text in corpus[:3]:
+        target.predict(text)
+    return lone_p50_ms(target, corpus)
+
+
+def with_ratios(levels: dict[str, Any]) -> dict[str, Any]:
+    """Each level's goodput as a share of the same form's patient level's, added in place."""
+    for result in levels.values():
+        patient = levels[level_key(LEVELS[0].name, result.get("form", "plain"))]
+        share = result["goodput_per_s"] / (patient["goodput_per_s"] or 1.0)
+        result["goodput_ratio_to_patient"] = round(share, 2)
+    return levels
+
+
+def summary(result: dict[str, Any]) -> str:
+    return (
+        ", ".join(
+            f"{name} {r['goodput_per_s']}/s ({r['goodput_ratio_to_patient']})"
+            for name, r in result["levels"].items()
+        )
+        + f"; lone p50 {result['lone_p50_ms_before']} -> {result.get('lone_p50_ms_after')} ms"
+    )
+
+
+def plot(result: dict[str, Any], out: Path) -> None:
+    """``spike.png`` in ``out``: goodput per level, a bar per server and form."""
+    results = {"bert-serve": result}
+    if "levels" in result["litserve"]:
+        results["LitServe"] = result["litserve"]
+    plt = pyplot()
+    figure, axes = plt.subplots(figsize=(9, 4.5))
+    names = [level.name for level in LEVELS]
+    series = [
+        (server if form == "plain" else f"{server} {form}", server, form)
+        for server in results
+        for form in SPIKE_FORMS
+        if level_key(names[0], form) in results[server]["levels"]
+    ]
+    width = 0.8 / len(series)
+    for index, (label, server, form) in enumerate(series):
+        levels = results[server]["levels"]
+        values = [levels[level_key(name, form)]["goodput_per_s"] for name in names]
+        axes.bar([x + index * width for x in range(len(names))], values, width, label=label)
+    axes.set_xticks([x + 0.4 - width / 2 for x in range(len(names))], names)
+    axes.set_ylabel("answers within the deadline per second")
+    axes.set_title("Goodput under a spike of impatient clients")
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(out / "spike.png", dpi=110)
+    plt.close(figure)
+
+
+def run(d: Durations) -> dict[str, Any]:
+    """``d.spike_s`` seconds per level, in ``d.spike_forms``, on a server with ``d.spike_set``
+    over the config; then LitServe unless ``d.spike_peer`` is off."""
+    corpus = make_corpus()
+    with running(d.spike_set) as server:
+        ours = Target(
+            server.predict_url,
+            server.headers(),
+            server.model_log,
+            server.access_log,
+            server_processes(server),
+        )
+        result_all = run_levels(ours, corpus, d.spike_s, d.spike_forms)
+    litserve: dict[str, Any] = {"skipped": "litserve is not installed (the bench extra)"}
+    if not d.spike_peer:
+        litserve = {"skipped": "not asked for (--no-peer)"}
+    elif importlib.util.find_spec("litserve") is not None:
+        litserve = run_peer_levels(corpus, d.spike_s)
+    bad_5xx = {
+        name: status
+        for name, result in result_all["levels"].items()
+        for status in result["by_status"]
+        if status.startswith("5") and status not in ("503", "504")
+    }
+    lost = sum(result["silently_lost"] for result in result_all["levels"].values())
+    result_all |= {
+        "seconds_per_level": d.spike_s,
+        "config_set": d.spike_set,
+        "litserve": litserve,
+        "other_5xx": bad_5xx,
+        "passed": not bad_5xx and lost == 0,
+        "summary": f"ours: {summary(result_all)}; LitServe: "
+        + (summary(litserve) if "levels" in litserve else litserve["skipped"]),
+    }
+    return result_all

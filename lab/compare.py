@@ -1,0 +1,153 @@
+"""fp32 against a faster precision on a user's own texts, so the choice is made with numbers.
+
+Both runs go through the handler's own ``classify`` (tokenize, length-grouped sub-batches,
+forward, scoring) in this process, with the handler settings of the model config, in windows
+of one served batch. Reported: texts/s of each, the largest change of any score, and the
+texts whose label changes (``label``, or for a multi-label model the labels it gives).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+from bert_serve_server.archive import MODEL_CONFIG
+
+from handler.inference import Prediction, classify
+from handler.model import LoadedModel, load_model
+from handler.settings import HandlerSettings
+
+EXAMPLE_CHARS = 160
+
+
+@dataclass(frozen=True)
+class Pass:
+    """Texts/s over repeated passes of the texts, and the first pass's predictions."""
+
+    texts_per_s: float
+    predictions: list[Prediction]
+
+
+def config_settings(model_config: Path = MODEL_CONFIG) -> HandlerSettings:
+    """The handler settings a worker would start with, from the model config."""
+    document = yaml.safe_load(model_config.read_text()) or {}
+    return HandlerSettings.from_mapping(document.get("handler"))
+
+
+def timed_passes(
+    loaded: LoadedModel,
+    texts: Sequence[str],
+    settings: HandlerSettings,
+    batch_size: int,
+    seconds: float,
+) -> Pass:
+    """Classify ``texts`` in ``batch_size`` windows, repeating whole passes for ``seconds``
+    (at least one), after one window of warm-up."""
+    windows = [texts[start : start + batch_size] for start in range(0, len(texts), batch_size)]
+    classify(loaded, windows[0], settings.max_length, loaded.max_batch_tokens)
+    predictions: list[Prediction] = []
+    done = 0
+    started = time.perf_counter()
+    while not predictions or time.perf_counter() - started < seconds:
+        this_pass = []
+        for window in windows:
+            got, _ = classify(loaded, window, settings.max_length, loaded.max_batch_tokens)
+            this_pass += got
+        predictions = predictions or this_pass
+        done += len(texts)
+    return Pass(round(done / (time.perf_counter() - started), 1), predictions)
+
+
+def decision(prediction: Prediction) -> tuple[str, ...]:
+    """What a client acts on: the best label, or a multi-label model's given labels."""
+    return tuple(prediction.labels) if prediction.labels is not None else (prediction.label,)
+
+
+def largest_change(exact: Prediction, fast: Prediction) -> float:
+    return max(abs(exact.scores[label] - fast.scores[label]) for label in exact.scores)
+
+
+def flips(
+    texts: Sequence[str], exact: Sequence[Prediction], fast: Sequence[Prediction], precision: str
+) -> list[dict[str, Any]]:
+    """The texts whose decision differs, largest score change first."""
+    changed = [
+        (largest_change(e, f), text, e, f)
+        for text, e, f in zip(texts, exact, fast, strict=True)
+        if decision(e) != decision(f)
+    ]
+    changed.sort(key=lambda item: item[0], reverse=True)
+    return [
+        {
+            "text": text if len(text) <= EXAMPLE_CHARS else text[:EXAMPLE_CHARS] + "...",
+            "fp32": {"labels": list(decision(e)), "score": round(e.score, 4)},
+            precision: {"labels": list(decision(f)), "score": round(f.score, 4)},
+        }
+        for _, text, e, f in changed
+    ]
+
+
+def compare_precision(
+    model_dir: Path,
+    texts: Sequence[str],
+    precision: str = "bf16",
+    settings: HandlerSettings | None = None,
+    batch_size: int = 16,
+    seconds: float = 5.0,
+    examples: int = 5,
+) -> dict[str, Any]:
+    """fp32 and ``precision`` on ``texts``: speed, score changes and label flips, as JSON data.
+
+    Raises ``ValueError`` (from the handler's start-up check) when this machine cannot run
+    ``precision``."""
+    if not texts:
+        raise ValueError("no texts to compare on")
+    base = replace(settings or config_settings(), precision="fp32")
+    runs = {}
+    for name in ("fp32", precision):
+        loaded = load_model(model_dir, replace(base, precision=name), gpu_id=None)
+        runs[name] = timed_passes(loaded, texts, base, batch_size, seconds)
+    exact, fast = runs["fp32"].predictions, runs[precision].predictions
+    changed = flips(texts, exact, fast, precision)
+    unchanged = len(texts) - len(changed)
+    return {
+        "model_dir": str(model_dir),
+        "texts": len(texts),
+        "batch_size": batch_size,
+        "torch_threads": base.torch_threads,
+        "max_batch_tokens": base.max_batch_tokens,
+        "texts_per_s": {name: run.texts_per_s for name, run in runs.items()},
+        "speedup": round(runs[precision].texts_per_s / runs["fp32"].texts_per_s, 2),
+        "largest_score_change": round(
+            max(largest_change(e, f) for e, f in zip(exact, fast, strict=True)), 5
+        ),
+        "labels_unchanged": unchanged,
+        "labels_unchanged_pct": round(100 * unchanged / len(texts), 2),
+        "labels_flipped": len(changed),
+        "flip_examples": changed[:examples],
+    }
+
+
+def summary(result: dict[str, Any]) -> str:
+    """The comparison in a few lines for a terminal."""
+    (exact_name, exact_rate), (fast_name, fast_rate) = result["texts_per_s"].items()
+    lines = [
+        f"{result['texts']} texts, batches of {result['batch_size']}, "
+        f"{result['torch_threads'] or 'default'} torch thread(s):",
+        f"  {exact_name}: {exact_rate} texts/s   {fast_name}: {fast_rate} texts/s "
+        f"({result['speedup']}x)",
+        f"  largest score change: {result['largest_score_change']}",
+        f"  labels unchanged: {result['labels_unchanged']} of {result['texts']} "
+        f"({result['labels_unchanged_pct']} %), flipped: {result['labels_flipped']}",
+    ]
+    for example in result["flip_examples"]:
+        before, after = example[exact_name], example[fast_name]
+        lines.append(
+            f"    {before['labels']} {before['score']} -> {after['labels']} {after['score']}: "
+            f"{example['text']!r}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,400 @@
+"""The bert-serve image run as a user would: ``make image-test`` (scripts/image_test.py).
+
+``run_image_test`` starts one container with its ports published on free 127.0.0.1 ports and
+then, in order:
+
+1. waits until /ping answers Healthy and every worker is READY (``wait_ready``);
+2. runs the request checks of ``lab.image_checks.CHECKS`` (each one's outcome kept);
+3. runs the image's own health check (podman keeps it);
+4. sends a bounded burst through the closed-loop load generator, so memory is measured warm,
+   and reads each process's memory from the host (``container_memory``: PSS and RSS);
+5. sends SIGTERM and requires exit code 0 within the Deployment's grace period.
+
+The container is always removed. The result is a plain dict, written as JSON by the script
+(``deploy/image-test.json`` is one such record).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import requests
+import yaml
+from bert_serve_server.config import BASE_CONFIG, ROOT, free_port, read_properties
+from bert_serve_server.layout import container_properties
+
+from lab.code_routes import WORKFLOW_NAME, build_workflow_archive
+from lab.image_checks import CheckOutcome, Target, problems, run_checks
+from lab.load import ClosedLoop, Job, statuses
+
+READY_TIMEOUT_S = 300.0
+DEPLOYMENT = ROOT / "deploy" / "k8s" / "deployment.yaml"
+BURST_REQUESTS = 200
+BURST_CLIENTS = 8
+BURST_BODIES = (
+    b'{"text": "' + b"A tedious, joyless mess. " * 20 + b'"}',
+    b'{"texts": [' + b", ".join([b'"great film"'] * 16) + b"]}",
+    b'{"text": "It rains.", "text_pair": "The street is wet."}',
+)
+LIMITS = ("--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024")
+# A request to the management API from inside the container (python3.11 is the image's):
+# argv is method, path, body; prints the status, then the body.
+MANAGEMENT_REQUEST = """\
+import sys, urllib.error, urllib.request
+request = urllib.request.Request(
+    sys.argv[4] + sys.argv[2], data=sys.argv[3].encode() or None, method=sys.argv[1]
+)
+try:
+    with urllib.request.urlopen(request, timeout=5) as response:
+        status, body = response.status, response.read()
+except urllib.error.HTTPError as error:
+    status, body = error.code, error.read()
+print(status)
+sys.stdout.write(body.decode(errors="replace"))
+"""
+
+
+class ImageTestFailed(AssertionError):
+    """The image did not behave as it should; the message says how."""
+
+
+def engine_command() -> list[str]:
+    """The engine scripts/container_engine.sh finds (podman with runc here, or docker)."""
+    found = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "container_engine.sh")], capture_output=True, text=True
+    )
+    if found.returncode != 0:
+        raise SystemExit(f"no container engine: {found.stderr.strip()}")
+    return found.stdout.split()
+
+
+def grace_period_s(deployment: Path = DEPLOYMENT) -> int:
+    """The pod's terminationGracePeriodSeconds: the time the image gets to stop on SIGTERM."""
+    manifest = yaml.safe_load(deployment.read_text())
+    return int(manifest["spec"]["template"]["spec"]["terminationGracePeriodSeconds"])
+
+
+def container_addresses() -> dict[str, str]:
+    """The inference, metrics and management addresses inside the container, from the
+    layout's config (the one baked into the image)."""
+    properties = container_properties(read_properties(BASE_CONFIG))
+    keys = ("inference_address", "metrics_address", "management_address")
+    return {key: properties[key] for key in keys}
+
+
+def port_of(address: str) -> int:
+    return int(address.rsplit(":", 1)[1])
+
+
+@dataclass
+class Container:
+    """One container of the image, named after this process, removed by ``remove``;
+    ``http`` and ``metrics`` are the host ports its inference and metrics ports are
+    published on."""
+
+    engine: list[str]
+    image: str
+    name: str
+    http: int
+    metrics: int
+    addresses: dict[str, str]
+
+    @classmethod
+    def of(cls, engine: list[str], image: str) -> Container:
+        name = f"bert-serve-image-test-{os.getpid()}"
+        return cls(engine, image, name, free_port(), free_port(), container_addresses())
+
+    def run(self, *args: str, timeout: float = 120) -> str:
+        done = subprocess.run(
+            [*self.engine, *args], capture_output=True, text=True, timeout=timeout
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(args[:2])} failed: {done.stderr.strip()}")
+        return done.stdout.strip()
+
+    def start(self) -> None:
+        inside_http = port_of(self.addresses["inference_address"])
+        inside_metrics = port_of(self.addresses["metrics_address"])
+        self.run(
+            "run", "--detach", "--name", self.name, *LIMITS,
+            "--publish", f"127.0.0.1:{self.http}:{inside_http}",
+            "--publish", f"127.0.0.1:{self.metrics}:{inside_metrics}",
+            self.image,
+        )  # fmt: skip
+
+    def state(self, field: str) -> str:
+        return self.run("inspect", "--format", "{{.State." + field + "}}", self.name)
+
+    def logs(self) -> str:
+        done = subprocess.run(
+            [*self.engine, "logs", "--tail", "40", self.name],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        return done.stdout + done.stderr
+
+    def management(self, method: str, path: str, body: bytes = b"") -> tuple[int, str]:
+        """A request to the management API, which listens inside the container only."""
+        base = self.addresses["management_address"]
+        out = self.run(
+            "exec", self.name, "python3.11", "-c", MANAGEMENT_REQUEST,
+            method, path, body.decode(), base,
+        )  # fmt: skip
+        status, _, text = out.partition("\n")
+        return int(status), text
+
+    def target(self) -> Target:
+        return Target(
+            inference=f"http://127.0.0.1:{self.http}",
+            metrics=f"http://127.0.0.1:{self.metrics}",
+            management=self.management,
+        )
+
+    def remove(self) -> None:
+        subprocess.run([*self.engine, "rm", "--force", self.name], capture_output=True, timeout=120)
+
+
+def workers_ready(container: Container) -> bool:
+    """All workers READY, from the management API's description of the model."""
+    try:
+        status, text = container.management("GET", "/models/bert")
+        states = [worker["status"] for worker in json.loads(text)[0]["workers"]]
+    except (RuntimeError, ValueError, LookupError, TypeError):
+        return False
+    return status == 200 and bool(states) and all(state == "READY" for state in states)
+
+
+def wait_ready(container: Container, started: float) -> tuple[float, float]:
+    """Seconds from `run` until /ping answers Healthy, and until every worker is READY.
+
+    /ping says Healthy as soon as the workers are started, before the model is loaded
+    (and while a failing worker retries), so READY is read from the workers themselves.
+    """
+    url = f"{container.target().inference}/ping"
+    ping_s = None
+    while time.monotonic() - started < READY_TIMEOUT_S:
+        if container.state("Running") != "true":
+            raise ImageTestFailed(f"the container exited before READY:\n{container.logs()}")
+        if ping_s is None:
+            try:
+                response = requests.get(url, timeout=5)
+                if response.status_code == 200 and response.json().get("status") == "Healthy":
+                    ping_s = time.monotonic() - started
+            except (requests.RequestException, ValueError):
+                pass
+        if ping_s is not None and workers_ready(container):
+            return ping_s, time.monotonic() - started
+        time.sleep(0.5)
+    raise ImageTestFailed(f"not READY within {READY_TIMEOUT_S:.0f} s:\n{container.logs()}")
+
+
+def burst(predict_url: str) -> dict[str, int]:
+    """A bounded burst of mixed requests (long texts, lists, pairs): each status counted."""
+    loop = ClosedLoop(
+        predict_url,
+        {},
+        lambda n: Job(BURST_BODIES[n % len(BURST_BODIES)], "application/json"),
+        BURST_CLIENTS,
+        seconds=READY_TIMEOUT_S,
+        max_requests=BURST_REQUESTS,
+        request_timeout_s=60,
+    ).run()
+    return statuses(loop.outcomes)
+
+
+def process_tree(root_pid: int, parents: Mapping[int, int]) -> list[int]:
+    """``root_pid`` and its descendants, given each process's parent."""
+    children: dict[int, list[int]] = {}
+    for pid, parent in parents.items():
+        children.setdefault(parent, []).append(pid)
+    found, todo = [], [root_pid]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(sorted(children.get(pid, [])))
+    return found
+
+
+def host_parents(proc: Path = Path("/proc")) -> dict[int, int]:
+    """Every process's parent as the host sees it (the engine runs the container's here)."""
+    parents = {}
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    return parents
+
+
+def smaps_rollup_kib(text: str) -> dict[str, int]:
+    """/proc/<pid>/smaps_rollup's fields in KiB (its first line is the mapping's range)."""
+    fields = {}
+    for line in text.splitlines()[1:]:
+        key, value = line.split(":", 1)
+        fields[key] = int(value.split()[0])
+    return fields
+
+
+def process_role(cmdline: str) -> str:
+    """ "frontend" (TorchServe's Java), "worker" (a model worker), else the program's name."""
+    if "org.pytorch.serve.ModelServer" in cmdline:
+        return "frontend"
+    if "model_service_worker" in cmdline:
+        return "worker"
+    return cmdline.split(" ", 1)[0].rsplit("/", 1)[-1]
+
+
+def memory_mib(pid: int) -> dict[str, Any]:
+    """RSS and PSS (shared pages split among their users) of one process, in MiB."""
+    proc = Path(f"/proc/{pid}")
+    cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    fields = smaps_rollup_kib((proc / "smaps_rollup").read_text())
+    return {
+        "pid": pid,
+        "role": process_role(cmdline),
+        "rss_mib": round(fields["Rss"] / 1024, 1),
+        "pss_mib": round(fields["Pss"] / 1024, 1),
+    }
+
+
+def container_memory(container: Container) -> list[dict[str, Any]]:
+    root = int(container.state("Pid"))
+    return [memory_mib(pid) for pid in process_tree(root, host_parents())]
+
+
+def stop_within_grace(container: Container, grace_s: int) -> float:
+    """SIGTERM to the container's main process; seconds until it exited (0 required)."""
+    started = time.monotonic()
+    container.run("kill", "--signal", "TERM", container.name)
+    while container.state("Running") == "true":
+        if time.monotonic() - started > grace_s:
+            raise ImageTestFailed(f"still running {grace_s} s after SIGTERM:\n{container.logs()}")
+        time.sleep(0.2)
+    elapsed = time.monotonic() - started
+    code = container.state("ExitCode")
+    if code != "0":
+        raise ImageTestFailed(f"exit code {code} after SIGTERM:\n{container.logs()}")
+    return elapsed
+
+
+def failed_checks(outcomes: list[CheckOutcome]) -> str:
+    return "\n".join(
+        f"{outcome.name}: {problem}" for outcome in outcomes for problem in outcome.problems
+    )
+
+
+IN_CONTAINER_WAR = "/tmp/probe_wf.war"
+IN_CONTAINER_MARKERS = "/tmp/probe-markers"
+
+
+def workflow_refused(container: Container) -> CheckOutcome:
+    """A real workflow archive copied into the container is refused by POST /workflows, named
+    as a file URL or a bare name, and its code never runs (docs/security.md)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        archive = build_workflow_archive(Path(scratch), Path(IN_CONTAINER_MARKERS))
+        container.run("cp", str(archive.path), f"{container.name}:{IN_CONTAINER_WAR}")
+    found = []
+    for url in (f"file://{IN_CONTAINER_WAR}", Path(IN_CONTAINER_WAR).name):
+        status, text = container.management(
+            "POST", f"/workflows?url={url}&workflow_name={WORKFLOW_NAME}", b""
+        )
+        if status != 404:
+            found.append(f"POST /workflows?url={url} answered {status}: {text[:200]}")
+    ran = container.run("exec", container.name, "ls", "-A", "/tmp")
+    if Path(IN_CONTAINER_MARKERS).name in ran.split():
+        found.append("the workflow archive's code ran in the container")
+    return CheckOutcome("a workflow archive is refused and never runs", tuple(found))
+
+
+# Run inside the image: which distributions of ours are installed, and which of our top-level
+# packages can be imported (nothing but the server package may be).
+INSTALLED_PACKAGES = """import importlib.metadata as m, importlib.util as u, json
+ours = ("bert_serve_server", "bert_serve", "lab", "harness", "handler", "tests", "scripts")
+print(json.dumps({
+    "dists": sorted(d.metadata["Name"] for d in m.distributions() if d.metadata["Name"].startswith("bert")),
+    "importable": sorted(name for name in ours if u.find_spec(name) is not None),
+}))"""
+
+
+def installed_packages(container: Container) -> CheckOutcome:
+    """The image installs the server package (server/) and nothing else of the checkout: no
+    lab, no client, no tests, no loose copies of modules."""
+    found = json.loads(
+        container.run("exec", container.name, "python3.11", "-c", INSTALLED_PACKAGES)
+    )
+    return CheckOutcome(
+        "the server package is installed, and no lab, client or test module",
+        tuple(
+            problems(
+                (found["dists"] == ["bert-serve-server"], f"distributions: {found['dists']}"),
+                (
+                    found["importable"] == ["bert_serve_server"],
+                    f"importable: {found['importable']}",
+                ),
+            )
+        ),
+    )
+
+
+def run_image_test(
+    image: str, engine: list[str], say: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """Everything the module docstring lists, against one fresh container of ``image``;
+    raises ImageTestFailed on the first step that fails (all request checks are run first)."""
+    grace_s = grace_period_s()
+    container = Container.of(engine, image)
+    image_bytes = int(container.run("image", "inspect", "--format", "{{.Size}}", image))
+    try:
+        started = time.monotonic()
+        say("start")
+        container.start()
+        ping_s, ready_s = wait_ready(container, started)
+        say(f"/ping Healthy after {ping_s:.1f} s, READY after {ready_s:.1f} s")
+        outcomes = run_checks(container.target()) + [
+            workflow_refused(container),
+            installed_packages(container),
+        ]
+        for outcome in outcomes:
+            say(f"{'ok  ' if outcome.ok else 'FAIL'} {outcome.name}")
+        if not all(outcome.ok for outcome in outcomes):
+            raise ImageTestFailed(failed_checks(outcomes))
+        if container.engine[0] == "podman":
+            say("health check")
+            container.run("healthcheck", "run", container.name)
+        say(f"burst of {BURST_REQUESTS}")
+        counted = burst(container.target().predict)
+        if counted != {"200": BURST_REQUESTS}:
+            raise ImageTestFailed(f"burst: {counted}, not {BURST_REQUESTS} x 200")
+        processes = container_memory(container)
+        cgroup = container.run("stats", "--no-stream", "--format", "{{.MemUsage}}", container.name)
+        say(f"the engine's memory figure (page cache included): {cgroup}")
+        for process in processes:
+            say(f"memory {process}")
+        say("SIGTERM")
+        stop_s = stop_within_grace(container, grace_s)
+        say(f"stopped with exit code 0 after {stop_s:.1f} s")
+    finally:
+        container.remove()
+    return {
+        "image": image,
+        "engine": " ".join(container.engine),
+        "image_bytes": image_bytes,
+        "ping_s": round(ping_s, 1),
+        "ready_s": round(ready_s, 1),
+        "stop_s": round(stop_s, 1),
+        "grace_s": grace_s,
+        "burst_requests": BURST_REQUESTS,
+        "checks": [outcome.name for outcome in outcomes],
+        "processes": processes,
+        "engine_mem_usage": cgroup,
+    }

@@ -1,0 +1,219 @@
+"""The benchmark's in-process runs: the handler's tokenize + forward code with no server.
+
+Texts are taken in arrival order from the corpus, in windows of one batch, length-grouped
+under ``max_batch_tokens`` as the handler does.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from handler.inference import classify
+from handler.model import LoadedModel, load_model
+from handler.precision import cpu_has_native_bf16
+from handler.settings import HandlerSettings
+from lab.corpus import DATA_FILE, read_reviews, split
+
+
+@dataclass(frozen=True)
+class Timed:
+    texts_per_s: float
+    batch_ms: list[float]
+    real_tokens: int
+    padded_tokens: int
+
+
+def timed_batches(
+    loaded: LoadedModel,
+    corpus: Sequence[str],
+    batch_size: int,
+    seconds: float,
+    max_length: int,
+    max_batch_tokens: int,
+) -> Timed:
+    """Classify consecutive ``batch_size`` windows of the corpus for ``seconds``."""
+    done, real, padded, batch_ms = 0, 0, 0, []
+    started = time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        window = [corpus[(done + i) % len(corpus)] for i in range(batch_size)]
+        batch_started = time.perf_counter()
+        _, stats = classify(loaded, window, max_length, max_batch_tokens)
+        batch_ms.append((time.perf_counter() - batch_started) * 1000)
+        done, real, padded = (
+            done + batch_size,
+            real + stats.real_tokens,
+            padded + stats.padded_tokens,
+        )
+    elapsed = time.perf_counter() - started
+    return Timed(round(done / elapsed, 1), sorted(batch_ms), real, padded)
+
+
+def with_best(runs: dict[str, dict[str, float]]) -> dict[str, Any]:
+    best = max(runs, key=lambda size: runs[size]["texts_per_s"])
+    return {
+        "by_batch_size": runs,
+        "best_batch_size": int(best),
+        "texts_per_s": runs[best]["texts_per_s"],
+    }
+
+
+def batch_sizes_timed(
+    model_dir: Path,
+    corpus: Sequence[str],
+    batch_sizes: Sequence[int],
+    seconds: float,
+    gpu_id: int | None = None,
+) -> dict[str, dict[str, float]]:
+    """One single-threaded process's texts/s and batch times at each batch size (on GPU
+    ``gpu_id`` where given)."""
+    settings = HandlerSettings(torch_threads=1)
+    loaded = load_model(model_dir, settings, gpu_id=gpu_id)
+    classify(loaded, list(corpus[:32]), settings.max_length, loaded.max_batch_tokens)
+    runs = {}
+    for batch_size in batch_sizes:
+        timed = timed_batches(
+            loaded, corpus, batch_size, seconds, settings.max_length, loaded.max_batch_tokens
+        )
+        runs[str(batch_size)] = {
+            "texts_per_s": timed.texts_per_s,
+            "batch_ms_p50": round(timed.batch_ms[len(timed.batch_ms) // 2], 1),
+            "batch_ms_p90": round(timed.batch_ms[int(len(timed.batch_ms) * 0.9)], 1),
+        }
+    return runs
+
+
+def ceiling(
+    model_dir: Path,
+    corpus: Sequence[str],
+    batch_sizes: Sequence[int],
+    seconds: float,
+    processes: int,
+    on_gpus: bool = False,
+) -> dict[str, Any]:
+    """In-process texts/s at each batch size, as the served layout computes: ``processes``
+    single-threaded processes at once (the workers; each on its own GPU with ``on_gpus``),
+    their texts/s summed. The best is the
+    ceiling a server could reach. One process with several torch threads is not used: its
+    threads scale poorly on these small matrices and collapse when the machine is shared."""
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(processes, mp_context=context) as pool:
+        jobs = [
+            pool.submit(
+                batch_sizes_timed,
+                model_dir,
+                list(corpus),
+                batch_sizes,
+                seconds,
+                index if on_gpus else None,
+            )
+            for index in range(processes)
+        ]
+        per_process = [job.result() for job in jobs]
+    runs = {}
+    for size in map(str, batch_sizes):
+        measured = [process[size] for process in per_process]
+        runs[size] = {
+            "texts_per_s": round(sum(m["texts_per_s"] for m in measured), 1),
+            "batch_ms_p50": max(m["batch_ms_p50"] for m in measured),
+            "batch_ms_p90": max(m["batch_ms_p90"] for m in measured),
+        }
+        print(f"  ceiling batch {size}: {runs[size]['texts_per_s']} texts/s", file=sys.stderr)
+    return with_best(runs) | {"processes": processes, "torch_threads": 1}
+
+
+def best_of(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
+    """Per batch size, the better of two passes (one before, one after the served runs): a
+    ceiling is a best case, and one pass on a noisy 2-core machine can be disturbed."""
+    runs = {
+        size: max(
+            first["by_batch_size"][size],
+            second["by_batch_size"][size],
+            key=lambda run: run["texts_per_s"],
+        )
+        for size in first["by_batch_size"]
+    }
+    return with_best(runs) | {
+        "passes": 2,
+        "processes": first["processes"],
+        "torch_threads": first["torch_threads"],
+    }
+
+
+def budget_sweep(
+    model_dir: Path,
+    corpus: Sequence[str],
+    budgets: Sequence[int],
+    seconds: float,
+    gpu_id: int | None = None,
+) -> dict[str, Any]:
+    """texts/s and padding efficiency of 16-text windows per max_batch_tokens (how the
+    default budget was chosen), on one thread like a worker (on GPU ``gpu_id`` where given)."""
+    settings = HandlerSettings(torch_threads=1)
+    loaded = load_model(model_dir, settings, gpu_id=gpu_id)
+    out = {}
+    for budget in budgets:
+        timed = timed_batches(loaded, corpus, 16, seconds, settings.max_length, budget)
+        out[str(budget)] = {
+            "texts_per_s": timed.texts_per_s,
+            "padding_efficiency": round(timed.real_tokens / timed.padded_tokens, 3),
+        }
+        print(f"  max_batch_tokens {budget}: {out[str(budget)]}", file=sys.stderr)
+    return out
+
+
+def execution_loaders(model_dir: Path) -> dict[str, Callable[[], LoadedModel]]:
+    """The options compared: attention kernels, and bf16 where this CPU has it natively."""
+
+    def loader(settings: HandlerSettings) -> Callable[[], LoadedModel]:
+        return lambda: load_model(model_dir, settings, gpu_id=None)
+
+    one = HandlerSettings(torch_threads=1)
+    options = {
+        "sdpa": loader(one),
+        "eager": loader(replace(one, attention="eager")),
+    }
+    if cpu_has_native_bf16():
+        options["sdpa_bf16"] = loader(replace(one, precision="bf16"))
+    return options
+
+
+def execution_options(model_dir: Path, corpus: Sequence[str], seconds: float) -> dict[str, Any]:
+    """Attention kernel and bf16: speed at batch 16 on one thread (a
+    worker's), and what each costs in held-out accuracy and in scores against float32."""
+    _, held_out = split(read_reviews(DATA_FILE), held_out=0.2, seed=13)
+    texts, labels = [text for text, _ in held_out], [label for _, label in held_out]
+    out: dict[str, Any] = {}
+    reference: list[dict[str, float]] = []
+    settings = HandlerSettings()
+    for name, load in execution_loaders(model_dir).items():
+        loaded = load()
+        predictions, _ = classify(loaded, texts, settings.max_length, loaded.max_batch_tokens)
+        accuracy = sum(
+            loaded.labels.index(p.label) == y for p, y in zip(predictions, labels, strict=True)
+        ) / len(labels)
+        scores = [p.scores for p in predictions]
+        reference = reference or scores
+        timed = timed_batches(
+            loaded, corpus, 16, seconds, settings.max_length, loaded.max_batch_tokens
+        )
+        out[name] = {
+            "texts_per_s": timed.texts_per_s,
+            "held_out_accuracy": round(accuracy, 4),
+            "max_score_change_vs_sdpa": round(
+                max(abs(a[k] - b[k]) for a, b in zip(scores, reference, strict=True) for k in a), 5
+            ),
+        }
+        print(f"  {name}: {out[name]}", file=sys.stderr)
+    if "sdpa_bf16" in out:
+        out["bf16_speedup"] = round(out["sdpa_bf16"]["texts_per_s"] / out["sdpa"]["texts_per_s"], 2)
+        out["bf16_accuracy_change_points"] = round(
+            100 * (out["sdpa_bf16"]["held_out_accuracy"] - out["sdpa"]["held_out_accuracy"]), 1
+        )
+    return out

@@ -1,0 +1,280 @@
+"""Soak: steady mixed traffic for a long time, watching memory, throughput and the log folder.
+
+``concurrency`` clients send for ``seconds`` through the one closed loop: every 10th request is
+malformed (each kind the validator knows, in turn), the others alternate a single text and a
+list of 2 to 8 texts. Every ``interval_s`` a sample records the frontend's RSS, each worker's
+RSS (``Server.memory``, in MB; workers by id), requests/s since the last sample and the log
+folder's size.
+
+After a warm-up (a tenth of the run, 5 to 60 s) the first sample is each process's baseline.
+The run passes if every later sample of the frontend and of each worker stays within
+RSS_TOLERANCE of its baseline, no worker was replaced, and every request got the status its
+kind expects. The log folder's growth is reported, not judged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+from bert_serve_server.control import Server, running
+
+from lab.chaos.common import MALFORMED
+from lab.corpus import make_corpus
+from lab.load import ClosedLoop, Job, Outcome, json_job, statuses
+from lab.reports import pyplot
+
+RSS_TOLERANCE = 0.10
+REQUEST_TIMEOUT_S = 70.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    seconds: float
+    concurrency: int = 8
+
+    @property
+    def warmup_s(self) -> float:
+        return min(60.0, max(5.0, self.seconds / 10))
+
+    @property
+    def interval_s(self) -> float:
+        return max(1.0, self.seconds / 120)
+
+
+def list_job(texts: list[str]) -> Job:
+    body = json.dumps({"texts": texts}).encode()
+    return Job(body, "application/json", kind="list", expected=str(len(texts)))
+
+
+def soak_jobs(corpus: list[str]) -> Callable[[int], Job]:
+    """The n-th request: malformed every 10th, else a single text or a list, in turn."""
+
+    def job_for(n: int) -> Job:
+        if n % 10 == 9:
+            return MALFORMED[(n // 10) % len(MALFORMED)]
+        if n % 2 == 0:
+            return json_job(corpus[n % len(corpus)])
+        size = 2 + n % 7
+        start = (n * 8) % (len(corpus) - size)
+        return list_job(corpus[start : start + size])
+
+    return job_for
+
+
+def answered_as_expected(outcome: Outcome) -> bool:
+    """The status the job's kind expects; a list's 200 must hold one result per text."""
+    if outcome.status != str(outcome.job.status):
+        return False
+    if outcome.job.kind != "list":
+        return True
+    try:
+        return len(json.loads(outcome.body)["results"]) == int(outcome.job.expected)
+    except (ValueError, KeyError, TypeError):
+        return False
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
+
+
+def log_files(folder: Path) -> dict[str, int]:
+    """Bytes per log file, largest first: which log grows."""
+    sizes = {str(p.relative_to(folder)): p.stat().st_size for p in folder.rglob("*") if p.is_file()}
+    return dict(sorted(sizes.items(), key=lambda item: -item[1]))
+
+
+@dataclass(frozen=True)
+class Sample:
+    seconds: float
+    answered: int
+    rps: float
+    frontend_mb: float | None
+    worker_mb: dict[str, float | None]
+    worker_pids: dict[str, int]
+    log_bytes: int
+
+
+def take_sample(server: Server, seconds: float, answered: int, rps: float) -> Sample:
+    memory = server.memory()
+    return Sample(
+        seconds=round(seconds, 1),
+        answered=answered,
+        rps=round(rps, 1),
+        frontend_mb=memory.frontend_rss_mb,
+        worker_mb={worker: entry.rss_mb for worker, entry in memory.workers.items()},
+        worker_pids={worker: entry.pid for worker, entry in memory.workers.items()},
+        log_bytes=folder_bytes(server.state_dir / "logs"),
+    )
+
+
+@dataclass
+class Sampler:
+    """Samples beside the load until the run's time is up or the load stopped."""
+
+    server: Server
+    load: ClosedLoop
+    plan: Plan
+    samples: list[Sample] = field(default_factory=list)
+
+    async def run(self) -> None:
+        started = last_time = time.monotonic()
+        last_done = 0
+        while not self.load.stopped and time.monotonic() - started < self.plan.seconds:
+            await asyncio.sleep(self.plan.interval_s)
+            now, done = time.monotonic(), len(self.load.outcomes)
+            rps = (done - last_done) / max(now - last_time, 1e-9)
+            sample = await asyncio.to_thread(take_sample, self.server, now - started, done, rps)
+            self.samples.append(sample)
+            last_time, last_done = now, done
+
+
+def series(samples: list[Sample]) -> dict[str, list[float | None]]:
+    """RSS in MB per process ("frontend", "worker <id>"), one value per sample."""
+    workers = sorted({worker for sample in samples for worker in sample.worker_mb})
+    out: dict[str, list[float | None]] = {"frontend": [s.frontend_mb for s in samples]}
+    for worker in workers:
+        out[f"worker {worker}"] = [s.worker_mb.get(worker) for s in samples]
+    return out
+
+
+def drift(values: list[float | None]) -> dict[str, float | None]:
+    """Baseline (the first value), range and the largest relative drift from the baseline.
+
+    ``second_half_growth_pct`` (last value against the one halfway) tells a leak, which keeps
+    growing, from a warm-up that outlasted the warm-up window and levelled off.
+    """
+    present = [value for value in values if value is not None]
+    if not present or len(present) != len(values):
+        return {"baseline_mb": None, "max_drift_pct": None}
+    baseline, halfway = present[0], present[len(present) // 2]
+    worst = max(abs(value - baseline) for value in present) / baseline
+    return {
+        "baseline_mb": baseline,
+        "min_mb": min(present),
+        "max_mb": max(present),
+        "last_mb": present[-1],
+        "max_drift_pct": round(100 * worst, 1),
+        "second_half_growth_pct": round(100 * (present[-1] - halfway) / halfway, 1),
+    }
+
+
+def log_growth(samples: list[Sample]) -> dict[str, float]:
+    first, last = samples[0], samples[-1]
+    growth = last.log_bytes - first.log_bytes
+    requests_after_warmup = last.answered - first.answered
+    minutes = max(last.seconds - first.seconds, 1e-9) / 60
+    return {
+        "bytes_at_warmup": first.log_bytes,
+        "bytes_at_end": last.log_bytes,
+        "growth_bytes": growth,
+        "bytes_per_minute": round(growth / minutes),
+        "bytes_per_1000_requests": round(1000 * growth / max(requests_after_warmup, 1)),
+    }
+
+
+def answers(outcomes: list[Outcome]) -> dict[str, Any]:
+    kinds = sorted({outcome.job.kind for outcome in outcomes})
+    wrong = [o for o in outcomes if not answered_as_expected(o)]
+    return {
+        "requests": len(outcomes),
+        "by_kind": {kind: statuses([o for o in outcomes if o.job.kind == kind]) for kind in kinds},
+        "unexpected": len(wrong),
+        "unexpected_examples": [f"{o.job.kind}: {o.status}" for o in wrong[:10]],
+    }
+
+
+def verdict(report: dict[str, Any], after: list[Sample]) -> bool:
+    drifts = [entry["max_drift_pct"] for entry in report["rss"].values()]
+    bounded = all(d is not None and d <= 100 * RSS_TOLERANCE for d in drifts)
+    return bool(after) and bounded and not report["workers_replaced"] and not report["unexpected"]
+
+
+def summarize(plan: Plan, load: ClosedLoop, samples: list[Sample]) -> dict[str, Any]:
+    after = [sample for sample in samples if sample.seconds >= plan.warmup_s]
+    if not after:
+        raise RuntimeError(f"no sample after the {plan.warmup_s:.0f} s warm-up")
+    report: dict[str, Any] = {
+        "seconds": plan.seconds,
+        "concurrency": plan.concurrency,
+        "warmup_s": plan.warmup_s,
+        "interval_s": plan.interval_s,
+        "mix": "every 10th request malformed (7 kinds in turn); others alternate one text and a list of 2-8",
+        **answers(load.outcomes),
+        "rps_after_warmup": round(sum(s.rps for s in after) / len(after), 1),
+        "rss_tolerance_pct": 100 * RSS_TOLERANCE,
+        "rss": {name: drift(values) for name, values in series(after).items()},
+        "workers_replaced": len({json.dumps(s.worker_pids, sort_keys=True) for s in samples}) > 1,
+        "log_folder": log_growth(after),
+    }
+    report["passed"] = verdict(report, after)
+    report["samples"] = [asdict(sample) for sample in samples]
+    return report
+
+
+def run(plan: Plan) -> dict[str, Any]:
+    """Start a server, soak it, and return the report (with every sample)."""
+    corpus = make_corpus()
+    with running(prefix="bert-serve-soak-") as server:
+        load = ClosedLoop(
+            server.predict_url,
+            server.headers(),
+            soak_jobs(corpus),
+            plan.concurrency,
+            plan.seconds,
+            request_timeout_s=REQUEST_TIMEOUT_S,
+        )
+        sampler = Sampler(server, load, plan)
+        load.run(sampler.run())
+        files = log_files(server.state_dir / "logs")
+    report = summarize(plan, load, sampler.samples)
+    report["log_folder"]["files_at_end"] = files
+    report["machine_cpus"] = psutil.cpu_count()
+    return report
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    """RSS per process (with the tolerance band around each baseline), requests/s and the log
+    folder's size over time."""
+    plt = pyplot()
+    samples = [Sample(**sample) for sample in report["samples"]]
+    times = [sample.seconds for sample in samples]
+    figure, (rss, rps, logs) = plt.subplots(3, 1, figsize=(8, 8), sharex=True)
+    for name, values in series(samples).items():
+        rss.plot(times, values, label=name)
+        baseline = report["rss"].get(name, {}).get("baseline_mb")
+        if baseline:
+            band = (baseline * (1 - RSS_TOLERANCE), baseline * (1 + RSS_TOLERANCE))
+            rss.axhspan(*band, alpha=0.08, color=rss.lines[-1].get_color())
+    rss.set_ylabel("RSS (MB)")
+    rss.set_title(f"Soak: {report['seconds']:.0f} s at {report['concurrency']} clients")
+    rss.legend(fontsize=8)
+    rps.plot(times, [sample.rps for sample in samples], color="tab:green")
+    rps.set_ylabel("requests/s")
+    logs.plot(times, [sample.log_bytes / 2**20 for sample in samples], color="tab:grey")
+    logs.set_ylabel("log folder (MB)")
+    logs.set_xlabel("seconds")
+    for axes in (rss, rps, logs):
+        axes.axvline(report["warmup_s"], linestyle="--", color="grey", linewidth=0.8)
+        axes.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def summary_line(report: dict[str, Any]) -> str:
+    drifts = ", ".join(
+        f"{name} {entry['max_drift_pct']} %" for name, entry in report["rss"].items()
+    )
+    logs = report["log_folder"]
+    return (
+        f"{report['requests']} requests ({report['rps_after_warmup']} rps after warm-up), "
+        f"{report['unexpected']} unexpected answers; largest RSS drift from warm-up: {drifts}; "
+        f"log folder +{logs['growth_bytes']} bytes ({logs['bytes_per_minute']} bytes/min)"
+    )

@@ -1,0 +1,20 @@
+"""The server side users run: TorchServe configured, packaged, sized and controlled.
+
+Read in the order a start runs (``python -m bert_serve_server start``, ``make serve``):
+
+- ``config``: config/config.properties read, overridden (ports, batch settings) and written;
+- ``models``: several models on one server (``make serve MODELS=...``): names, versions, files;
+- ``archive``, ``package``: a Hugging Face folder and handler/ packed as a .mar, and the
+  ``package`` command (``make package``);
+- ``sizing``: workers, threads, ``batchSize``, the queue bound and the heap from the machine
+  the server starts on (the image's entrypoint runs it as ``python -m bert_serve_server size``);
+- ``control``: one TorchServe in its own state folder: start, wait until READY, stop, keys,
+  logs, its workers; ``ctl``: the command line over it (``start``, ``stop``, ``status``, ...);
+- ``layout``: the container / KServe layout of the model store and config;
+- ``metrics``: the live summary of the handler's metrics (``make metrics``);
+- ``environment``: the server's lock (requirements/server.lock) and torch build checks.
+
+Nothing here imports the lab (``lab/``: benchmarks, chaos, soak, fuzz) or ``tests/``; the image
+installs this package alone. Modules import only what their command needs: the image's sizing
+step runs without ``handler/`` or an HTTP client.
+"""

@@ -1,0 +1,36 @@
+"""``python -m bert_serve_server COMMAND`` (or ``bert-serve-server COMMAND``):
+
+    start | stop | status | key | url | predict-url | models   one TorchServe (``ctl``)
+    package --model-dir DIR [...]                              a .mar (``package``)
+    size --out FILE -- TORCHSERVE_ARGS                         the image's sizing step (``sizing``)
+
+Each command imports only its own module: ``size`` runs in the image, where ``handler/`` and
+the checkout are absent.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    command, rest = (args[0], args[1:]) if args else ("", [])
+    if command == "package":
+        from bert_serve_server import package
+
+        return package.main(rest)
+    if command == "size":
+        from bert_serve_server import sizing
+
+        return sizing.main(rest)
+    if command in ("-h", "--help", ""):
+        print(__doc__)
+        return 0 if command else 2
+    from bert_serve_server import ctl
+
+    return ctl.main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,284 @@
+"""Packaging a Hugging Face sequence-classification folder and the handler as a .mar.
+
+The archive holds ``bert_handler.py`` (TorchServe's entry point), the ``handler`` package
+itself (the same files the unit tests import) under ``handler/``, the model under
+``model/`` (config, safetensors weights, tokenizer: never pickled weights),
+``config/model-config.yaml`` as the model config, and ``mar-source.json``: which model
+folder (each file's size and modification time) and which handler config (its sha256) it
+was built from. The same record is kept beside the archive as ``bert.mar.source``, a stamp
+the Makefile refreshes with ``--stamp-only`` and that is rewritten only when the record
+changes, so ``make serve MODEL_DIR=X`` repackages whenever X is not what the .mar holds,
+even when X's files are older than the .mar.
+
+``python -m bert_serve_server package`` (``make package``) is the command; the tuner and the tests call
+``package`` and ``package_variant`` from here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bert_serve_server.config import MODEL_NAME, MODEL_VERSION, ROOT
+
+DEFAULT_MODEL_DIR = ROOT / "build" / "bert-sentiment"
+HANDLER_DIR = ROOT / "handler"
+MODEL_CONFIG = ROOT / "config" / "model-config.yaml"
+PICKLED_SUFFIXES = {".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".h5", ".msgpack"}
+BATCH_KEYS = ("batchSize", "maxBatchDelay", "minWorkers", "maxWorkers")
+"""TorchServe's batching and worker keys: config.properties' ``models=``, never the .mar's yaml."""
+SOURCE_FILE = "mar-source.json"
+STAMP_SUFFIX = ".source"
+VARIANT_CONFIG_SUFFIX = ".model-config.yaml"
+
+
+def check_model_dir(model_dir: Path, model_config: Path = MODEL_CONFIG) -> None:
+    """Refuse, with every reason and its fix, a folder the worker would refuse at start: the
+    same check (``handler.model_check``) for the handler settings packed beside it."""
+    from handler.model_check import inspect_folder
+    from handler.settings import HandlerSettings
+
+    document = yaml.safe_load(model_config.read_text()) or {}
+    try:
+        settings = HandlerSettings.from_mapping(document.get("handler"))
+    except ValueError as error:
+        raise SystemExit(f"{model_config}: {error}") from None
+    problems = inspect_folder(model_dir, settings).problems
+    if problems:
+        lines = "".join(f"\n  - {problem.reason}\n    fix: {problem.fix}" for problem in problems)
+        raise SystemExit(f"{model_dir} cannot be served:{lines}")
+
+
+def check_model_config(path: Path) -> None:
+    """Batch settings live in config.properties only; a copy here would silently win."""
+    document = yaml.safe_load(path.read_text()) or {}
+    duplicated = sorted(set(BATCH_KEYS) & set(document))
+    if duplicated:
+        raise SystemExit(
+            f"{path}: {duplicated} belong in config/config.properties, not the model config"
+        )
+
+
+def packaged_files(model_dir: Path) -> list[Path]:
+    return [
+        item
+        for item in sorted(model_dir.iterdir())
+        if item.is_file() and item.suffix not in PICKLED_SUFFIXES
+    ]
+
+
+def source_record(
+    model_dir: Path,
+    model_config: Path = MODEL_CONFIG,
+    name: str = MODEL_NAME,
+    version: str = MODEL_VERSION,
+) -> str:
+    """What an archive is built from, as stable JSON text: the model folder with each packaged
+    file's size and modification time, the handler config with its content hash, and the name
+    and version it is served under."""
+    files = {
+        item.name: {"size": item.stat().st_size, "mtime_ns": item.stat().st_mtime_ns}
+        for item in packaged_files(model_dir)
+    }
+    record = {
+        "model_dir": str(model_dir.resolve()),
+        "model_files": files,
+        "model_config": str(model_config.resolve()),
+        "model_config_sha256": hashlib.sha256(model_config.read_bytes()).hexdigest(),
+        "name": name,
+        "version": version,
+    }
+    return json.dumps(record, indent=2, sort_keys=True) + "\n"
+
+
+def stamp_for(archive: Path) -> Path:
+    return archive.with_name(archive.name + STAMP_SUFFIX)
+
+
+def update_stamp(stamp: Path, record: str) -> bool:
+    """Write the record only when it differs, so the stamp's time says when the source last
+    changed (make compares it with the archive's). True when it was rewritten."""
+    if stamp.is_file() and stamp.read_text() == record:
+        return False
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(record)
+    return True
+
+
+def stage(model_dir: Path, staging: Path, record: str) -> None:
+    shutil.copytree(
+        HANDLER_DIR, staging / "handler", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+    )
+    (staging / "model").mkdir()
+    for item in packaged_files(model_dir):
+        shutil.copy2(item, staging / "model" / item.name)
+    (staging / SOURCE_FILE).write_text(record)
+
+
+def archiver_command() -> str:
+    """The archiver installed beside this Python, so a venv works without being activated."""
+    return (
+        shutil.which("torch-model-archiver", path=str(Path(sys.executable).parent))
+        or "torch-model-archiver"
+    )
+
+
+def run_archiver(
+    handler: Path,
+    archive: Path,
+    *options: str,
+    name: str = MODEL_NAME,
+    version: str = MODEL_VERSION,
+) -> None:
+    """torch-model-archiver: ``archive`` (a .mar of model ``name`` and ``version``) with
+    ``handler`` and ``options``, staged in a TMPDIR of its own (it empties
+    ``$TMPDIR/<model name>`` first, so two packagings at once on one machine would otherwise
+    mix or delete each other's files), then moved to its file name (the archiver names the file
+    after the model; two versions of one model need two files)."""
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="archiver-") as temp:
+        subprocess.run(
+            [
+                archiver_command(),
+                "--model-name",
+                name,
+                "--version",
+                version,
+                "--handler",
+                str(handler),
+                *options,
+                "--export-path",
+                temp,
+                "--force",
+            ],
+            check=True,
+            env=os.environ | {"TMPDIR": temp},
+        )
+        shutil.move(Path(temp) / f"{name}.mar", archive)
+
+
+def package(
+    model_dir: Path,
+    export_path: Path,
+    model_config: Path = MODEL_CONFIG,
+    name: str = MODEL_NAME,
+    version: str = MODEL_VERSION,
+    file_name: str | None = None,
+    checked: bool = False,
+) -> Path:
+    """Build ``export_path/NAME.mar`` (or ``file_name``) of model ``name`` and ``version``.
+    Its stamp is refreshed first: a failed build then leaves a stamp newer than the old
+    archive, so make tries again. ``checked``: the folder was just checked with this config
+    (make runs ``--stamp-only`` first), so the check, which imports torch and transformers, is
+    not run twice. The entries are stored, not deflated (the archiver's ``zip-store``):
+    deflating the safetensors weights saves 8 % of their size and took most of the archiver's
+    time."""
+    if not checked:
+        check_model_dir(model_dir, model_config)
+    check_model_config(model_config)
+    export_path.mkdir(parents=True, exist_ok=True)
+    archive = export_path / (file_name or f"{name}.mar")
+    record = source_record(model_dir, model_config, name, version)
+    update_stamp(stamp_for(archive), record)
+    with tempfile.TemporaryDirectory(prefix="bert-mar-") as temp:
+        staging = Path(temp) / "extra"
+        staging.mkdir()
+        stage(model_dir, staging, record)
+        run_archiver(
+            HANDLER_DIR / "bert_handler.py",
+            archive,
+            "--extra-files",
+            str(staging),
+            "--config-file",
+            str(model_config),
+            "--archive-format",
+            "zip-store",
+            name=name,
+            version=version,
+        )
+    return archive
+
+
+def write_variant_config(
+    path: Path,
+    base: Path = MODEL_CONFIG,
+    changes: dict[str, Any] | None = None,
+    handler_changes: dict[str, Any] | None = None,
+) -> Path:
+    """``base`` with ``changes`` at its top level (e.g. responseTimeout) and ``handler_changes``
+    in its ``handler:`` section, written to ``path`` only when its text differs, so the
+    archive's source record (which hashes it) changes only when the settings do."""
+    config = yaml.safe_load(base.read_text())
+    config |= changes or {}
+    config["handler"] = config["handler"] | (handler_changes or {})
+    text = yaml.safe_dump(config)
+    if not path.is_file() or path.read_text() != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return path
+
+
+def variant_config_for(archive: Path) -> Path:
+    """Where the handler config of an archive packaged with changed settings is kept: beside
+    the archive, so two stores never share one."""
+    return archive.with_name(archive.name + VARIANT_CONFIG_SUFFIX)
+
+
+def package_variant(
+    store: Path,
+    changes: dict[str, Any] | None = None,
+    handler_changes: dict[str, Any] | None = None,
+    model_dir: Path = DEFAULT_MODEL_DIR,
+) -> Path:
+    """Package ``model_dir`` into ``store`` with config/model-config.yaml changed (see
+    ``write_variant_config``)."""
+    archive = store / f"{MODEL_NAME}.mar"
+    config_file = write_variant_config(
+        variant_config_for(archive), MODEL_CONFIG, changes, handler_changes
+    )
+    return package(model_dir, store, config_file)
+
+
+PACKAGING_CODE = (Path(__file__).with_name("package.py"), Path(__file__))
+"""Besides the handler: what the Makefile's .mar rule lists as the archive's prerequisites."""
+
+
+def is_stale(archive: Path, record: str) -> bool:
+    """As the Makefile decides for bert.mar: missing, built from another source record, or
+    older than the handler's or the packaging's code or its stamp (a build that failed)."""
+    if not archive.is_file() or not stamp_for(archive).is_file():
+        return True
+    if stamp_for(archive).read_text() != record:
+        return True
+    code = [*HANDLER_DIR.glob("*.py"), *PACKAGING_CODE, stamp_for(archive)]
+    return max(path.stat().st_mtime_ns for path in code) > archive.stat().st_mtime_ns
+
+
+def package_if_changed(
+    model_dir: Path,
+    archive: Path,
+    model_config: Path,
+    name: str,
+    version: str,
+    precision: str | None = None,
+) -> bool:
+    """Package ``archive`` unless it is already built from this source; True if it was.
+    SystemExit, with every reason, for a folder that cannot be served (``check_model_dir``)."""
+    if precision:
+        model_config = write_variant_config(
+            variant_config_for(archive), model_config, handler_changes={"precision": precision}
+        )
+    model_dir, model_config = model_dir.resolve(), model_config.resolve()
+    if not is_stale(archive, source_record(model_dir, model_config, name, version)):
+        return False
+    package(model_dir, archive.parent, model_config, name, version, archive.name)
+    return True

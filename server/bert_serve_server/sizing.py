@@ -1,0 +1,473 @@
+"""Serving settings derived from the machine the server starts on, for every value that
+config/config.properties leaves out: the workers, ``job_queue_size`` and the JVM heap.
+
+The rule, in the order it is applied:
+
+- **Cores** are what this process may use: its CPU affinity, capped by a cgroup CPU quota (a
+  container's ``cpu.max`` or ``cpu.cfs_quota_us``). **Memory** is the cgroup limit, else the
+  machine's.
+- **Workers**: on a CPU, one per core with one torch thread each (``OMP_NUM_THREADS=1``), so
+  batches run side by side instead of one batch's small matrices being split across cores; on
+  GPUs, ``WORKERS_PER_GPU`` per GPU where the cores allow, each with one torch thread (the
+  forward runs on the GPU; on an H100, 16 threads served 0.62 of the requests/s of one at 32
+  clients, docs/bench/README.md). Capped so that the workers' memory (the model's weights and
+  ``WORKER_OVERHEAD_BYTES`` each) fits in half of the memory.
+- **Several models** (each version of a name counts as one): the cores left after the workers
+  the config states are shared out equally among the others, the first ones taking one more
+  while cores remain (2 models on 9 cores: 5 and 4); each model has at least one worker, so
+  workers x threads never exceeds the cores unless there are more models than cores (which the
+  reasons then say). On GPUs each model has its workers on every GPU. The memory cap takes one
+  worker at a time from the model with the most until all fit.
+- **Batch size** (``batchSize``): one worker's rate is measured at start on each .mar's own model
+  and code at batch sizes ``BATCH_SIZES``; the smallest whose rate is within ``NEAR_BEST`` of the
+  best is chosen (a larger batch only adds latency for what it no longer gains). Size 1 is not
+  a candidate: serving pays a cost per batch (the frontend's round trip to the worker) that a
+  measurement in one process cannot see and only batching shares, and where a batch of 1
+  measures about as fast as the best (a small model on one CPU thread), a choice between them
+  would follow the noise. Batches form from what is queued within ``maxBatchDelay`` (1 ms in
+  the shipped config), so a large ``batchSize`` costs a lone request nothing.
+- **Queue** (``job_queue_size``): what the workers drain in ``PATIENT_S``, the wait of a patient
+  client, at the rate measured for that batch size; so a patient client is never refused while
+  it could still be answered in time. TorchServe has one size for every model's own queue:
+  with several models, the largest of theirs.
+- **JVM heap** (``-Xmx``): room for that queue of the largest bodies the frontend accepts
+  (``max_request_size``), once per model, over ``BASE_HEAP_MB``, at most a quarter of the memory (the JVM's own
+  default share); where that cap binds, the queue is cut to what the heap holds.
+
+The batch delay stays in the config (``models=``). A model whose archive cannot be read or
+whose model cannot be loaded for measuring is left out (``Resolved.refused``, with the reason):
+the others are served.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import os
+import re
+import sys
+import tempfile
+import time
+import zipfile
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from bert_serve_server.config import properties_text, read_properties
+from bert_serve_server.models import without as without_models
+
+PATIENT_S = 60.0
+MEASURE_S = 0.6
+"""Seconds of measuring a batch size, after one warm-up batch (at least one batch)."""
+BATCH_SIZES = (2, 4, 8, 16, 32, 64)
+NEAR_BEST = 0.9
+BASE_HEAP_MB = 256
+HEAP_SHARE = 0.25
+WORKER_MEMORY_SHARE = 0.5
+WORKER_OVERHEAD_BYTES = 300 * 2**20
+"""A worker's memory besides its model's weights: Python, torch, transformers, TorchServe."""
+MB = 2**20
+DEFAULT_MAX_REQUEST_BYTES = 6_553_500
+"""TorchServe 0.12's own ``max_request_size``."""
+HEAP_FLAG = re.compile(r"-Xmx\d+[kKmMgG]?")
+SAMPLE_WORDS = (
+    "the film was slow at first but the acting and the score carried it to a fine end "
+    "although some scenes dragged and the plot left a few questions open for the next one"
+).split()
+CGROUP = Path("/sys/fs/cgroup")
+
+
+@dataclass(frozen=True)
+class Machine:
+    cores: float
+    memory_bytes: int
+    gpus: int
+
+
+def cgroup_cores(root: Path = CGROUP) -> float | None:
+    """The CPU quota of this process's cgroup in cores (v2 ``cpu.max``, v1 cfs), if any."""
+    v2 = root / "cpu.max"
+    if v2.is_file():
+        quota, _, period = v2.read_text().partition(" ")
+        return None if quota == "max" else int(quota) / int(period)
+    v1_quota, v1_period = root / "cpu" / "cpu.cfs_quota_us", root / "cpu" / "cpu.cfs_period_us"
+    if v1_quota.is_file() and v1_period.is_file():
+        quota_us = int(v1_quota.read_text())
+        return None if quota_us <= 0 else quota_us / int(v1_period.read_text())
+    return None
+
+
+def cgroup_memory(root: Path = CGROUP) -> int | None:
+    for path in (root / "memory.max", root / "memory" / "memory.limit_in_bytes"):
+        if path.is_file():
+            text = path.read_text().strip()
+            # v1 writes "no limit" as a huge number
+            return None if text == "max" or int(text) >= 2**60 else int(text)
+    return None
+
+
+def read_machine(gpus: int) -> Machine:
+    cores: float = len(os.sched_getaffinity(0))
+    quota = cgroup_cores()
+    if quota is not None:
+        cores = min(cores, quota)
+    memory = cgroup_memory() or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return Machine(cores=cores, memory_bytes=memory, gpus=gpus)
+
+
+WORKERS_PER_GPU = 2
+"""Two workers share a GPU, so that one's CPU side (decode, tokenize, answer) runs while the
+other's forward runs on the GPU, where the cores allow (docs/bench/README.md: 1.4x at 32 and 64
+clients on an H100); one per GPU on fewer cores."""
+
+
+def workers_for(machine: Machine, worker_bytes: int) -> tuple[int, list[str]]:
+    """``WORKERS_PER_GPU`` per GPU, else one per core; no more than half of the memory holds."""
+    (workers,), reasons = shared_workers(machine, [worker_bytes])
+    return workers, reasons
+
+
+def shared_workers(
+    machine: Machine, worker_bytes: list[int], stated: int = 0, stated_bytes: int = 0
+) -> tuple[list[int], list[str]]:
+    """Workers for models of ``worker_bytes`` each (one entry per model), besides ``stated``
+    workers the config sets (holding ``stated_bytes``): ``WORKERS_PER_GPU`` per GPU per model,
+    else the cores left shared out equally; then cut, one at a time from the model with the most (the last of
+    them), until the workers fit in half of the memory."""
+    count = len(worker_bytes)
+    if machine.gpus:
+        per_gpu = WORKERS_PER_GPU if machine.cores >= WORKERS_PER_GPU * machine.gpus * count else 1
+        workers = [machine.gpus * per_gpu] * count
+        reasons = [f"{machine.gpus} GPU(s): {per_gpu} worker(s) on each per model"]
+    else:
+        cores = max(count, math.floor(machine.cores) - stated)
+        workers = [cores // count + (i < cores % count) for i in range(count)]
+        reasons = [f"{machine.cores:g} cores: one worker per core"]
+        if count > 1 or stated:
+            reasons = [
+                f"{machine.cores:g} cores, {stated} worker(s) set by the config: the rest "
+                f"shared among {count} model(s), one worker per core: {workers}"
+            ]
+        if count + stated > machine.cores:
+            reasons.append(
+                f"{count + stated} workers on {machine.cores:g} cores: every model needs one, "
+                "so they share cores"
+            )
+    budget = machine.memory_bytes * WORKER_MEMORY_SHARE - stated_bytes
+
+    def used() -> float:
+        return sum(n * size for n, size in zip(workers, worker_bytes, strict=True))
+
+    before = list(workers)
+    while used() > budget and max(workers) > 1:
+        workers[max(range(count), key=lambda i: (workers[i], i))] -= 1
+    if workers != before:
+        reasons.append(
+            f"cut to {workers} worker(s): {[size // MB for size in worker_bytes]} MiB each "
+            f"must fit in half of {machine.memory_bytes // MB} MiB"
+        )
+    return workers, reasons
+
+
+def workers_on_this_machine(model_dir: Path, gpus: int) -> int:
+    """The workers the default config gets here with ``gpus`` GPUs, for a model folder (the
+    benchmark's in-process ceiling runs as many processes)."""
+    weights = sum(path.stat().st_size for path in model_dir.glob("*.safetensors"))
+    return workers_for(read_machine(gpus), weights + WORKER_OVERHEAD_BYTES)[0]
+
+
+def threads_for(machine: Machine, workers: int) -> int:
+    """On a CPU, the cores shared among the workers, at least one torch thread each. On GPUs,
+    one: the forward runs on the GPU, and more CPU threads only spin beside the tokenizer."""
+    return 1 if machine.gpus else max(1, math.floor(machine.cores) // workers)
+
+
+def derive(
+    machine: Machine, workers: int, texts_per_s: float, max_request_bytes: int, queues: int = 1
+) -> tuple[int, int, list[str]]:
+    """(job_queue_size, heap MiB, why) for ``workers`` that each classify ``texts_per_s``;
+    the heap holds ``queues`` such queues (one per model)."""
+    queue = max(1, int(texts_per_s * workers * PATIENT_S))
+    reasons = [
+        f"queue {queue}: {workers} worker(s) x {texts_per_s:g} texts/s (measured at start) "
+        f"drain that in {PATIENT_S:.0f} s"
+    ]
+    heap_cap_mb = int(machine.memory_bytes * HEAP_SHARE // MB)
+    body_mb = max_request_bytes / MB
+    heap_mb = int(BASE_HEAP_MB + math.ceil(queues * queue * body_mb))
+    if heap_mb > heap_cap_mb:
+        heap_mb = max(BASE_HEAP_MB, heap_cap_mb)
+        queue = max(1, int((heap_mb - BASE_HEAP_MB) / body_mb / queues))
+        reasons.append(
+            f"queue cut to {queue}: a heap of {heap_mb} MiB (a quarter of the memory) holds "
+            f"{queues} queue(s) of that many bodies of {body_mb:g} MiB"
+        )
+    shown = "the queue" if queues == 1 else f"{queues} queues (one per model)"
+    reasons.append(f"heap {heap_mb} MiB: {BASE_HEAP_MB} MiB + {shown} of largest bodies")
+    return queue, heap_mb, reasons
+
+
+def sample_texts(count: int) -> list[str]:
+    """Texts of 8 to 71 words, their lengths spread as reviews' are: the rate depends on the
+    lengths and on how a batch groups them, not on the words."""
+    return [
+        " ".join(SAMPLE_WORDS[(i + j) % len(SAMPLE_WORDS)] for j in range(8 + i * 37 % 64))
+        for i in range(count)
+    ]
+
+
+def measure_rates(
+    mar: Path, batch_sizes: tuple[int, ...], threads: int, gpus: int, seconds: float = MEASURE_S
+) -> dict[int, float]:
+    """One worker's texts/s at each batch size: the .mar's own model, handler code and
+    settings, in this process with ``threads`` torch threads (on GPU 0 where there is one)."""
+    import torch
+    import yaml
+
+    with tempfile.TemporaryDirectory(prefix="bert-serve-sizing-") as unpacked:
+        with zipfile.ZipFile(mar) as archive:
+            archive.extractall(unpacked)
+        sys.path.insert(0, unpacked)
+        try:
+            from handler.inference import classify
+            from handler.model import load_model
+            from handler.settings import HandlerSettings
+
+            config = Path(unpacked, "model-config.yaml")
+            raw = yaml.safe_load(config.read_text()) if config.is_file() else None
+            settings = HandlerSettings.from_mapping((raw or {}).get("handler"))
+            torch.set_num_threads(threads)
+            loaded = load_model(Path(unpacked, "model"), settings, 0 if gpus else None)
+        finally:
+            sys.path.remove(unpacked)
+    rates = {}
+    for batch_size in batch_sizes:
+        texts = sample_texts(batch_size * 8)
+        windows = [texts[i : i + batch_size] for i in range(0, len(texts), batch_size)]
+        classify(loaded, windows[-1], settings.max_length, loaded.max_batch_tokens)
+        done, started = 0, time.perf_counter()
+        while done == 0 or time.perf_counter() - started < seconds:
+            window = windows[done // batch_size % len(windows)]
+            classify(loaded, window, settings.max_length, loaded.max_batch_tokens)
+            done += batch_size
+        rates[batch_size] = round(done / (time.perf_counter() - started), 1)
+    return rates
+
+
+def batch_size_for(rates: dict[int, float]) -> tuple[int, str]:
+    """The smallest batch size within ``NEAR_BEST`` of the best measured rate, and why."""
+    best = max(rates.values())
+    chosen = min(size for size, rate in rates.items() if rate >= NEAR_BEST * best)
+    measured = ", ".join(f"{rate} at {size}" for size, rate in rates.items())
+    return chosen, (
+        f"batchSize {chosen}: the smallest within {1 - NEAR_BEST:.0%} of the best of one "
+        f"worker's texts/s measured at start ({measured})"
+    )
+
+
+def holds_a_model(mar: Path) -> bool:
+    """The .mar has a Hugging Face folder (``model/config.json``) to measure."""
+    with zipfile.ZipFile(mar) as archive:
+        return "model/config.json" in archive.namelist()
+
+
+@functools.cache
+def measured_rates(
+    mar: str, mtime_ns: int, batch_sizes: tuple[int, ...], threads: int, gpus: int
+) -> dict[int, float]:
+    """``measure_rates`` once per archive version and layout in a process (a test session
+    starts many servers on one .mar)."""
+    return measure_rates(Path(mar), batch_sizes, threads, gpus)
+
+
+def heap_mb_in(vmargs: str) -> int | None:
+    match = HEAP_FLAG.search(vmargs)
+    if match is None:
+        return None
+    number, unit = re.fullmatch(r"-Xmx(\d+)([kKmMgG]?)", match.group(0)).groups()  # type: ignore[union-attr]
+    scale = {"": 1 / MB, "k": 1 / 1024, "m": 1, "g": 1024}[unit.lower()]
+    return int(int(number) * scale)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    properties: dict[str, str]
+    """The config with every derived value filled in."""
+    torch_threads: int
+    reasons: tuple[str, ...]
+    refused: dict[str, str] = field(default_factory=dict)
+    """``NAME:VERSION`` -> why that model is left out of ``properties``."""
+
+
+@dataclass(frozen=True)
+class Served:
+    """One model version of a ``models=`` entry and its archive."""
+
+    name: str
+    version: str
+    entry: dict[str, Any]
+    mar: Path
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}:{self.version}"
+
+
+def served_list(properties: dict[str, str]) -> list[Served]:
+    store = Path(properties["model_store"])
+    return [
+        Served(name, version, entry, store / entry.get("marName", f"{name}.mar"))
+        for name, versions in json.loads(properties["models"]).items()
+        for version, entry in versions.items()
+    ]
+
+
+def with_workers(machine: Machine, models: list[Served]) -> tuple[list[Served], int, list[str]]:
+    """Each model with its workers (the config's, else ``shared_workers``), and the torch
+    threads per worker."""
+    sizes = {model.key: model.mar.stat().st_size + WORKER_OVERHEAD_BYTES for model in models}
+    stated = [model for model in models if "minWorkers" in model.entry]
+    unstated = [model for model in models if "minWorkers" not in model.entry]
+    stated_count = sum(int(model.entry["minWorkers"]) for model in stated)
+    reasons = ["workers: as the config sets"] if stated else []
+    if unstated:
+        stated_bytes = sum(int(m.entry["minWorkers"]) * sizes[m.key] for m in stated)
+        counts, why = shared_workers(
+            machine, [sizes[m.key] for m in unstated], stated_count, stated_bytes
+        )
+        reasons += why
+        chosen = {m.key: n for m, n in zip(unstated, counts, strict=True)}
+        models = [
+            model
+            if model.key not in chosen
+            else replace(
+                model,
+                entry={"minWorkers": chosen[model.key], "maxWorkers": chosen[model.key]}
+                | model.entry,
+            )
+            for model in models
+        ]
+    total = sum(int(model.entry["minWorkers"]) for model in models)
+    threads = threads_for(machine, total)
+    cause = "the forward runs on the GPU" if machine.gpus else "the cores shared among them"
+    reasons.append(f"{threads} torch thread(s) per worker: {cause}")
+    return models, threads, reasons
+
+
+def with_batch_size(
+    model: Served, threads: int, machine: Machine, measure_queue: bool
+) -> tuple[Served, float | None, list[str]]:
+    """The model with its batch size (the config's, else measured) and its rate at that size;
+    a rate of None where the archive holds no model or nothing needs measuring."""
+    if not holds_a_model(model.mar):
+        return (
+            model,
+            None,
+            [
+                f"{model.mar.name} holds no model folder: batch size, queue and heap as "
+                "TorchServe sets them"
+            ],
+        )
+    if "batchSize" in model.entry and not measure_queue:
+        return model, None, []
+    stated = "batchSize" in model.entry
+    sizes = (int(model.entry["batchSize"]),) if stated else BATCH_SIZES
+    mar = model.mar
+    rates = measured_rates(str(mar), mar.stat().st_mtime_ns, sizes, threads, machine.gpus)
+    if stated:
+        return model, rates[sizes[0]], []
+    batch_size, why = batch_size_for(rates)
+    entry = model.entry | {"batchSize": batch_size}
+    return replace(model, entry=entry), rates[batch_size], [why]
+
+
+def resolve(properties: dict[str, str], gpus: int | None = None) -> Resolved:
+    """``properties`` with what they leave out derived from this machine: each model's
+    workers and ``batchSize`` (``models=``), ``job_queue_size`` and the heap (``-Xmx`` in
+    ``vmargs``); and the torch threads per worker. Values the config states are kept. A model
+    whose archive cannot be read or loaded is left out, with the reason (``refused``)."""
+    if gpus is None:
+        # TorchServe's number_of_gpu caps the GPUs it hands to workers (0: CPU only)
+        gpus = min(gpu_count(), int(properties.get("number_of_gpu", sys.maxsize)))
+    machine = read_machine(gpus)
+    models = served_list(properties)
+    refused = {m.key: f"{m.mar} is missing" for m in models if not m.mar.is_file()}
+    models = [model for model in models if model.key not in refused]
+    models, threads, reasons = with_workers(machine, models) if models else ([], 1, [])
+    resolved = dict(properties)
+    max_request = int(properties.get("max_request_size", DEFAULT_MAX_REQUEST_BYTES))
+    has_heap = heap_mb_in(properties.get("vmargs", "")) is not None
+    measure_queue = "job_queue_size" not in properties or not has_heap
+    sized: list[Served] = []
+    drains: list[tuple[int, float]] = []
+    for model in models:
+        try:
+            model, rate, why = with_batch_size(model, threads, machine, measure_queue)
+        except Exception as error:  # the model's own code failed: leave it out, serve the rest
+            refused[model.key] = f"{type(error).__name__}: {error}"
+            continue
+        label = f"{model.key}: " if len(models) > 1 else ""
+        reasons += [label + reason for reason in why]
+        sized.append(model)
+        if rate is not None:
+            drains.append((int(model.entry["minWorkers"]), rate))
+    if drains and measure_queue:
+        workers, rate = max(drains, key=lambda drain: drain[0] * drain[1])
+        queue, heap_mb, why = derive(machine, workers, rate, max_request, queues=len(drains))
+        resolved.setdefault("job_queue_size", str(queue))
+        if not has_heap:
+            resolved["vmargs"] = f"{properties.get('vmargs', '')} -Xmx{heap_mb}m".strip()
+        reasons += why
+    models_entry: dict[str, dict[str, Any]] = {}
+    for model in sized:
+        models_entry.setdefault(model.name, {})[model.version] = model.entry
+    resolved["models"] = json.dumps(models_entry)
+    if refused:
+        resolved = without_models(resolved, refused)
+    return Resolved(resolved, threads, tuple(reasons), refused)
+
+
+def gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def report(resolved: Resolved) -> dict[str, Any]:
+    """What ``make status`` and the start-up output show: the values in force and why."""
+    return {
+        "models": json.loads(resolved.properties["models"]),
+        "refused": dict(resolved.refused),
+        "job_queue_size": resolved.properties.get("job_queue_size"),
+        "vmargs": resolved.properties.get("vmargs", ""),
+        "torch_threads": resolved.torch_threads,
+        "why": list(resolved.reasons),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The image's entrypoint step: resolve the config that TorchServe's own arguments name
+    (``--ts-config``), write it to ``--out``, print the torch threads per worker."""
+    parser = argparse.ArgumentParser(
+        prog="python -m bert_serve_server size", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("torchserve_args", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    torchserve = argparse.ArgumentParser(add_help=False)
+    torchserve.add_argument("--ts-config", type=Path, required=True)
+    given = args.torchserve_args[1:] if args.torchserve_args[:1] == ["--"] else args.torchserve_args
+    config = torchserve.parse_known_args(given)[0].ts_config
+    resolved = resolve(read_properties(config))
+    for key, why in resolved.refused.items():
+        print(f"sizing: model {key} refused: {why}", file=sys.stderr)
+    if not json.loads(resolved.properties["models"]):
+        print("sizing: no model left to serve", file=sys.stderr)
+        return 1
+    args.out.write_text(properties_text(resolved.properties))
+    for reason in resolved.reasons:
+        print(f"sizing: {reason}", file=sys.stderr)
+    print(resolved.torch_threads)
+    return 0
