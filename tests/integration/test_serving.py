@@ -118,8 +118,9 @@ def expected_workers(server: Any) -> tuple[sizing.Machine, int]:
 
 def test_batch_settings_and_workers_in_force_are_what_make_status_reports(server) -> None:
     """maxBatchDelay from config.properties, timeouts from the model config; workers (one per
-    core of this machine, or as many per GPU as keep it busy), batchSize (measured at start) and the queue from harness/sizing.py,
-    as `make status` reports them and TorchServe runs them."""
+    core of this machine, or as many per GPU as keep it busy), batchSize (measured at start)
+    and the queue from harness/sizing.py, as `make status` reports them and TorchServe runs
+    them."""
     response = requests.get(
         f"{server.management_url}/models/bert", headers=server.headers("management"), timeout=30
     )

@@ -319,8 +319,7 @@ def test_workers_per_gpu_cover_one_workers_cycle(
         # cores: one per worker, one left to the frontend (4 GPUs x 4 > 15: 3 each)
         (h100_host(gpus=4), [gpu_load(10, 25)], [12], "cut to [3] per GPU"),
         (h100_host(cores=6), [gpu_load(10, 25), gpu_load(10, 5)], [3, 2], "cut to [3, 2]"),
-        # fewer cores than GPUs: one worker per core, the other GPUs idle (the old fallback
-        # put one worker per GPU whatever the cores)
+        # fewer cores than GPUs: one worker per core, the other GPUs idle
         (h100_host(cores=3, gpus=4), [gpu_load(10, 25)], [2], "some GPUs stay idle"),
         (h100_host(cores=1, gpus=2), [gpu_load(10, 25)], [1], "some GPUs stay idle"),
         # GPU memory: 90 % of 80 GiB holds 4 workers of 16.5 GiB, not 5
