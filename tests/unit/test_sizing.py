@@ -510,3 +510,18 @@ def test_the_rule_is_the_fewest_workers_that_keep_the_device_busy(cpu_per_device
     assert simulated_busy(workers, load.cpu_s, load.device_s) >= 0.99
     assert workers > 1, "every case has CPU work beside the device's"
     assert simulated_busy(workers - 1, load.cpu_s, load.device_s) < 0.99
+
+
+@pytest.mark.skipif(not sizing.gpu_count(), reason="needs a CUDA GPU")
+def test_a_batch_is_measured_on_the_gpu(tiny_model_dir: Path) -> None:
+    """The real measurement: the pass's time, the CPU's around it, the worker's GPU memory."""
+    from handler.model import load_model
+    from handler.settings import HandlerSettings
+
+    settings = HandlerSettings()
+    loaded = load_model(tiny_model_dir, settings, 0)
+    load = sizing.measure_device_load(loaded, settings, 16)
+    weights = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
+    assert load.batch_size == 16 and load.device_s > 0 and load.cpu_s > 0
+    assert load.gpu_bytes > weights and load.context_bytes > 0
+    assert load.busy_workers >= 1
