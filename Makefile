@@ -4,7 +4,7 @@ PY        := $(VENV)/bin/python
 STAMP     := $(VENV)/.installed
 MODEL_DIR ?= build/bert-sentiment
 MODEL_CONFIG ?= config/model-config.yaml
-# PRECISION=bf16 (or fp32, fp16) packs MODEL_CONFIG with handler.precision replaced; without
+# PRECISION=bf16 (or fp32, fp16, tf32) packs MODEL_CONFIG with handler.precision replaced; without
 # it the config is packed as written. The .mar's source stamp follows either way.
 PRECISION ?=
 MAR       := model_store/bert.mar
@@ -133,8 +133,9 @@ floor: $(MAR) $(BENCH)
 tune: $(MAR) $(BENCH)
 	$(PY) scripts/tune.py --out docs/tune
 
-## compare-precision: fp32 vs PRECISION (default bf16) on TEXTS (one per line; default the
-##        corpus) with MODEL_DIR: texts/s, largest score change, flipped labels -> build/
+## compare-precision: fp32 vs PRECISION (default bf16; tf32 or fp16 on CUDA) on TEXTS (one per
+##        line; default the corpus) with MODEL_DIR: texts/s, largest score change, flipped
+##        labels -> build/
 compare-precision: $(STAMP) $(MODEL_DIR)/config.json
 	$(PY) scripts/compare_precision.py --model-dir $(MODEL_DIR) --model-config $(MODEL_CONFIG) \
 	  --precision $(or $(filter-out fp32,$(PRECISION)),bf16) $(if $(TEXTS),--texts $(TEXTS)) \

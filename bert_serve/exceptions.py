@@ -18,7 +18,7 @@
     │   │                               not_explainable
     │   ├── TextTooLong            413: payload_too_large (over max_chars, or too many texts),
     │   │                               explain_too_long (over explain_max_tokens)
-    │   ├── ModelFailed            500: internal_error (the model failed on this batch)
+    │   ├── ModelFailed            500: internal_error (the model failed on this batch or text)
     │   └── DeadlineExceeded       504: deadline_exceeded (it waited past its deadline), after
     │                                   the retries
     ├── BadResponse                bad_response: a 200 that is not the JSON the API promises

@@ -180,7 +180,7 @@ def explain(
         )
     if budget is not None:
         budget.record(tokens, steps, time.perf_counter() - started)
-    return Explanation(
+    explanation = Explanation(
         words=loaded.tokenizer.convert_ids_to_tokens(tokenized.input_ids),
         importances=summarize(attributions),
         delta=float(delta.reshape(-1)[0]),
@@ -188,6 +188,22 @@ def explain(
         score=float(scores[target]),
         truncated=tokenized.truncated,
         n_steps=steps,
+    )
+    return explanation if is_finite(explanation) else not_finite(loaded.dtype)
+
+
+def is_finite(explanation: Explanation) -> bool:
+    """JSON has no NaN or infinity: ``json.dumps`` would write them, and no client could read it."""
+    numbers = [*explanation.importances, explanation.delta, explanation.score]
+    return all(math.isfinite(value) for value in numbers)
+
+
+def not_finite(weights: torch.dtype) -> Rejected:
+    return Rejected(
+        ErrorCode.INTERNAL_ERROR,
+        f"this text's explanation came out as NaN or infinity (the model runs in "
+        f"{str(weights).removeprefix('torch.')}), which JSON cannot carry: ask /predictions "
+        "for its label, or a server in fp32 for its explanation",
     )
 
 

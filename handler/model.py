@@ -19,7 +19,13 @@ from handler.model_check import (
     inspect_folder,
     padding_difference,
 )
-from handler.precision import DTYPES, check_precision, choose_attention_kernels, hardware_of
+from handler.precision import (
+    DTYPES,
+    check_precision,
+    choose_attention_kernels,
+    hardware_of,
+    set_matmul_precision,
+)
 from handler.scoring import ScoreFunction, resolve_score_function
 from handler.settings import HandlerSettings
 
@@ -71,6 +77,7 @@ def load_model(model_dir: Path, settings: HandlerSettings, gpu_id: int | None) -
     device = select_device(settings.device, gpu_id)
     check_precision(settings.precision, hardware_of(device))
     dtype = DTYPES[settings.precision]
+    logger.info("%s", set_matmul_precision(settings.precision))
     choose_attention_kernels(device.type, dtype)
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
@@ -80,7 +87,7 @@ def load_model(model_dir: Path, settings: HandlerSettings, gpu_id: int | None) -
     tokenizer, attention = inspection.tokenizer, inspection.attention
     logger.info("attention %s: %s", attention.implementation, attention.reason)
     model = load_classifier(model_dir, device, dtype, attention)
-    if dtype == torch.float32:
+    if settings.precision == "fp32":
         moved = padding_difference(model, tokenizer, device)
         if moved > PADDING_TOLERANCE:
             problem = Problem(

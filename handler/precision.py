@@ -1,6 +1,10 @@
 """The precision of the forward pass: which one this hardware can run natively (else the
 worker fails at start, rather than serve slowly), and how: weights cast, on the CPU and on CUDA
-alike (faster than autocast on both: docs/bench/README.md); the logits leave as float32."""
+alike (faster than autocast on both: docs/bench/README.md); the logits leave as float32.
+
+fp32 is IEEE fp32 on every device. Importing TorchServe's ``BaseHandler`` turns TF32 on for
+every Ampere or newer GPU (``torch.set_float32_matmul_precision("high")``), so the worker sets
+the float32 matmul precision itself at start, after that import: TF32 only for ``tf32``."""
 
 from __future__ import annotations
 
@@ -10,7 +14,14 @@ from pathlib import Path
 
 import torch
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {
+    "fp32": torch.float32,
+    "tf32": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+}
+TF32_CAPABILITY = (8, 0)
+"""CUDA compute capability from which matmuls run in TF32 (Ampere)."""
 X86_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 ARM_BF16_FLAGS = frozenset({"bf16"})
 
@@ -21,10 +32,22 @@ class Hardware:
 
     device_type: str
     native_bf16: bool
+    tf32: bool = False
+    """A CUDA device of compute capability 8.0 or more."""
 
 
 def check_precision(precision: str, hardware: Hardware) -> None:
     """Raise ``ValueError`` with the reason when ``hardware`` cannot run ``precision``."""
+    if precision == "tf32" and not hardware.tf32:
+        where = (
+            "this GPU is older than Ampere (compute capability 8.0)"
+            if hardware.device_type == "cuda"
+            else "this worker runs on the CPU"
+        )
+        raise ValueError(
+            f"precision tf32 needs a CUDA GPU of compute capability 8.0 or more, and {where}; "
+            "use fp32 (or bf16 where the hardware has it)"
+        )
     if precision == "fp16" and hardware.device_type != "cuda":
         raise ValueError(
             "precision fp16 needs a CUDA GPU, and this worker runs on the CPU; "
@@ -74,8 +97,25 @@ def choose_attention_kernels(device_type: str, weights: torch.dtype) -> None:
         torch.backends.cuda.enable_cudnn_sdp(False)
 
 
+def set_matmul_precision(precision: str) -> str:
+    """Set the process's float32 matmul precision from the configured ``precision`` (TF32
+    for ``tf32`` only, IEEE otherwise), whatever an import set before; returns it for the log."""
+    tf32 = precision == "tf32"
+    torch.set_float32_matmul_precision("high" if tf32 else "highest")
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    return (
+        "float32 matmuls in TF32 (precision tf32)"
+        if tf32
+        else f"float32 matmuls in IEEE fp32, TF32 off (precision {precision})"
+    )
+
+
 def hardware_of(device: torch.device) -> Hardware:
     """The facts ``check_precision`` needs, probed on this machine for ``device``."""
     if device.type == "cuda":
-        return Hardware("cuda", native_bf16=torch.cuda.is_bf16_supported(including_emulation=False))
+        with torch.cuda.device(device):
+            bf16 = torch.cuda.is_bf16_supported(including_emulation=False)
+        capability = torch.cuda.get_device_capability(device)
+        return Hardware("cuda", native_bf16=bf16, tf32=capability >= TF32_CAPABILITY)
     return Hardware("cpu", native_bf16=cpu_has_native_bf16())

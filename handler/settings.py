@@ -9,7 +9,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 SCORE_FUNCTION_CHOICES = ("auto", "softmax", "sigmoid", "none")
-PRECISION_CHOICES = ("fp32", "bf16", "fp16")
+PRECISION_CHOICES = ("fp32", "bf16", "fp16", "tf32")
 CHOICES = {
     "device": ("auto", "cpu", "cuda"),
     "attention": ("auto", "sdpa", "eager"),

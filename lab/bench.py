@@ -27,6 +27,7 @@ from bert_serve_server.archive import package_variant
 from bert_serve_server.config import models_entry
 from bert_serve_server.control import Server
 
+from handler.model import load_model
 from handler.precision import cpu_has_native_bf16
 from lab import inprocess
 from lab.compare import compare_precision, config_settings
@@ -169,9 +170,21 @@ def in_process(plan: Plan, corpus: list[str]) -> dict[str, Any]:
     return results
 
 
+def ceiling_processes(model_dir: Path, gpus: int) -> int:
+    """The workers the default config gets here with ``gpus`` GPUs, for a model folder (the
+    in-process ceiling runs as many processes), by the start's own rule."""
+    if gpus:
+        settings = config_settings()
+        loaded = load_model(model_dir, settings, 0)
+        load = sizing.measure_device_load(loaded, settings, max(sizing.BATCH_SIZES))
+        return sizing.workers_for(sizing.read_machine(gpus), sizing.GPU_WORKER_HOST_BYTES, load)[0]
+    weights = sum(path.stat().st_size for path in model_dir.glob("*.safetensors"))
+    return sizing.workers_for(sizing.read_machine(gpus), weights + sizing.WORKER_OVERHEAD_BYTES)[0]
+
+
 def run(plan: Plan, corpus: list[str]) -> dict[str, Any]:
     """The experiments, in order: ceiling, in-process comparisons, served, ceiling again."""
-    workers = sizing.workers_on_this_machine(plan.model_dir, plan.gpus)
+    workers = ceiling_processes(plan.model_dir, plan.gpus)
 
     def ceiling() -> dict[str, Any]:
         return inprocess.ceiling(

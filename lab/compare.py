@@ -2,7 +2,8 @@
 
 Both runs go through the handler's own ``classify`` (tokenize, length-grouped sub-batches,
 forward, scoring) in this process, with the handler settings of the model config, in windows
-of one served batch. Reported: texts/s of each, the largest change of any score, and the
+of one served batch, on the device a worker would take (the first GPU where CUDA is present,
+unless the config says ``device: cpu``). Reported: texts/s of each, the largest change of any score, and the
 texts whose label changes (``label``, or for a multi-label model the labels it gives).
 """
 
@@ -19,7 +20,7 @@ from bert_serve_server.archive import MODEL_CONFIG
 
 from handler.inference import Prediction, classify
 from handler.model import LoadedModel, load_model
-from handler.settings import HandlerSettings
+from handler.settings import PRECISION_CHOICES, HandlerSettings
 
 EXAMPLE_CHARS = 160
 
@@ -36,6 +37,11 @@ def config_settings(model_config: Path = MODEL_CONFIG) -> HandlerSettings:
     """The handler settings a worker would start with, from the model config."""
     document = yaml.safe_load(model_config.read_text()) or {}
     return HandlerSettings.from_mapping(document.get("handler"))
+
+
+def precision_choices(cuda: bool) -> tuple[str, ...]:
+    """The precisions to compare with fp32 on this machine: ``tf32`` only where CUDA is."""
+    return tuple(p for p in PRECISION_CHOICES if p != "fp32" and (cuda or p != "tf32"))
 
 
 def timed_passes(
@@ -99,8 +105,11 @@ def compare_precision(
     batch_size: int = 16,
     seconds: float = 5.0,
     examples: int = 5,
+    gpu_id: int | None = None,
 ) -> dict[str, Any]:
     """fp32 and ``precision`` on ``texts``: speed, score changes and label flips, as JSON data.
+    ``gpu_id`` is the GPU TorchServe would assign (None: the CPU); each load sets the matmul
+    precision of its own, as a worker does at start.
 
     Raises ``ValueError`` (from the handler's start-up check) when this machine cannot run
     ``precision``."""
@@ -108,14 +117,17 @@ def compare_precision(
         raise ValueError("no texts to compare on")
     base = replace(settings or config_settings(), precision="fp32")
     runs = {}
+    device = "cpu"
     for name in ("fp32", precision):
-        loaded = load_model(model_dir, replace(base, precision=name), gpu_id=None)
+        loaded = load_model(model_dir, replace(base, precision=name), gpu_id=gpu_id)
+        device = str(loaded.device)
         runs[name] = timed_passes(loaded, texts, base, batch_size, seconds)
     exact, fast = runs["fp32"].predictions, runs[precision].predictions
     changed = flips(texts, exact, fast, precision)
     unchanged = len(texts) - len(changed)
     return {
         "model_dir": str(model_dir),
+        "device": device,
         "texts": len(texts),
         "batch_size": batch_size,
         "torch_threads": base.torch_threads,
@@ -136,7 +148,7 @@ def summary(result: dict[str, Any]) -> str:
     """The comparison in a few lines for a terminal."""
     (exact_name, exact_rate), (fast_name, fast_rate) = result["texts_per_s"].items()
     lines = [
-        f"{result['texts']} texts, batches of {result['batch_size']}, "
+        f"{result['texts']} texts on {result['device']}, batches of {result['batch_size']}, "
         f"{result['torch_threads'] or 'default'} torch thread(s):",
         f"  {exact_name}: {exact_rate} texts/s   {fast_name}: {fast_rate} texts/s "
         f"({result['speedup']}x)",

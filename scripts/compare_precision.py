@@ -8,7 +8,9 @@ comparison as JSON to --out and prints a summary.
     make compare-precision MODEL_DIR=path/to/model TEXTS=my_texts.txt
 
 --texts is a UTF-8 file with one text per line (blank lines skipped); without it, the
-benchmark corpus (2,000 mixed-length review texts) is used.
+benchmark corpus (2,000 mixed-length review texts) is used. Where CUDA is present the model
+runs on the first GPU (as a worker would, unless the config says ``device: cpu``), and tf32 is
+a choice: fp32 there is IEEE fp32, TF32 off.
 """
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ import json
 import sys
 from pathlib import Path
 
+import torch
 from bert_serve_server.archive import DEFAULT_MODEL_DIR, MODEL_CONFIG
 
-from handler.settings import PRECISION_CHOICES
-from lab.compare import compare_precision, config_settings, summary
+from lab.compare import compare_precision, config_settings, precision_choices, summary
 from lab.corpus import make_corpus
 
 
@@ -31,7 +33,8 @@ def main() -> int:
     )
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
     parser.add_argument("--texts", type=Path, help="one text per line (default: the corpus)")
-    parser.add_argument("--precision", choices=PRECISION_CHOICES[1:], default="bf16")
+    cuda = torch.cuda.is_available()
+    parser.add_argument("--precision", choices=precision_choices(cuda), default="bf16")
     parser.add_argument("--model-config", type=Path, default=MODEL_CONFIG)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seconds", type=float, default=5, help="timed passes per precision")
@@ -51,6 +54,7 @@ def main() -> int:
             config_settings(args.model_config),
             args.batch_size,
             args.seconds,
+            gpu_id=0 if cuda else None,
         )
     except ValueError as error:
         print(f"cannot compare: {error}", file=sys.stderr)

@@ -59,7 +59,7 @@ torch_constraints "$python" build/image/constraints.txt
 "$python" scripts/check_torch.py "$torch_build" --wheels "$context/wheels"
 # The server package users run (server/), as a wheel: the image installs it and nothing else of
 # the checkout; its dependencies are among requirements.txt's.
-rm -f "$context"/wheels/bert_serve_server-*.whl
+rm -rf "$context"/wheels/bert_serve_server-*.whl server/build  # no stale module from an old build
 "$python" -m pip wheel -qq --no-deps --no-build-isolation --wheel-dir "$context/wheels" ./server
 
 format=()

@@ -7,11 +7,20 @@ The rule, in the order it is applied:
   container's ``cpu.max`` or ``cpu.cfs_quota_us``). **Memory** is the cgroup limit, else the
   machine's.
 - **Workers**: on a CPU, one per core with one torch thread each (``OMP_NUM_THREADS=1``), so
-  batches run side by side instead of one batch's small matrices being split across cores; on
-  GPUs, ``WORKERS_PER_GPU`` per GPU where the cores allow, each with one torch thread (the
-  forward runs on the GPU; on an H100, 16 threads served 0.62 of the requests/s of one at 32
-  clients, docs/bench/README.md). Capped so that the workers' memory (the model's weights and
-  ``WORKER_OVERHEAD_BYTES`` each) fits in half of the memory.
+  batches run side by side instead of one batch's small matrices being split across cores.
+  Capped so that the workers' memory (the model's weights and ``WORKER_OVERHEAD_BYTES`` each)
+  fits in half of the memory.
+- **Workers on GPUs**: each with one torch thread (the forward runs on the GPU; on an H100, 16
+  threads served 0.62 of the requests/s of one at 32 clients, docs/bench/README.md). A worker's
+  CPU side (tokenizing, grouping, scoring) is serial and the GPU waits for it, so the start
+  measures, on the archive's own model at its batch size, a batch's time on the GPU and the CPU
+  time around it, and puts ``ceil(1 + cpu / gpu)`` workers on each GPU: while one worker's batch
+  runs on the GPU, the others' CPU sides run, and that many cover one worker's whole cycle
+  (``DeviceLoad.busy_workers``). Then bounded by the cores (one each, ``FRONTEND_CORES`` left to
+  the frontend; with fewer cores than GPUs, some GPUs idle), by each GPU's memory
+  (``GPU_MEMORY_SHARE`` of it holds its workers' weights, largest pass's activations and CUDA
+  context, as measured) and by the host memory (``GPU_WORKER_HOST_BYTES`` a worker). A model
+  whose handler config says ``device: cpu`` is sized as on a CPU.
 - **Several models** (each version of a name counts as one): the cores left after the workers
   the config states are shared out equally among the others, the first ones taking one more
   while cores remain (2 models on 9 cores: 5 and 4); each model has at least one worker, so
@@ -47,11 +56,13 @@ import json
 import math
 import os
 import re
+import statistics
 import sys
 import tempfile
 import time
 import zipfile
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +79,15 @@ HEAP_SHARE = 0.25
 WORKER_MEMORY_SHARE = 0.5
 WORKER_OVERHEAD_BYTES = 300 * 2**20
 """A worker's memory besides its model's weights: Python, torch, transformers, TorchServe."""
+GPU_WORKER_HOST_BYTES = 1216 * 2**20
+"""A GPU worker's host memory: the USS of a worker serving a bert-base-sized model on an H100
+(docs/bench/h100/results.json, ``scenarios.torchserve_batched.worker_memory``); the weights
+live on the GPU, the CUDA libraries and their host buffers here."""
+FRONTEND_CORES = 1
+"""Cores left to TorchServe's frontend (HTTP, batching) beside GPU workers, whose CPU sides
+keep the other cores busy."""
+GPU_MEMORY_SHARE = 0.9
+"""Of each GPU's memory, what its workers may hold: the rest for the allocator's fragmentation."""
 MB = 2**20
 DEFAULT_MAX_REQUEST_BYTES = 6_553_500
 """TorchServe 0.12's own ``max_request_size``."""
@@ -84,6 +104,34 @@ class Machine:
     cores: float
     memory_bytes: int
     gpus: int
+    gpu_memory_bytes: int = 0
+    """The smallest of the GPUs' memories (0: no GPU, or not known)."""
+
+
+@dataclass(frozen=True)
+class DeviceLoad:
+    """One worker's batch on a GPU, measured at start on the archive's own model."""
+
+    batch_size: int
+    device_s: float
+    """The batch's forward passes, which the worker waits for (the device's time)."""
+    cpu_s: float
+    """The rest of the batch's time in the worker: tokenizing, grouping, scoring (the
+    frontend's round trip and the request's decoding are not in it)."""
+    gpu_bytes: int
+    """Weights and the activations of the largest pass (``max_batch_tokens``), as torch holds them."""
+    context_bytes: int
+    """The GPU memory besides torch's own: the CUDA context (and what else held the GPU)."""
+
+    @property
+    def busy_workers(self) -> int:
+        """Workers per GPU that keep it busy: n workers cover one worker's cycle (CPU side,
+        then its batch on the GPU) once n x device_s >= cpu_s + device_s."""
+        return max(1, math.ceil(1 + self.cpu_s / max(self.device_s, 1e-9) - 1e-9))
+
+    @property
+    def worker_gpu_bytes(self) -> int:
+        return self.gpu_bytes + self.context_bytes
 
 
 def cgroup_cores(root: Path = CGROUP) -> float | None:
@@ -109,52 +157,129 @@ def cgroup_memory(root: Path = CGROUP) -> int | None:
 
 
 def read_machine(gpus: int) -> Machine:
+    """This machine as a worker sees it, with ``gpus`` of its GPUs (their memory read here)."""
     cores: float = len(os.sched_getaffinity(0))
     quota = cgroup_cores()
     if quota is not None:
         cores = min(cores, quota)
     memory = cgroup_memory() or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return Machine(cores=cores, memory_bytes=memory, gpus=gpus)
+    gpu_memory = 0
+    if gpus:
+        import torch
+
+        gpu_memory = min(torch.cuda.get_device_properties(i).total_memory for i in range(gpus))
+    return Machine(cores=cores, memory_bytes=memory, gpus=gpus, gpu_memory_bytes=gpu_memory)
 
 
-WORKERS_PER_GPU = 2
-"""Two workers share a GPU, so that one's CPU side (decode, tokenize, answer) runs while the
-other's forward runs on the GPU, where the cores allow (docs/bench/README.md: 1.4x at 32 and 64
-clients on an H100); one per GPU on fewer cores."""
+def serving_gpus(properties: dict[str, str]) -> int:
+    """The GPUs TorchServe hands to workers: this machine's, capped by ``number_of_gpu``."""
+    return min(gpu_count(), int(properties.get("number_of_gpu", sys.maxsize)))
 
 
-def workers_for(machine: Machine, worker_bytes: int) -> tuple[int, list[str]]:
-    """``WORKERS_PER_GPU`` per GPU, else one per core; no more than half of the memory holds."""
-    (workers,), reasons = shared_workers(machine, [worker_bytes])
+def workers_for(
+    machine: Machine, worker_bytes: int, load: DeviceLoad | None = None
+) -> tuple[int, list[str]]:
+    """Workers for one model: on GPUs (``load`` measured there) as many per GPU as keep it
+    busy, else one per core; no more than the cores, GPU memory and half of the memory hold."""
+    (workers,), reasons = shared_workers(
+        machine, [worker_bytes], loads=None if load is None else [load]
+    )
+    return workers, reasons
+
+
+def cpu_workers(machine: Machine, count: int, stated: int) -> tuple[list[int], list[str]]:
+    """The cores left after ``stated`` workers, shared out equally among ``count`` models."""
+    cores = max(count, math.floor(machine.cores) - stated)
+    workers = [cores // count + (i < cores % count) for i in range(count)]
+    reasons = [f"{machine.cores:g} cores: one worker per core"]
+    if count > 1 or stated:
+        reasons = [
+            f"{machine.cores:g} cores, {stated} worker(s) set by the config: the rest "
+            f"shared among {count} model(s), one worker per core: {workers}"
+        ]
+    if count + stated > machine.cores:
+        reasons.append(
+            f"{count + stated} workers on {machine.cores:g} cores: every model needs one, "
+            "so they share cores"
+        )
+    return workers, reasons
+
+
+def gpu_workers(
+    machine: Machine, loads: list[DeviceLoad], stated: int = 0
+) -> tuple[list[int], list[str]]:
+    """Workers for models on every GPU (one ``DeviceLoad`` per model), besides ``stated``
+    workers: as many per GPU as keep it busy, then cut to the cores (less the frontend's) and
+    to each GPU's memory, one at a time from the model with the most."""
+    gpus, count = machine.gpus, len(loads)
+    per_gpu = [load.busy_workers for load in loads]
+    reasons = [
+        f"{gpus} GPU(s): {n} worker(s) on each keep it busy: a batch of {load.batch_size} took "
+        f"{load.device_s * 1e3:.2f} ms on the GPU and {load.cpu_s * 1e3:.2f} ms of a worker's "
+        f"CPU around it (measured at start): ceil(1 + cpu / gpu)"
+        for n, load in zip(per_gpu, loads, strict=True)
+    ]
+    cores = max(1, math.floor(machine.cores) - FRONTEND_CORES - stated)
+    before = list(per_gpu)
+    while gpus * sum(per_gpu) > cores and max(per_gpu) > 1:
+        per_gpu[max(range(count), key=lambda i: (per_gpu[i], i))] -= 1
+    if per_gpu != before:
+        reasons.append(
+            f"cut to {per_gpu} per GPU: one core per worker, {cores} of {machine.cores:g} "
+            f"({FRONTEND_CORES} left to the frontend"
+            + (f", {stated} to the config's workers)" if stated else ")")
+        )
+    workers = [gpus * n for n in per_gpu]
+    if sum(workers) > cores:
+        workers = [max(1, cores // count + (i < cores % count)) for i in range(count)]
+        reasons.append(
+            f"{cores} core(s) for workers, fewer than {gpus} GPU(s) x {count} model(s): "
+            f"{workers} worker(s), so some GPUs stay idle"
+        )
+    if machine.gpu_memory_bytes:
+        budget = machine.gpu_memory_bytes * GPU_MEMORY_SHARE
+
+        def on_one_gpu() -> int:
+            return sum(
+                math.ceil(n / gpus) * load.worker_gpu_bytes
+                for n, load in zip(workers, loads, strict=True)
+            )
+
+        before = list(workers)
+        while on_one_gpu() > budget and max(workers) > 1:
+            workers[max(range(count), key=lambda i: (workers[i], i))] -= 1
+        sizes = [load.worker_gpu_bytes // MB for load in loads]
+        if workers != before:
+            reasons.append(
+                f"cut to {workers} worker(s): {sizes} MiB of GPU memory each (weights, the "
+                f"largest pass, the CUDA context) must fit in {GPU_MEMORY_SHARE:.0%} of "
+                f"{machine.gpu_memory_bytes // MB} MiB per GPU"
+            )
+        if on_one_gpu() > budget:
+            reasons.append(
+                f"{sizes} MiB of GPU memory per worker do not fit in {GPU_MEMORY_SHARE:.0%} of "
+                f"{machine.gpu_memory_bytes // MB} MiB: the workers may run out of GPU memory"
+            )
     return workers, reasons
 
 
 def shared_workers(
-    machine: Machine, worker_bytes: list[int], stated: int = 0, stated_bytes: int = 0
+    machine: Machine,
+    worker_bytes: list[int],
+    stated: int = 0,
+    stated_bytes: int = 0,
+    loads: list[DeviceLoad] | None = None,
 ) -> tuple[list[int], list[str]]:
-    """Workers for models of ``worker_bytes`` each (one entry per model), besides ``stated``
-    workers the config sets (holding ``stated_bytes``): ``WORKERS_PER_GPU`` per GPU per model,
-    else the cores left shared out equally; then cut, one at a time from the model with the most (the last of
-    them), until the workers fit in half of the memory."""
+    """Workers for models of ``worker_bytes`` of host memory each (one entry per model),
+    besides ``stated`` workers the config sets (holding ``stated_bytes``): on GPUs, for models
+    with their ``loads`` measured there, ``gpu_workers``; else the cores left shared out
+    equally; then cut, one at a time from the model with the most (the last of them), until
+    the workers fit in half of the memory."""
     count = len(worker_bytes)
-    if machine.gpus:
-        per_gpu = WORKERS_PER_GPU if machine.cores >= WORKERS_PER_GPU * machine.gpus * count else 1
-        workers = [machine.gpus * per_gpu] * count
-        reasons = [f"{machine.gpus} GPU(s): {per_gpu} worker(s) on each per model"]
+    if loads is not None and machine.gpus:
+        workers, reasons = gpu_workers(machine, loads, stated)
     else:
-        cores = max(count, math.floor(machine.cores) - stated)
-        workers = [cores // count + (i < cores % count) for i in range(count)]
-        reasons = [f"{machine.cores:g} cores: one worker per core"]
-        if count > 1 or stated:
-            reasons = [
-                f"{machine.cores:g} cores, {stated} worker(s) set by the config: the rest "
-                f"shared among {count} model(s), one worker per core: {workers}"
-            ]
-        if count + stated > machine.cores:
-            reasons.append(
-                f"{count + stated} workers on {machine.cores:g} cores: every model needs one, "
-                "so they share cores"
-            )
+        workers, reasons = cpu_workers(machine, count, stated)
     budget = machine.memory_bytes * WORKER_MEMORY_SHARE - stated_bytes
 
     def used() -> float:
@@ -169,13 +294,6 @@ def shared_workers(
             f"must fit in half of {machine.memory_bytes // MB} MiB"
         )
     return workers, reasons
-
-
-def workers_on_this_machine(model_dir: Path, gpus: int) -> int:
-    """The workers the default config gets here with ``gpus`` GPUs, for a model folder (the
-    benchmark's in-process ceiling runs as many processes)."""
-    weights = sum(path.stat().st_size for path in model_dir.glob("*.safetensors"))
-    return workers_for(read_machine(gpus), weights + WORKER_OVERHEAD_BYTES)[0]
 
 
 def threads_for(machine: Machine, workers: int) -> int:
@@ -218,30 +336,51 @@ def sample_texts(count: int) -> list[str]:
     ]
 
 
-def measure_rates(
-    mar: Path, batch_sizes: tuple[int, ...], threads: int, gpus: int, seconds: float = MEASURE_S
-) -> dict[int, float]:
-    """One worker's texts/s at each batch size: the .mar's own model, handler code and
-    settings, in this process with ``threads`` torch threads (on GPU 0 where there is one)."""
-    import torch
+def archive_handler_config(mar: Path) -> dict[str, Any]:
+    """The ``handler:`` section of the .mar's own model config (empty where it has none)."""
     import yaml
+
+    with zipfile.ZipFile(mar) as archive:
+        if "model-config.yaml" not in archive.namelist():
+            return {}
+        raw = yaml.safe_load(archive.read("model-config.yaml")) or {}
+    return dict(raw.get("handler") or {})
+
+
+def runs_on_gpu(machine: Machine, mar: Path) -> bool:
+    """The model's workers will use a GPU: there is one, and its config does not say ``cpu``."""
+    return bool(machine.gpus) and archive_handler_config(mar).get("device", "auto") != "cpu"
+
+
+def load_archive(mar: Path, threads: int, gpus: int) -> tuple[Any, Any]:
+    """(loaded model, handler settings) of the .mar's own model, handler code and settings,
+    in this process with ``threads`` torch threads (on GPU 0 where there is one)."""
+    import torch
 
     with tempfile.TemporaryDirectory(prefix="bert-serve-sizing-") as unpacked:
         with zipfile.ZipFile(mar) as archive:
             archive.extractall(unpacked)
         sys.path.insert(0, unpacked)
         try:
-            from handler.inference import classify
             from handler.model import load_model
             from handler.settings import HandlerSettings
 
-            config = Path(unpacked, "model-config.yaml")
-            raw = yaml.safe_load(config.read_text()) if config.is_file() else None
-            settings = HandlerSettings.from_mapping((raw or {}).get("handler"))
+            settings = HandlerSettings.from_mapping(archive_handler_config(mar))
             torch.set_num_threads(threads)
             loaded = load_model(Path(unpacked, "model"), settings, 0 if gpus else None)
         finally:
             sys.path.remove(unpacked)
+    return loaded, settings
+
+
+def measure_rates(
+    mar: Path, batch_sizes: tuple[int, ...], threads: int, gpus: int, seconds: float = MEASURE_S
+) -> dict[int, float]:
+    """One worker's texts/s at each batch size: the .mar's own model, handler code and
+    settings, in this process with ``threads`` torch threads (on GPU 0 where there is one)."""
+    from handler.inference import classify
+
+    loaded, settings = load_archive(mar, threads, gpus)
     rates = {}
     for batch_size in batch_sizes:
         texts = sample_texts(batch_size * 8)
@@ -254,6 +393,64 @@ def measure_rates(
             done += batch_size
         rates[batch_size] = round(done / (time.perf_counter() - started), 1)
     return rates
+
+
+def device_and_cpu_seconds(
+    run_batch: Callable[[], list[float]], seconds: float = MEASURE_S
+) -> tuple[float, float]:
+    """The median (device s, CPU s) of a batch, run for ``seconds`` (at least 3 times) after
+    a warm-up: ``run_batch`` runs one and returns its forward passes' milliseconds, which the
+    worker spends waiting for the device; the rest of its wall time is the worker's own."""
+    run_batch()
+    device: list[float] = []
+    cpu: list[float] = []
+    started = time.perf_counter()
+    while len(device) < 3 or time.perf_counter() - started < seconds:
+        batch_started = time.perf_counter()
+        forward_s = sum(run_batch()) / 1e3
+        device.append(forward_s)
+        cpu.append(max(0.0, time.perf_counter() - batch_started - forward_s))
+    return statistics.median(device), statistics.median(cpu)
+
+
+def measure_device_load(loaded: Any, settings: Any, batch_size: int) -> DeviceLoad:
+    """A batch of ``batch_size`` sample texts of a model loaded on a GPU with ``settings``:
+    its time on the GPU and the CPU time around it, and the GPU memory of one worker (weights,
+    the largest pass's activations, the CUDA context)."""
+    import torch
+
+    from handler.inference import classify
+    from handler.model import forward
+
+    texts = sample_texts(batch_size)
+    device_s, cpu_s = device_and_cpu_seconds(
+        lambda: (
+            classify(loaded, texts, settings.max_length, loaded.max_batch_tokens)[
+                1
+            ].sub_batch_forward_ms
+        )
+    )
+    device = loaded.device
+    rows = max(1, loaded.max_batch_tokens // settings.max_length)
+    ids = torch.full((rows, settings.max_length), loaded.tokenizer.pad_token_id, dtype=torch.long)
+    torch.cuda.reset_peak_memory_stats(device)
+    forward(loaded, ids, torch.ones_like(ids))
+    free, total = torch.cuda.mem_get_info(device)
+    context = max(0, total - free - torch.cuda.memory_reserved(device))
+    return DeviceLoad(
+        batch_size=batch_size,
+        device_s=device_s,
+        cpu_s=cpu_s,
+        gpu_bytes=torch.cuda.max_memory_reserved(device),
+        context_bytes=context,
+    )
+
+
+@functools.cache
+def measured_device_load(mar: str, mtime_ns: int, batch_size: int) -> DeviceLoad:
+    """``measure_device_load`` of the archive's own model, once per archive version."""
+    loaded, settings = load_archive(Path(mar), 1, 1)
+    return measure_device_load(loaded, settings, batch_size)
 
 
 def batch_size_for(rates: dict[int, float]) -> tuple[int, str]:
@@ -299,6 +496,8 @@ class Resolved:
     reasons: tuple[str, ...]
     refused: dict[str, str] = field(default_factory=dict)
     """``NAME:VERSION`` -> why that model is left out of ``properties``."""
+    device_loads: dict[str, DeviceLoad] = field(default_factory=dict)
+    """``NAME:VERSION`` -> its batch on the GPU as measured at start, for models sized there."""
 
 
 @dataclass(frozen=True)
@@ -324,21 +523,45 @@ def served_list(properties: dict[str, str]) -> list[Served]:
     ]
 
 
-def with_workers(machine: Machine, models: list[Served]) -> tuple[list[Served], int, list[str]]:
-    """Each model with its workers (the config's, else ``shared_workers``), and the torch
-    threads per worker."""
-    sizes = {model.key: model.mar.stat().st_size + WORKER_OVERHEAD_BYTES for model in models}
+def with_workers(
+    machine: Machine,
+    models: list[Served],
+    loads: dict[str, DeviceLoad] | None = None,
+    on_gpu: frozenset[str] = frozenset(),
+) -> tuple[list[Served], int, list[str]]:
+    """Each model with its workers (the config's, else ``shared_workers``: on the GPUs for the
+    models of ``loads``, then the cores left for the others), and the torch threads per worker.
+    ``on_gpu``: the models whose workers use a GPU (their host memory is a GPU worker's)."""
+    loads = loads or {}
+    sizes = {
+        model.key: GPU_WORKER_HOST_BYTES
+        if model.key in on_gpu
+        else model.mar.stat().st_size + WORKER_OVERHEAD_BYTES
+        for model in models
+    }
     stated = [model for model in models if "minWorkers" in model.entry]
     unstated = [model for model in models if "minWorkers" not in model.entry]
-    stated_count = sum(int(model.entry["minWorkers"]) for model in stated)
+    taken = sum(int(model.entry["minWorkers"]) for model in stated)
+    taken_bytes = sum(int(m.entry["minWorkers"]) * sizes[m.key] for m in stated)
     reasons = ["workers: as the config sets"] if stated else []
-    if unstated:
-        stated_bytes = sum(int(m.entry["minWorkers"]) * sizes[m.key] for m in stated)
+    chosen: dict[str, int] = {}
+    on_gpus = [m for m in unstated if m.key in loads]
+    on_cpu = [m for m in unstated if m.key not in loads]
+    for group, group_loads in ((on_gpus, [loads[m.key] for m in on_gpus]), (on_cpu, None)):
+        if not group:
+            continue
+        group_machine = machine if group_loads else replace(machine, gpus=0)
         counts, why = shared_workers(
-            machine, [sizes[m.key] for m in unstated], stated_count, stated_bytes
+            group_machine, [sizes[m.key] for m in group], taken, taken_bytes, group_loads
         )
+        if on_gpus and on_cpu:
+            where = "on the GPUs" if group_loads else "on the CPU (device: cpu)"
+            why = [f"{', '.join(m.key for m in group)} {where}: {reason}" for reason in why]
         reasons += why
-        chosen = {m.key: n for m, n in zip(unstated, counts, strict=True)}
+        chosen |= {m.key: n for m, n in zip(group, counts, strict=True)}
+        taken += sum(counts)
+        taken_bytes += sum(n * sizes[m.key] for m, n in zip(group, counts, strict=True))
+    if chosen:
         models = [
             model
             if model.key not in chosen
@@ -350,8 +573,8 @@ def with_workers(machine: Machine, models: list[Served]) -> tuple[list[Served], 
             for model in models
         ]
     total = sum(int(model.entry["minWorkers"]) for model in models)
-    threads = threads_for(machine, total)
-    cause = "the forward runs on the GPU" if machine.gpus else "the cores shared among them"
+    threads = 1 if on_gpu else threads_for(replace(machine, gpus=0), total)
+    cause = "the forward runs on the GPU" if on_gpu else "the cores shared among them"
     reasons.append(f"{threads} torch thread(s) per worker: {cause}")
     return models, threads, reasons
 
@@ -389,30 +612,34 @@ def resolve(properties: dict[str, str], gpus: int | None = None) -> Resolved:
     ``vmargs``); and the torch threads per worker. Values the config states are kept. A model
     whose archive cannot be read or loaded is left out, with the reason (``refused``)."""
     if gpus is None:
-        # TorchServe's number_of_gpu caps the GPUs it hands to workers (0: CPU only)
-        gpus = min(gpu_count(), int(properties.get("number_of_gpu", sys.maxsize)))
+        gpus = serving_gpus(properties)
     machine = read_machine(gpus)
     models = served_list(properties)
     refused = {m.key: f"{m.mar} is missing" for m in models if not m.mar.is_file()}
+    on_gpu = gpu_models(machine, models, refused)
     models = [model for model in models if model.key not in refused]
-    models, threads, reasons = with_workers(machine, models) if models else ([], 1, [])
+    if not on_gpu:
+        machine = replace(machine, gpus=0)  # every model on the CPU: sized as on a CPU machine
+    reasons: list[str] = []
+    threads = 1
+    if models and not on_gpu:
+        models, threads, reasons = with_workers(machine, models)
     resolved = dict(properties)
     max_request = int(properties.get("max_request_size", DEFAULT_MAX_REQUEST_BYTES))
     has_heap = heap_mb_in(properties.get("vmargs", "")) is not None
     measure_queue = "job_queue_size" not in properties or not has_heap
-    sized: list[Served] = []
-    drains: list[tuple[int, float]] = []
-    for model in models:
-        try:
-            model, rate, why = with_batch_size(model, threads, machine, measure_queue)
-        except Exception as error:  # the model's own code failed: leave it out, serve the rest
-            refused[model.key] = f"{type(error).__name__}: {error}"
-            continue
-        label = f"{model.key}: " if len(models) > 1 else ""
-        reasons += [label + reason for reason in why]
-        sized.append(model)
-        if rate is not None:
-            drains.append((int(model.entry["minWorkers"]), rate))
+    sized, rates, batch_reasons = with_batch_sizes(models, threads, machine, measure_queue, refused)
+    loads: dict[str, DeviceLoad] = {}
+    if on_gpu:
+        sized, loads = with_device_loads(sized, on_gpu, refused)
+        if sized:
+            sized, threads, reasons = with_workers(machine, sized, loads, on_gpu)
+    reasons += batch_reasons
+    drains = [
+        (int(model.entry["minWorkers"]), rate)
+        for model in sized
+        if (rate := rates[model.key]) is not None
+    ]
     if drains and measure_queue:
         workers, rate = max(drains, key=lambda drain: drain[0] * drain[1])
         queue, heap_mb, why = derive(machine, workers, rate, max_request, queues=len(drains))
@@ -426,7 +653,66 @@ def resolve(properties: dict[str, str], gpus: int | None = None) -> Resolved:
     resolved["models"] = json.dumps(models_entry)
     if refused:
         resolved = without_models(resolved, refused)
-    return Resolved(resolved, threads, tuple(reasons), refused)
+    return Resolved(resolved, threads, tuple(reasons), refused, loads)
+
+
+def gpu_models(machine: Machine, models: list[Served], refused: dict[str, str]) -> frozenset[str]:
+    """The models (not yet ``refused``) whose workers use a GPU; an archive that cannot be read
+    is added to ``refused``."""
+    on_gpu = set()
+    for model in models:
+        try:
+            if model.key not in refused and runs_on_gpu(machine, model.mar):
+                on_gpu.add(model.key)
+        except Exception as error:  # not a readable archive
+            refused[model.key] = f"{type(error).__name__}: {error}"
+    return frozenset(on_gpu)
+
+
+def with_batch_sizes(
+    models: list[Served],
+    threads: int,
+    machine: Machine,
+    measure_queue: bool,
+    refused: dict[str, str],
+) -> tuple[list[Served], dict[str, float | None], list[str]]:
+    """``with_batch_size`` for each model: those still served, their rates and the reasons;
+    a model whose own code fails is added to ``refused`` and the others are served."""
+    sized: list[Served] = []
+    rates: dict[str, float | None] = {}
+    reasons: list[str] = []
+    for model in models:
+        try:
+            model, rate, why = with_batch_size(model, threads, machine, measure_queue)
+        except Exception as error:  # the model's own code failed: leave it out, serve the rest
+            refused[model.key] = f"{type(error).__name__}: {error}"
+            continue
+        label = f"{model.key}: " if len(models) > 1 else ""
+        reasons += [label + reason for reason in why]
+        sized.append(model)
+        rates[model.key] = rate
+    return sized, rates, reasons
+
+
+def with_device_loads(
+    models: list[Served], on_gpu: frozenset[str], refused: dict[str, str]
+) -> tuple[list[Served], dict[str, DeviceLoad]]:
+    """The models still served, and the ``DeviceLoad`` at its batch size of each whose GPU
+    workers the start sizes (on a GPU, no workers in the config, a model in the archive); a
+    model whose measurement fails is added to ``refused``."""
+    kept, loads = [], {}
+    for model in models:
+        if model.key in on_gpu and "minWorkers" not in model.entry and holds_a_model(model.mar):
+            batch_size = int(model.entry.get("batchSize", max(BATCH_SIZES)))
+            try:
+                loads[model.key] = measured_device_load(
+                    str(model.mar), model.mar.stat().st_mtime_ns, batch_size
+                )
+            except Exception as error:  # the model's own code failed: leave it out
+                refused[model.key] = f"{type(error).__name__}: {error}"
+                continue
+        kept.append(model)
+    return kept, loads
 
 
 def gpu_count() -> int:
@@ -443,6 +729,7 @@ def report(resolved: Resolved) -> dict[str, Any]:
         "job_queue_size": resolved.properties.get("job_queue_size"),
         "vmargs": resolved.properties.get("vmargs", ""),
         "torch_threads": resolved.torch_threads,
+        "device_loads": {key: asdict(load) for key, load in resolved.device_loads.items()},
         "why": list(resolved.reasons),
     }
 

@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Any
 
 import pytest
 import requests
@@ -100,10 +102,25 @@ def test_inference_requires_the_token(server, predict_url) -> None:
     assert "Token" in response.text
 
 
+def expected_workers(server: Any) -> tuple[sizing.Machine, int]:
+    """This machine as the start saw it (its GPUs as TorchServe is given them, else its cores)
+    and the workers sizing's rule gives the default model there, from the load the start
+    measured on a GPU."""
+    machine = sizing.read_machine(sizing.serving_gpus(server.properties))
+    load = server.sizing()["in_force"].get("device_loads", {}).get("bert:1.0")
+    if load is None:  # on the CPU
+        machine = replace(machine, gpus=0)
+        worker_bytes = MAR_PATH.stat().st_size + sizing.WORKER_OVERHEAD_BYTES
+        return machine, sizing.workers_for(machine, worker_bytes)[0]
+    device_load = sizing.DeviceLoad(**load)
+    return machine, sizing.workers_for(machine, sizing.GPU_WORKER_HOST_BYTES, device_load)[0]
+
+
 def test_batch_settings_and_workers_in_force_are_what_make_status_reports(server) -> None:
     """maxBatchDelay from config.properties, timeouts from the model config; workers (one per
-    core of this machine), batchSize (measured at start) and the queue from server/bert_serve_server/sizing.py,
-    as `make status` reports them and TorchServe runs them."""
+    core of this machine, or as many per GPU as keep it busy), batchSize (measured at start)
+    and the queue from server/bert_serve_server/sizing.py, as `make status` reports them and TorchServe runs
+    them."""
     response = requests.get(
         f"{server.management_url}/models/bert", headers=server.headers("management"), timeout=30
     )
@@ -118,8 +135,7 @@ def test_batch_settings_and_workers_in_force_are_what_make_status_reports(server
         for reason in server.sizing()["in_force"]["why"]
     )
     assert model["responseTimeout"] == 60
-    machine = sizing.read_machine(gpus=0)
-    workers, _ = sizing.workers_for(machine, MAR_PATH.stat().st_size + sizing.WORKER_OVERHEAD_BYTES)
+    machine, workers = expected_workers(server)
     assert model["minWorkers"] == model["maxWorkers"] == workers == len(model["workers"])
     assert in_force["minWorkers"] == workers
     assert int(server.properties["job_queue_size"]) >= workers
@@ -160,8 +176,7 @@ def test_make_status_prints_the_defaults_chosen_on_this_machine(server) -> None:
     rates = {int(size): float(rate) for rate, size in re.findall(r"([\d.]+) at (\d+)", rates_line)}
     assert sorted(rates) == list(sizing.BATCH_SIZES)
 
-    machine = sizing.read_machine(gpus=0)
-    workers, _ = sizing.workers_for(machine, MAR_PATH.stat().st_size + sizing.WORKER_OVERHEAD_BYTES)
+    machine, workers = expected_workers(server)
     batch_size, _ = sizing.batch_size_for(rates)
     max_request = int(server.properties["max_request_size"])
     expected_queue, expected_heap, _ = sizing.derive(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from handler.inference import Prediction
 from handler.precision import cpu_has_native_bf16
-from lab.compare import flips
+from lab.compare import flips, precision_choices
 from tests.conftest import ROOT
 
 TEXTS = ["great film", "a dull, joyless mess", "", "it was fine, I suppose " * 30, "ok"]
@@ -70,3 +70,10 @@ def test_compare_precision_smoke(tiny_model_dir: Path, tmp_path: Path) -> None:
     assert report["labels_unchanged"] + report["labels_flipped"] == 4
     assert 0 <= report["largest_score_change"] < 1
     assert "labels unchanged" in result.stdout
+
+
+def test_tf32_is_a_choice_only_where_cuda_is() -> None:
+    assert "tf32" in precision_choices(cuda=True)
+    assert "tf32" not in precision_choices(cuda=False)
+    assert "fp32" not in precision_choices(cuda=True)
+    assert "bf16" in precision_choices(cuda=False)

@@ -8,8 +8,10 @@ the default model and architectures with tokenizers of other kinds (tests/archit
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ from handler.errors import ErrorCode
 from handler.explain import baseline_ids, explain, internal_batch_size
 from handler.inference import Explanation, tokenize
 from handler.model import LoadedModel, load_model
+from handler.precision import DTYPES, cpu_has_native_bf16
 from handler.protocol import Rejected
 from handler.scoring import ExplainOptions
 from handler.settings import HandlerSettings
@@ -215,3 +218,56 @@ def test_explain_all_answers_a_model_failure_per_text(loaded, monkeypatch) -> No
     )
     assert isinstance(failed, Rejected) and failed.code == ErrorCode.INTERNAL_ERROR
     assert isinstance(fine, Explanation)
+
+
+def strict_json(body: str | bytes) -> Any:
+    """Parse as JSON is: Python's json module would otherwise accept NaN and Infinity."""
+
+    def refuse(constant: str) -> Any:
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(body, parse_constant=refuse)
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_a_non_finite_explanation_is_refused_with_the_reason(
+    loaded, monkeypatch, value: float
+) -> None:
+    """What bf16 or fp16 can produce; json.dumps would write it as NaN or Infinity."""
+    import handler.explain
+
+    _, model = loaded("default")
+    monkeypatch.setattr(
+        handler.explain, "summarize", lambda attributions: [value] * attributions.shape[1]
+    )
+    refused = explain(model, TEXTS[0], ExplainOptions(n_steps=4), SETTINGS)
+    assert isinstance(refused, Rejected) and refused.code == ErrorCode.INTERNAL_ERROR
+    assert "NaN or infinity" in refused.message and "float32" in refused.message
+
+
+@pytest.mark.parametrize(
+    ("device", "precision", "runs_here"),
+    [
+        ("cpu", "bf16", cpu_has_native_bf16()),
+        ("cuda", "fp16", torch.cuda.is_available()),
+        ("cuda", "bf16", torch.cuda.is_available() and torch.cuda.is_bf16_supported(False)),
+    ],
+)
+def test_explanations_in_half_precision_are_finite_and_close_to_fp32(
+    tiny_model_dir: Path, device: str, precision: str, runs_here: bool
+) -> None:
+    """A real run of the tiny BERT with its weights in bf16 (or fp16 on CUDA): finite numbers,
+    strict JSON, and the same tokens matter as in fp32."""
+    if not runs_here:
+        pytest.skip(f"{precision} on {device} does not run on this machine")
+    gpu_id = 0 if device == "cuda" else None
+    exact = load_model(tiny_model_dir, HandlerSettings(device=device), gpu_id)
+    fast = load_model(tiny_model_dir, HandlerSettings(device=device, precision=precision), gpu_id)
+    assert fast.dtype == DTYPES[precision]
+    for text in TEXTS:
+        expected = explain(exact, text, ExplainOptions(n_steps=20), SETTINGS)
+        served = explain(fast, text, ExplainOptions(n_steps=20), SETTINGS)
+        assert isinstance(expected, Explanation) and isinstance(served, Explanation), served
+        strict_json(json.dumps(asdict(served)))
+        assert served.words == expected.words and served.label == expected.label
+        assert cosine(served.importances, expected.importances) >= 0.95

@@ -4,12 +4,14 @@ answered each as if alone, with their own errors (through TorchServe's worker co
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import pytest
 
 from handler.errors import ErrorCode
 from handler.native import decode_request
+from handler.precision import cpu_has_native_bf16
 from handler.protocol import IncomingRequest, Rejected, ValidText, is_explanation
 from handler.scoring import ExplainOptions
 from tests.worker_harness import Sent, predict
@@ -158,3 +160,65 @@ def test_a_failing_explanation_fails_only_its_text(tiny_worker, monkeypatch) -> 
 def test_requests_carry_the_header_per_item() -> None:
     request = IncomingRequest({"body": b"x"}, "text/plain", "r", dict(EXPLANATIONS))
     assert is_explanation(request.headers)
+
+
+def strict_json(body: bytes) -> Any:
+    """Parse as JSON is: Python's json module would otherwise accept NaN and Infinity."""
+
+    def refuse(constant: str) -> Any:
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(body, parse_constant=refuse)
+
+
+def test_a_non_finite_explanation_fails_only_its_text(tiny_worker, monkeypatch) -> None:
+    """The first text explained comes out NaN (as bf16 or fp16 can make it): that text answers
+    its own 500 in valid JSON; the other explanations and the prediction are answered."""
+    import handler.explain
+
+    service = tiny_worker().service  # built (and calibrated) before the patch
+    original = handler.explain.summarize
+    calls = []
+
+    def nan_first(attributions: Any) -> list[float]:
+        calls.append(1)
+        values = original(attributions)
+        return [math.nan] * len(values) if len(calls) == 1 else values
+
+    monkeypatch.setattr(handler.explain, "summarize", nan_first)
+    answers = predict(
+        service,
+        [
+            Sent(b'{"texts": ["first", "second"]}', JSON, EXPLANATIONS),
+            Sent(b"predicted", "text/plain", PREDICTIONS),
+            Sent(b"third", "text/plain", EXPLANATIONS),
+        ],
+    )
+    assert [answer.status for answer in answers] == [200, 200, 200]
+    first, second = strict_json(answers[0].body)["results"]
+    assert first["error"]["code"] == "internal_error"
+    assert "NaN or infinity" in first["error"]["message"]
+    assert "words" in second and all(math.isfinite(v) for v in second["importances"])
+    assert "scores" in strict_json(answers[1].body)
+    assert "importances" in strict_json(answers[2].body)
+
+
+def test_a_lone_non_finite_explanation_answers_500_in_json(tiny_worker, monkeypatch) -> None:
+    import handler.explain
+
+    service = tiny_worker().service
+    monkeypatch.setattr(handler.explain, "summarize", lambda a: [math.inf] * a.shape[1])
+    (answer,) = predict(service, [Sent(b"alone", "text/plain", EXPLANATIONS)])
+    assert answer.status == 500
+    assert strict_json(answer.body)["error"]["code"] == "internal_error"
+
+
+@pytest.mark.skipif(not cpu_has_native_bf16(), reason="this CPU has no native bf16")
+def test_a_bf16_worker_answers_explanations_in_strict_json(tiny_worker) -> None:
+    """A real bf16 worker (TorchServe's worker code, the tiny BERT's weights in bf16)."""
+    service = tiny_worker(precision="bf16", device="cpu").service
+    answers = predict(service, MIXED[:4])
+    assert [answer.status for answer in answers] == [200, 200, 200, 200]
+    bodies = [strict_json(answer.body) for answer in answers]
+    assert len(bodies[0]["importances"]) == len(bodies[0]["words"])
+    assert bodies[2]["label"] == "negative" and bodies[2]["n_steps"] == 20

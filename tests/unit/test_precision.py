@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -17,6 +17,7 @@ from handler.precision import (
     choose_attention_kernels,
     cpu_flags_have_bf16,
     cpu_has_native_bf16,
+    set_matmul_precision,
 )
 from handler.settings import PRECISION_CHOICES, HandlerSettings
 from tests.heads import HEADS
@@ -25,6 +26,7 @@ CPU_WITH_BF16 = Hardware("cpu", native_bf16=True)
 CPU_WITHOUT_BF16 = Hardware("cpu", native_bf16=False)
 GPU_WITH_BF16 = Hardware("cuda", native_bf16=True)
 GPU_WITHOUT_BF16 = Hardware("cuda", native_bf16=False)
+AMPERE = Hardware("cuda", native_bf16=True, tf32=True)
 
 
 @pytest.mark.parametrize(
@@ -36,6 +38,7 @@ GPU_WITHOUT_BF16 = Hardware("cuda", native_bf16=False)
         ("bf16", GPU_WITH_BF16),
         ("fp16", GPU_WITHOUT_BF16),
         ("fp16", GPU_WITH_BF16),
+        ("tf32", AMPERE),
     ],
 )
 def test_precisions_the_hardware_runs_are_accepted(precision: str, hardware: Hardware) -> None:
@@ -49,6 +52,8 @@ def test_precisions_the_hardware_runs_are_accepted(precision: str, hardware: Har
         ("bf16", GPU_WITHOUT_BF16, "this GPU does not support bf16"),
         ("fp16", CPU_WITH_BF16, "fp16 needs a CUDA GPU"),
         ("fp16", CPU_WITHOUT_BF16, "fp16 needs a CUDA GPU"),
+        ("tf32", CPU_WITH_BF16, "tf32 needs a CUDA GPU .* runs on the CPU"),
+        ("tf32", GPU_WITH_BF16, "tf32 needs .* older than Ampere"),
     ],
 )
 def test_precisions_the_hardware_cannot_run_fail_with_the_reason(
@@ -134,3 +139,88 @@ def test_bf16_scores_every_head_in_float32_close_to_fp32(
         assert got.scores.keys() == expected.scores.keys()
         assert all(isinstance(score, float) for score in got.scores.values())
         assert got.scores == pytest.approx(expected.scores, abs=0.1)
+
+
+def tensor_cores_on() -> None:
+    """What importing TorchServe's BaseHandler does on an Ampere or newer GPU."""
+    torch.set_float32_matmul_precision("high")
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+
+
+def matmul_state() -> tuple[str, bool, bool]:
+    return (
+        torch.get_float32_matmul_precision(),
+        torch.backends.cuda.matmul.allow_tf32,
+        torch.backends.cudnn.allow_tf32,
+    )
+
+
+@pytest.fixture
+def restore_matmul_precision() -> Iterator[None]:
+    """The switches are process-wide: each test leaves them as it found them."""
+    before = matmul_state()
+    yield
+    torch.set_float32_matmul_precision(before[0])
+    torch.backends.cuda.matmul.allow_tf32 = before[1]
+    torch.backends.cudnn.allow_tf32 = before[2]
+
+
+@pytest.mark.usefixtures("restore_matmul_precision")
+@pytest.mark.parametrize(
+    ("precision", "expected"),
+    [
+        ("fp32", ("highest", False, False)),
+        ("bf16", ("highest", False, False)),
+        ("fp16", ("highest", False, False)),
+        ("tf32", ("high", True, True)),
+    ],
+)
+def test_matmul_precision_follows_the_configured_precision(
+    precision: str, expected: tuple[str, bool, bool]
+) -> None:
+    """Whatever an import set before, TF32 is on for tf32 only."""
+    tensor_cores_on()
+    set_matmul_precision(precision)
+    assert matmul_state() == expected
+    torch.set_float32_matmul_precision("highest")
+    torch.backends.cudnn.allow_tf32 = False
+    set_matmul_precision(precision)
+    assert matmul_state() == expected
+
+
+@pytest.mark.usefixtures("restore_matmul_precision")
+def test_worker_start_undoes_torchserve_tensor_cores_for_fp32(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """TorchServe's import sets "high" on Ampere+ GPUs before the handler runs; a worker
+    configured fp32 starts with IEEE matmuls and TF32 off."""
+    from tests.worker_harness import build_worker
+
+    tensor_cores_on()
+    build_worker(tmp_path, tiny_model_dir, {"precision": "fp32", "device": "cpu"})
+    assert matmul_state() == ("highest", False, False)
+
+
+def test_tf32_on_the_cpu_fails_at_worker_start(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from tests.worker_harness import build_worker
+
+    with pytest.raises(Exception, match="tf32 needs a CUDA GPU"):
+        build_worker(tmp_path, tiny_model_dir, {"precision": "tf32", "device": "cpu"})
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability(0) < (8, 0),
+    reason="needs a CUDA GPU of compute capability 8.0 or more",
+)
+@pytest.mark.usefixtures("restore_matmul_precision")
+def test_fp32_on_an_ampere_gpu_matches_the_cpu_within_1e_5(tiny_model_dir: Path) -> None:
+    """With TorchServe's import having turned TF32 on, fp32 on the GPU stays IEEE fp32."""
+    tensor_cores_on()
+    texts = ["short", "a somewhat longer sentence to classify", "word " * 50]
+    on_cpu, _ = classify(
+        load_model(tiny_model_dir, HandlerSettings(device="cpu"), None), texts, 128, 256
+    )
+    on_gpu, _ = classify(load_model(tiny_model_dir, HandlerSettings(), 0), texts, 128, 256)
+    for got, expected in zip(on_gpu, on_cpu, strict=True):
+        assert got.scores == pytest.approx(expected.scores, abs=1e-5)

@@ -4,6 +4,9 @@ measured rate to workers, threads, queue and heap; the config's own values alway
 from __future__ import annotations
 
 import json
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -38,15 +41,11 @@ def test_cgroup_v2_and_v1_quotas(tmp_path: Path) -> None:
         (sizing.Machine(cores=32, memory_bytes=128 * GIB, gpus=0), 32, 1),
         (sizing.Machine(cores=2.5, memory_bytes=8 * GIB, gpus=0), 2, 1),
         (sizing.Machine(cores=0.5, memory_bytes=8 * GIB, gpus=0), 1, 1),
-        (sizing.Machine(cores=16, memory_bytes=128 * GIB, gpus=1), 2, 1),
-        (sizing.Machine(cores=16, memory_bytes=128 * GIB, gpus=4), 8, 1),
-        # two workers per GPU need two cores per GPU
-        (sizing.Machine(cores=4, memory_bytes=128 * GIB, gpus=4), 4, 1),
         # 32 workers of 1 GiB cannot fit in half of 8 GiB: 4 do
         (sizing.Machine(cores=32, memory_bytes=8 * GIB, gpus=0), 4, 8),
     ],
 )
-def test_workers_and_threads_follow_cores_gpus_and_memory(
+def test_workers_and_threads_follow_cores_and_memory(
     machine: sizing.Machine, workers: int, threads: int
 ) -> None:
     got, reasons = sizing.workers_for(machine, worker_bytes=GIB)
@@ -96,6 +95,35 @@ def machine_of_8_cores(monkeypatch: pytest.MonkeyPatch) -> list[tuple[tuple[int,
     return measured
 
 
+MIB = 2**20
+SERVED_LOAD = sizing.DeviceLoad(
+    batch_size=8, device_s=0.010, cpu_s=0.015, gpu_bytes=GIB, context_bytes=512 * MIB
+)
+"""A batch on the GPU as a start would measure it: 10 ms there, 15 ms of CPU around it."""
+
+
+@pytest.fixture
+def gpu_loads(
+    machine_of_8_cores: list[tuple[tuple[int, ...], int]], monkeypatch: pytest.MonkeyPatch
+) -> list[int]:
+    """The 8-core machine with 2 GPUs of 80 GiB, whose batches cost ``SERVED_LOAD``; records
+    the batch size of each device measurement."""
+    measured: list[int] = []
+
+    def load(mar: str, mtime_ns: int, batch_size: int) -> sizing.DeviceLoad:
+        measured.append(batch_size)
+        return SERVED_LOAD
+
+    monkeypatch.setattr(sizing, "gpu_count", lambda: 2)
+    monkeypatch.setattr(
+        sizing,
+        "read_machine",
+        lambda gpus: sizing.Machine(8, 128 * GIB, gpus, 80 * GIB * (gpus > 0)),
+    )
+    monkeypatch.setattr(sizing, "measured_device_load", load)
+    return measured
+
+
 def test_batch_size_is_the_smallest_near_the_best_rate() -> None:
     assert sizing.batch_size_for(RATES)[0] == 8
     assert sizing.batch_size_for({2: 9.5, 4: 9.0, 8: 8.0})[0] == 2, "batching does not pay"
@@ -130,17 +158,18 @@ def test_a_stated_batch_size_is_measured_alone(
 
 
 def test_number_of_gpu_caps_the_gpus(
-    machine_of_8_cores: list[tuple[tuple[int, ...], int]], monkeypatch: pytest.MonkeyPatch
+    machine_of_8_cores: list[tuple[tuple[int, ...], int]], gpu_loads: list[int]
 ) -> None:
     """``number_of_gpu=0`` serves on the CPU of a GPU machine: a worker per core."""
-    monkeypatch.setattr(sizing, "gpu_count", lambda: 2)
     on_gpus = sizing.resolve(effective_properties())
     on_cpu = sizing.resolve(effective_properties({"number_of_gpu": "0"}))
     workers = [
         json.loads(resolved.properties["models"])["bert"]["1.0"]["minWorkers"]
         for resolved in (on_gpus, on_cpu)
     ]
-    assert workers == [2 * sizing.WORKERS_PER_GPU, 8]
+    assert workers == [2 * SERVED_LOAD.busy_workers, 8]
+    assert gpu_loads == [8], "measured once, at the batch size chosen"
+    assert on_cpu.device_loads == {} and on_cpu.torch_threads == 1
 
 
 def test_values_the_config_states_win(
@@ -178,9 +207,6 @@ def test_an_archive_without_a_model_is_not_measured(
         (sizing.Machine(cores=2, memory_bytes=64 * GIB, gpus=0), 2, [1, 1]),
         (sizing.Machine(cores=9, memory_bytes=64 * GIB, gpus=0), 2, [5, 4]),
         (sizing.Machine(cores=16, memory_bytes=64 * GIB, gpus=0), 3, [6, 5, 5]),
-        (sizing.Machine(cores=16, memory_bytes=64 * GIB, gpus=2), 3, [4, 4, 4]),
-        # two workers per GPU for each model need 12 cores
-        (sizing.Machine(cores=8, memory_bytes=64 * GIB, gpus=2), 3, [2, 2, 2]),
         # 8 workers of 1 GiB cannot fit in half of 6 GiB: 3 do, taken from the largest first
         (sizing.Machine(cores=8, memory_bytes=6 * GIB, gpus=0), 2, [2, 1]),
     ],
@@ -258,3 +284,243 @@ def test_a_model_that_cannot_be_measured_is_refused_and_the_others_served(
     models = json.loads(resolved.properties["models"])
     assert set(models["a"]) == {"2"} and models["a"]["2"]["defaultVersion"] is True
     assert resolved.properties["load_models"] == "a-v2.mar,b.mar"
+
+
+def gpu_load(device_ms: float, cpu_ms: float, gpu_gib: float = 1.0) -> sizing.DeviceLoad:
+    return sizing.DeviceLoad(16, device_ms / 1e3, cpu_ms / 1e3, int(gpu_gib * GIB), 512 * MIB)
+
+
+def h100_host(cores: float = 16, gpus: int = 1, memory: int = 128 * GIB) -> sizing.Machine:
+    return sizing.Machine(cores, memory, gpus, gpu_memory_bytes=80 * GIB)
+
+
+@pytest.mark.parametrize(
+    ("device_ms", "cpu_ms", "workers"),
+    [(10, 0, 1), (10, 5, 2), (10, 10, 2), (10, 25, 4), (2, 20, 11), (10, 20, 3)],
+)
+def test_workers_per_gpu_cover_one_workers_cycle(
+    device_ms: float, cpu_ms: float, workers: int
+) -> None:
+    """ceil(1 + cpu / gpu): the fewest n with n x gpu >= cpu + gpu."""
+    load = gpu_load(device_ms, cpu_ms)
+    assert load.busy_workers == workers
+    assert workers * device_ms >= cpu_ms + device_ms
+    assert workers == 1 or (workers - 1) * device_ms < cpu_ms + device_ms
+
+
+@pytest.mark.parametrize(
+    ("machine", "loads", "workers", "why"),
+    [
+        # the GPU's time against the CPU's around it decides, per GPU and per model
+        (h100_host(), [gpu_load(10, 25)], [4], "keep it busy"),
+        (h100_host(gpus=2), [gpu_load(10, 25)], [8], "2 GPU(s): 4 worker(s) on each"),
+        (h100_host(), [gpu_load(10, 25), gpu_load(10, 5)], [4, 2], "keep it busy"),
+        # cores: one per worker, one left to the frontend (4 GPUs x 4 > 15: 3 each)
+        (h100_host(gpus=4), [gpu_load(10, 25)], [12], "cut to [3] per GPU"),
+        (h100_host(cores=6), [gpu_load(10, 25), gpu_load(10, 5)], [3, 2], "cut to [3, 2]"),
+        # fewer cores than GPUs: one worker per core, the other GPUs idle
+        (h100_host(cores=3, gpus=4), [gpu_load(10, 25)], [2], "some GPUs stay idle"),
+        (h100_host(cores=1, gpus=2), [gpu_load(10, 25)], [1], "some GPUs stay idle"),
+        # GPU memory: 90 % of 80 GiB holds 4 workers of 16.5 GiB, not 5
+        (h100_host(), [gpu_load(2, 20, gpu_gib=16)], [4], "GPU memory"),
+        (h100_host(), [gpu_load(10, 25, gpu_gib=100)], [1], "may run out of GPU memory"),
+        # host memory: a GPU worker's 1,216 MiB, 4 of them in half of 8 GiB only 3
+        (h100_host(memory=8 * GIB), [gpu_load(10, 25)], [3], "half of 8192 MiB"),
+    ],
+)
+def test_gpu_workers_follow_the_device_load_within_cores_and_memories(
+    machine: sizing.Machine, loads: list[sizing.DeviceLoad], workers: list[int], why: str
+) -> None:
+    got, reasons = sizing.shared_workers(
+        machine, [sizing.GPU_WORKER_HOST_BYTES] * len(loads), loads=loads
+    )
+    assert got == workers, reasons
+    assert any(why in reason for reason in reasons), reasons
+    assert sum(got) <= max(1, machine.cores - sizing.FRONTEND_CORES)
+
+
+def test_workers_the_config_states_take_their_cores_from_the_gpu_workers() -> None:
+    got, reasons = sizing.shared_workers(
+        h100_host(cores=8), [sizing.GPU_WORKER_HOST_BYTES], stated=4, loads=[gpu_load(10, 25)]
+    )
+    assert got == [3] and any("4 to the config's workers" in reason for reason in reasons)
+
+
+def archive(path: Path, handler: dict[str, object] | None) -> Path:
+    """A .mar with a model folder and, when given, a model config with that handler section."""
+    import zipfile
+
+    import yaml
+
+    with zipfile.ZipFile(path, "w") as mar:
+        mar.writestr("model/config.json", "{}")
+        if handler is not None:
+            mar.writestr("model-config.yaml", yaml.safe_dump({"handler": handler}))
+    return path
+
+
+@pytest.mark.usefixtures("machine_of_8_cores")
+def test_the_start_sizes_gpu_workers_from_the_measured_load(
+    gpu_loads: list[int], tmp_path: Path
+) -> None:
+    """On GPUs: one thread each, the measured load in the report, reasons printed."""
+    archive(tmp_path / "bert.mar", {"device": "auto"})
+    resolved = sizing.resolve(effective_properties({"model_store": str(tmp_path)}))
+    (entry,) = json.loads(resolved.properties["models"])["bert"].values()
+    assert entry["minWorkers"] == 2 * SERVED_LOAD.busy_workers
+    assert resolved.torch_threads == 1
+    assert sizing.report(resolved)["device_loads"]["bert:1.0"]["device_s"] == 0.010
+    assert any("keep it busy" in reason for reason in resolved.reasons)
+    assert gpu_loads == [8]
+
+
+@pytest.mark.usefixtures("gpu_loads")
+def test_a_gpu_worker_is_budgeted_the_host_memory_measured_on_a_gpu(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """1,216 MiB each (docs/bench/h100/results.json), not the .mar + 300 MiB of a CPU
+    worker: in half of 4 GiB, one GPU worker fits where six CPU workers of this .mar would."""
+    archive(tmp_path / "bert.mar", {})
+    monkeypatch.setattr(
+        sizing, "read_machine", lambda gpus: sizing.Machine(8, 4 * GIB, gpus, 80 * GIB)
+    )
+    resolved = sizing.resolve(effective_properties({"model_store": str(tmp_path)}))
+    (entry,) = json.loads(resolved.properties["models"])["bert"].values()
+    assert entry["minWorkers"] == 1
+    cpu_bytes = (tmp_path / "bert.mar").stat().st_size + sizing.WORKER_OVERHEAD_BYTES
+    assert sizing.workers_for(sizing.Machine(8, 4 * GIB, 0), cpu_bytes)[0] == 6
+
+
+def test_a_model_on_device_cpu_is_sized_as_a_cpu_model(
+    gpu_loads: list[int], tmp_path: Path
+) -> None:
+    """``device: cpu`` on a machine with GPUs: a worker per core, threads as on a CPU, no
+    GPU measurement."""
+    archive(tmp_path / "bert.mar", {"device": "cpu"})
+    resolved = sizing.resolve(effective_properties({"model_store": str(tmp_path)}))
+    (entry,) = json.loads(resolved.properties["models"])["bert"].values()
+    assert entry["minWorkers"] == 8
+    assert gpu_loads == [] and resolved.device_loads == {}
+    assert any("one worker per core" in reason for reason in resolved.reasons)
+
+
+def test_gpu_and_cpu_models_share_the_cores(gpu_loads: list[int], tmp_path: Path) -> None:
+    """A GPU model takes its workers first (3 per GPU on 2 GPUs), a ``device: cpu`` model one
+    worker per core left: 8 cores less 6 workers."""
+    archive(tmp_path / "gpu.mar", {})
+    archive(tmp_path / "cpu.mar", {"device": "cpu"})
+    models = {"g": {"1": {"marName": "gpu.mar"}}, "c": {"1": {"marName": "cpu.mar"}}}
+    properties = effective_properties(
+        {
+            "models": json.dumps(models),
+            "model_store": str(tmp_path),
+            "load_models": "gpu.mar,cpu.mar",
+        }
+    )
+    resolved = sizing.resolve(properties)
+    chosen = json.loads(resolved.properties["models"])
+    assert (chosen["g"]["1"]["minWorkers"], chosen["c"]["1"]["minWorkers"]) == (6, 2)
+    assert set(resolved.device_loads) == {"g:1"}
+    assert any(reason.startswith("c:1 on the CPU") for reason in resolved.reasons)
+
+
+def stand_in_batch(cpu_s: float, device_s: float, burn: bool = True) -> Callable[[], list[float]]:
+    """A batch on a stand-in device: its CPU side burns ``cpu_s`` of this thread's CPU (or,
+    ``burn=False``, sleeps that long: a core of its own that this shared machine cannot
+    promise), its pass on the device costs ``device_s`` of wall time and no CPU (a sleep), and
+    it reports the pass's milliseconds as ``classify`` reports its forward passes."""
+
+    def run() -> list[float]:
+        if burn:
+            burnt = time.thread_time()
+            while time.thread_time() - burnt < cpu_s:
+                pass
+        else:
+            time.sleep(cpu_s)
+        started = time.perf_counter()
+        time.sleep(device_s)
+        return [(time.perf_counter() - started) * 1e3]
+
+    return run
+
+
+def device_busy(workers: int, cpu_s: float, device_s: float, seconds: float = 1.2) -> float:
+    """The stand-in device's busy share while ``workers`` threads loop: their CPU side (a core
+    each: a sleep, so the threads do not queue for this machine's cores), then their pass,
+    one at a time on the device (a lock held for ``device_s``)."""
+    device = threading.Lock()
+    passes: list[tuple[float, float]] = []
+    stop = time.perf_counter() + seconds
+
+    def worker() -> None:
+        while time.perf_counter() < stop:
+            time.sleep(cpu_s)
+            with device:
+                started = time.perf_counter()
+                time.sleep(device_s)
+                passes.append((started, time.perf_counter()))
+
+    threads = [threading.Thread(target=worker) for _ in range(workers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    begin, end = stop - seconds + 0.2, stop  # after a warm-up of 0.2 s
+    held = sum(max(0.0, min(b, end) - max(a, begin)) for a, b in passes)
+    return held / (end - begin)
+
+
+def test_the_measurement_splits_a_batch_into_its_device_and_cpu_time() -> None:
+    """The stand-in's pass is the device's time; the CPU it burns is the worker's (more where
+    other processes hold this machine's cores: the worker waits for them just the same)."""
+    device_s, cpu_s = sizing.device_and_cpu_seconds(stand_in_batch(0.015, 0.030), seconds=0.3)
+    assert 0.030 <= device_s < 0.045
+    assert cpu_s >= 0.014
+
+
+def test_the_rule_keeps_a_stand_in_device_busy() -> None:
+    """Measured as the start measures a GPU, a stand-in device of 30 ms a pass beside 15 ms of
+    a worker's own: two workers keep it busy, one leaves it idle a third of the time."""
+    device_s, cpu_s = sizing.device_and_cpu_seconds(
+        stand_in_batch(0.015, 0.030, burn=False), seconds=0.3
+    )
+    workers = sizing.DeviceLoad(8, device_s, cpu_s, GIB, 0).busy_workers
+    assert workers == 2, (device_s, cpu_s)
+    assert device_busy(workers, cpu_s, device_s) >= 0.9
+    assert device_busy(workers - 1, cpu_s, device_s) < 0.75
+
+
+def simulated_busy(workers: int, cpu_s: float, device_s: float, batches: int = 5000) -> float:
+    """The device's busy share when ``workers`` each loop CPU side then pass, the passes
+    queued first come first served on one device (an exact event simulation)."""
+    ready = [cpu_s] * workers
+    device_free = 0.0
+    for _ in range(batches):
+        turn = min(range(workers), key=lambda i: ready[i])
+        device_free = max(ready[turn], device_free) + device_s
+        ready[turn] = device_free + cpu_s
+    return batches * device_s / device_free
+
+
+@pytest.mark.parametrize("cpu_per_device", [0.3, 0.5, 1.5, 2.5, 4.2, 7.7])
+def test_the_rule_is_the_fewest_workers_that_keep_the_device_busy(cpu_per_device: float) -> None:
+    load = gpu_load(device_ms=10, cpu_ms=10 * cpu_per_device)
+    workers = load.busy_workers
+    assert simulated_busy(workers, load.cpu_s, load.device_s) >= 0.99
+    assert workers > 1, "every case has CPU work beside the device's"
+    assert simulated_busy(workers - 1, load.cpu_s, load.device_s) < 0.99
+
+
+@pytest.mark.skipif(not sizing.gpu_count(), reason="needs a CUDA GPU")
+def test_a_batch_is_measured_on_the_gpu(tiny_model_dir: Path) -> None:
+    """The real measurement: the pass's time, the CPU's around it, the worker's GPU memory."""
+    from handler.model import load_model
+    from handler.settings import HandlerSettings
+
+    settings = HandlerSettings()
+    loaded = load_model(tiny_model_dir, settings, 0)
+    load = sizing.measure_device_load(loaded, settings, 16)
+    weights = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
+    assert load.batch_size == 16 and load.device_s > 0 and load.cpu_s > 0
+    assert load.gpu_bytes > weights and load.context_bytes > 0
+    assert load.busy_workers >= 1
