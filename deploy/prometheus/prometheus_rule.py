@@ -41,7 +41,7 @@ class Literal(str):
     """A string written as a YAML block (the multi-line expressions stay readable)."""
 
 
-class Dumper(yaml.SafeDumper):
+class Dumper(yaml.SafeDumper):  # type: ignore[misc]
     pass
 
 
@@ -66,7 +66,7 @@ def render(rules_text: str) -> str:
     body = yaml.dump(
         as_blocks(prometheus_rule(rules_text)), Dumper=Dumper, sort_keys=False, width=100
     )
-    return HEADER + body
+    return HEADER + str(body)
 
 
 def main() -> None:
