@@ -37,17 +37,6 @@ def metric_names(expr: str) -> set[str]:
     return set(METRIC.findall(expr))
 
 
-def grouping_labels(expr: str) -> set[str]:
-    """The labels an expression keeps through ``by (...)``, less ``le`` (consumed by
-    histogram_quantile)."""
-    return {
-        label.strip()
-        for group in GROUPING.findall(expr)
-        for label in group.split(",")
-        if label.strip()
-    } - {"le"}
-
-
 def dashboard_queries(path: Path = DASHBOARD) -> list[PanelQuery]:
     board: dict[str, Any] = json.loads(path.read_text())
     return [
@@ -73,3 +62,31 @@ def declared_metrics(path: Path = METRICS_CONFIG) -> dict[str, str]:
                     for suffix in HISTOGRAM_SUFFIXES:
                         declared[metric["name"] + suffix] = kind
     return declared
+
+
+def metric_selectors(expr: str) -> set[str]:
+    """Every selector of an expression with its matchers: ``ItemsRejected{Reason="..."}``."""
+    found: set[str] = set()
+    for name in metric_names(expr):
+        for match in re.finditer(rf"\b{re.escape(name)}(\{{[^}}]*\}})?", expr):
+            found.add(match.group(0))
+    return found
+
+
+def with_variables(expr: str, values: dict[str, str]) -> str:
+    """A dashboard query as Grafana sends it: ``$name`` replaced (longest names first)."""
+    for name in sorted(values, key=len, reverse=True):
+        expr = expr.replace(f"${name}", values[name])
+    return expr
+
+
+def selector_groupings(expr: str) -> dict[str, set[str]]:
+    """Each selector of an expression -> the labels its aggregation keeps: those of the nearest
+    ``by (...)`` before it, and ``instance`` (Prometheus' own)."""
+    wanted: dict[str, set[str]] = {}
+    for selector in metric_selectors(expr):
+        for match in re.finditer(re.escape(selector), expr):
+            groups = GROUPING.findall(expr[: match.start()])
+            labels = {label.strip() for label in groups[-1].split(",")} if groups else set()
+            wanted.setdefault(selector, set()).update((labels | {"instance"}) - {"le", ""})
+    return wanted

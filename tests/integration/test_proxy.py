@@ -14,7 +14,7 @@ import requests
 
 from bert_serve.exceptions import Unauthorized
 from harness.proxy import nginx_binary, running_proxy
-from harness.server import Server, running
+from harness.server import Server
 from tests.stub_http import Seen, stub_server
 
 pytestmark = pytest.mark.skipif(
@@ -138,14 +138,6 @@ def test_a_key_left_unreplaced_stops_nginx_at_start(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="(?i)unknown .BERT_SERVE_PROXY_KEY. variable"):
         with running_proxy("127.0.0.1:9", tmp_path / "nginx", None):
             pass
-
-
-@pytest.fixture(scope="module")
-def pod_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """TorchServe as in the pod: token authorization off (the proxy strips any Authorization)."""
-    overrides = {"disable_token_authorization": "true"}
-    with running(overrides, state_dir=tmp_path_factory.mktemp("pod-torchserve")) as instance:
-        yield instance
 
 
 def test_torchserve_behind_the_proxy(pod_server: Server, tmp_path: Path) -> None:
