@@ -78,3 +78,27 @@ def test_queries_name_only_declared_metrics(expr: str) -> None:
 def test_an_undeclared_metric_is_caught() -> None:
     """Guards the test above."""
     assert metric_names("rate(ts_worker_deaths_total[5m])") - set(declared_metrics())
+
+
+def test_the_outside_check_tells_exported_declared_and_missing() -> None:
+    """scripts/check_operating_metrics.py, on a made-up metrics page: a sampled metric, a family
+    without samples, a histogram's buckets, and one the page lacks (exit 1 in the script)."""
+    spec = importlib.util.spec_from_file_location(
+        "check_operating_metrics", DASHBOARD.parents[2] / "scripts" / "check_operating_metrics.py"
+    )
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    page = (
+        '# TYPE Batches counter\nBatches{ModelName="bert",} 3.0\n'
+        "# TYPE GPUUtilization gauge\n"
+        '# TYPE HandlerSeconds histogram\nHandlerSeconds_bucket{le="0.005",} 1.0\n'
+    )
+    names = {"Batches", "GPUUtilization", "HandlerSeconds_bucket", "Requests5XX"}
+    assert module.states(page, names) == {
+        "Batches": "exported",
+        "GPUUtilization": "declared only (no sample yet)",
+        "HandlerSeconds_bucket": "exported",
+        "Requests5XX": "MISSING",
+    }
+    assert {"Batches", "WorkerLoadTime", "Requests5XX"} <= module.named_metrics()
