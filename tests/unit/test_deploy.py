@@ -10,7 +10,10 @@ from __future__ import annotations
 import copy
 import importlib.metadata
 import json
+import os
 import re
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -416,3 +419,21 @@ def test_the_network_policy_admits_the_proxy_port_and_prometheus_alone() -> None
     (source,) = rules["metrics"]["from"]
     assert source["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "prometheus"}
     assert "namespaceSelector" in source
+
+
+@pytest.mark.skipif(shutil.which("envsubst") is None, reason="envsubst (gettext-base) is absent")
+def test_the_local_runs_put_the_key_in_as_the_images_entrypoint_does() -> None:
+    """The nginx image runs `envsubst` with the variables NGINX_ENVSUBST_FILTER admits; the
+    proxy test's local substitution gives the very same text (addresses aside)."""
+    key = "k3y_" + "0123456789abcdef" * 3
+    entrypoint = subprocess.run(
+        ["envsubst", proxy.KEY_PLACEHOLDER],
+        input=proxy.PROXY_CONF.read_text(),
+        env={"PATH": os.environ["PATH"], proxy.KEY_VARIABLE: key, "HOSTNAME": "pod"},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    local = proxy.local_server_conf(8000, "127.0.0.1:8080", key)
+    assert local == entrypoint.replace(proxy.POD_LISTEN, "listen 127.0.0.1:8000;")
+    assert proxy.KEY_PLACEHOLDER not in local and f"~^Bearer {key}$" in local
