@@ -22,18 +22,24 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 COLUMNS = 3
 LEGEND_LABEL = re.compile(r"\{\{\s*(\w+)\s*\}\}")
+DASHBOARD = Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "bert-serve.json"
+UNITS = {"reqps": "requests/s", "s": "seconds", "decmbytes": "MB", "percent": "%", "short": ""}
 
 
 def legend(template: str, metric: dict[str, str]) -> str:
     return LEGEND_LABEL.sub(lambda match: metric.get(match.group(1), ""), template).strip()
 
 
+def title(entry: dict[str, Any]) -> str:
+    """The panel's title, with its model for a per-model panel."""
+    return str(entry["panel"]) + (f" ({entry['model']})" if entry["model"] else "")
+
+
 def charts(data: dict[str, Any]) -> dict[str, list[tuple[str, list[float], list[float]]]]:
     """Panel title (with its model) -> its lines: (legend, seconds into the run, values)."""
     out: dict[str, list[tuple[str, list[float], list[float]]]] = {}
     for entry in data["panels"]:
-        title = entry["panel"] + (f" ({entry['model']})" if entry["model"] else "")
-        lines = out.setdefault(title, [])
+        lines = out.setdefault(title(entry), [])
         for each in entry["series"]:
             times = [float(t) - data["start"] for t, _ in each["values"]]
             values = [float(v) for _, v in each["values"]]
@@ -41,12 +47,24 @@ def charts(data: dict[str, Any]) -> dict[str, list[tuple[str, list[float], list[
     return out
 
 
+def units() -> dict[str, str]:
+    """Panel title -> its unit in words, from the dashboard itself."""
+    board = json.loads(DASHBOARD.read_text())
+    return {
+        panel["title"]: UNITS.get(panel["fieldConfig"]["defaults"].get("unit", ""), "")
+        for panel in board["panels"]
+        if panel["type"] != "row"
+    }
+
+
 def draw(data: dict[str, Any], out: Path) -> None:
     panels = charts(data)
+    unit_of = units()
+    panel_of = {title(entry): entry["panel"] for entry in data["panels"]}
     rows = math.ceil(len(panels) / COLUMNS)
     figure, axes = plt.subplots(rows, COLUMNS, figsize=(6 * COLUMNS, 3.2 * rows), squeeze=False)
-    for axis, (title, lines) in zip(axes.flat, panels.items(), strict=False):
-        axis.set_title(title, fontsize=10)
+    for axis, (shown, lines) in zip(axes.flat, panels.items(), strict=False):
+        axis.set_title(shown, fontsize=10)
         for label, times, values in lines:
             finite = [(t, v) for t, v in zip(times, values, strict=True) if math.isfinite(v)]
             axis.plot([t for t, _ in finite], [v for _, v in finite], label=label, linewidth=1.2)
@@ -55,6 +73,7 @@ def draw(data: dict[str, Any], out: Path) -> None:
         else:
             axis.text(0.5, 0.5, "no samples (no GPU)", ha="center", transform=axis.transAxes)
         axis.set_xlabel("seconds into the run", fontsize=8)
+        axis.set_ylabel(unit_of.get(panel_of[shown], ""), fontsize=8)
         axis.tick_params(labelsize=7)
     for axis in list(axes.flat)[len(panels) :]:
         axis.set_visible(False)

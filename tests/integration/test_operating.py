@@ -43,6 +43,8 @@ RATE_WINDOW = "15s"
 """$__rate_interval: 15 scrapes at the 1 s interval of this run."""
 GPU_METRICS = ("GPUUtilization", "GPUMemoryUtilization", "GPUMemoryUsed")
 TEXTS = ["A fine, moving film.", "Dull and far too long.", "I would watch it again."]
+MAX_SENT = 3000
+"""Requests per client group and phase, at most (the phases are bounded in time too)."""
 
 
 @dataclass
@@ -71,8 +73,8 @@ def mixed_job(n: int) -> Job:
 async def steady(server: Server, seconds: float) -> dict[str, dict[str, int]]:
     """Both models with bad items among the texts, and late requests to bert."""
     loops = {
-        "bert": ClosedLoop(server.predict_url_for("bert"), {}, mixed_job, 3, seconds),
-        "tiny": ClosedLoop(server.predict_url_for("tiny"), {}, mixed_job, 2, seconds),
+        "bert": ClosedLoop(server.predict_url_for("bert"), {}, mixed_job, 3, seconds, MAX_SENT),
+        "tiny": ClosedLoop(server.predict_url_for("tiny"), {}, mixed_job, 2, seconds, MAX_SENT),
         "bert-late": ClosedLoop(
             server.predict_url_for("bert"), late_headers(), mixed_job, 1, seconds, 30
         ),
