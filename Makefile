@@ -175,8 +175,8 @@ unit: $(STAMP)
 	$(PY) -m pytest -m "not integration" -q
 
 check: $(STAMP)
-	$(VENV)/bin/ruff check handler bert_serve server lab scripts tests
-	$(VENV)/bin/ruff format --check handler bert_serve server lab scripts tests
+	$(VENV)/bin/ruff check handler bert_serve server lab scripts tests deploy/grafana deploy/prometheus
+	$(VENV)/bin/ruff format --check handler bert_serve server lab scripts tests deploy/grafana deploy/prometheus
 	$(VENV)/bin/mypy
 	@# The client supports 3.9: mypy checks it as far back as mypy goes (test-client runs it on 3.9).
 	$(VENV)/bin/mypy --python-version 3.10 bert_serve

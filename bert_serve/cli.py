@@ -143,6 +143,20 @@ def add_token_arguments(command: argparse.ArgumentParser, kind: str) -> None:
         "--key-file",
         help="TorchServe's key_file.json (or $BERT_SERVE_KEY_FILE; default: ./key_file.json or ./.run/key_file.json if present)",
     )
+    if kind == "inference":
+        auth.add_argument(
+            "--key",
+            help="the deployment's key, checked by its proxy (or $BERT_SERVE_KEY); instead of a token",
+        )
+
+
+def resolve_key(args: argparse.Namespace) -> str | None:
+    """--key, else $BERT_SERVE_KEY unless a token was passed on the command line."""
+    if getattr(args, "key", None):
+        return str(args.key)
+    if args.token or args.key_file:
+        return None
+    return os.environ.get("BERT_SERVE_KEY") or None
 
 
 def resolve_token(args: argparse.Namespace, kind: str = "inference") -> str | None:
@@ -338,11 +352,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "models":
             return show_models(args)
+        key = resolve_key(args)
         client = Client(
             args.url,
             model=args.model,
             version=args.version,
-            token=resolve_token(args),
+            token=None if key else resolve_token(args),
+            key=key,
             timeout=args.timeout,
             retries=args.retries,
             retry_budget=args.retry_budget,

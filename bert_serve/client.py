@@ -286,6 +286,13 @@ def error_from_response(response: requests.Response) -> BertServeError:
         return cls(message, status=status, request_id=request_id)
     if isinstance(body, dict) and isinstance(body.get("error"), dict):
         error = body["error"]
+        if status == 401 and error.get("code") == Unauthorized.code:
+            hint = "the proxy wants the deployment's key (key=, --key or $BERT_SERVE_KEY)"
+            return Unauthorized(
+                f"{error.get('message')}; {hint}",
+                status=status,
+                request_id=body.get("request_id", request_id),
+            )
         return rejected(
             str(error.get("code")),
             str(error.get("message")),
@@ -374,6 +381,10 @@ class Client:
     starts none after `retry_budget` seconds: it takes at most retry_budget + timeout.
     `stamp_deadline` sends each attempt's start (this machine's clock) and `timeout`; turn it
     off when this clock may be behind the server's by a good part of `timeout`.
+
+    `token` is TorchServe's own inference key (token authorization, on in `make serve`'s
+    server); `key` is the deployment's key, checked by the NGINX proxy in front of TorchServe
+    (deploy/k8s), which strips it. Both travel as `Authorization: Bearer`, so give one.
     """
 
     def __init__(
@@ -383,6 +394,7 @@ class Client:
         model: str = DEFAULT_MODEL,
         version: str | None = None,
         token: str | None = None,
+        key: str | None = None,
         timeout: float = DEFAULT_TIMEOUT_S,
         retries: int = 4,
         backoff: float = 0.25,
@@ -403,7 +415,13 @@ class Client:
         self.stamp_deadline = stamp_deadline
         self._sleep = sleep
         self._clock = clock
-        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        if token and key:
+            raise ValueError(
+                "give token= (TorchServe's own key) or key= (the proxy's), not both: each is "
+                "sent as Authorization: Bearer"
+            )
+        bearer = key or token
+        self._headers = {"Authorization": f"Bearer {bearer}"} if bearer else {}
         self._local = threading.local()
 
     def _session(self) -> requests.Session:

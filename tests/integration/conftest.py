@@ -8,13 +8,15 @@ another test's fixtures.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from bert_serve_server.control import Server, running
 
-from tests.conftest import MAR_PATH
+from tests.conftest import MAR_PATH, REAL_MODEL_DIR
 
 INTEGRATION_DIR = Path(__file__).resolve().parent
 
@@ -41,3 +43,46 @@ def predict_url(server: Server) -> str:
 
 def model_log(server: Server) -> Path:
     return server.model_log
+
+
+POD_SETTINGS = {"maxBatchDelay": 5, "batchSize": 8, "minWorkers": 1, "maxWorkers": 1}
+"""Stated, so the start measures nothing (``bert_serve_server.sizing`` is tested on its own)."""
+POD_QUEUE = 8
+"""job_queue_size: small, so a burst of a few dozen clients fills it (503)."""
+
+
+@pytest.fixture(scope="session")
+def pod_server(
+    head_model_dir: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    """TorchServe as in the pod, token authorization off (the proxy in front strips any
+    Authorization header), serving two models: ``bert`` (the default model's archive) and
+    ``tiny`` version 2 (a tiny 3-label classifier), on free 127.0.0.1 ports, always stopped."""
+    from bert_serve_server.models import package_models, parse_models
+
+    if not MAR_PATH.is_file():
+        pytest.fail(f"{MAR_PATH} is missing: run `make package` (make test does it)")
+    root = tmp_path_factory.mktemp("pod")
+    store = root / "store"
+    store.mkdir()
+    for name in (MAR_PATH.name, MAR_PATH.name + ".source"):  # bert.mar as built, not again
+        if (MAR_PATH.parent / name).is_file():
+            link_or_copy(MAR_PATH.parent / name, store / name)
+    specs = parse_models(f"bert={REAL_MODEL_DIR} tiny:2={head_model_dir('single_label')}")
+    configured = {"bert": {"1.0": POD_SETTINGS}, "tiny": {"2": POD_SETTINGS}}
+    overrides, refused = package_models(specs, store, configured)
+    assert overrides is not None and not refused, refused
+    fixed = {
+        "disable_token_authorization": "true",
+        "job_queue_size": str(POD_QUEUE),
+        "vmargs": "-Dlog4j.configurationFile=config/log4j2.xml -Xmx512m",
+    }
+    with running(overrides | fixed, state_dir=root / "state") as instance:
+        yield instance
+
+
+def link_or_copy(source: Path, target: Path) -> None:
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)

@@ -1,4 +1,5 @@
 """The NGINX proxy shipped in deploy/k8s/proxy/, run for real where nginx is installed: it
+refuses a request without the key (401, JSON) but lets /ping through, never forwards the key,
 stamps each request's start and wait, keeps its connections to TorchServe open, adds
 Retry-After to a 503, and a deadline it stamps reaches the handler."""
 
@@ -12,6 +13,7 @@ import pytest
 import requests
 from bert_serve_server.control import Server
 
+from bert_serve.exceptions import Unauthorized
 from lab.proxy import nginx_binary, running_proxy
 from tests.stub_http import Seen, stub_server
 
@@ -19,6 +21,8 @@ pytestmark = pytest.mark.skipif(
     nginx_binary() is None, reason="nginx is not installed (Debian: apt-get install nginx)"
 )
 ROUTE_TIMEOUT = "60"
+KEY = "k3y-" + "0123456789abcdef" * 3
+AUTHORIZED = {"Authorization": f"Bearer {KEY}"}
 
 
 @pytest.fixture
@@ -30,7 +34,7 @@ def stub_behind_proxy(tmp_path: Path) -> Iterator[tuple[str, list[Seen]]]:
         return (503, b"queue full") if path == "/full" else (200, b"{}")
 
     with stub_server(answer, keep_alive=True, seen=seen) as upstream:
-        with running_proxy(upstream.removeprefix("http://"), tmp_path / "nginx") as url:
+        with running_proxy(upstream.removeprefix("http://"), tmp_path / "nginx", KEY) as url:
             yield url, seen
 
 
@@ -39,9 +43,10 @@ def test_each_request_gets_its_start_and_the_route_timeout(
 ) -> None:
     url, seen = stub_behind_proxy
     before = time.time()
-    requests.post(f"{url}/predictions/bert", data=b"text", timeout=10).raise_for_status()
+    route = f"{url}/predictions/bert"
+    requests.post(route, data=b"text", headers=AUTHORIZED, timeout=10).raise_for_status()
     requests.post(
-        f"{url}/predictions/bert", data=b"text", headers={"X-Request-Timeout": "0.5"}, timeout=10
+        route, data=b"text", headers=AUTHORIZED | {"X-Request-Timeout": "0.5"}, timeout=10
     ).raise_for_status()
     after = time.time()
     plain, stated = seen[-2:]
@@ -63,18 +68,88 @@ def test_a_503_gets_retry_after_and_other_answers_do_not(
     stub_behind_proxy: tuple[str, list[Seen]],
 ) -> None:
     url, _ = stub_behind_proxy
-    full = requests.get(f"{url}/full", timeout=10)
+    full = requests.get(f"{url}/full", headers=AUTHORIZED, timeout=10)
     assert full.status_code == 503 and full.headers["Retry-After"] == "1"
     assert "Retry-After" not in requests.get(f"{url}/ping", timeout=10).headers
+    assert "Retry-After" not in requests.get(f"{url}/other", headers=AUTHORIZED, timeout=10).headers
 
 
-def test_torchserve_behind_the_proxy(server: Server, tmp_path: Path) -> None:
-    """A prediction passes through; a wait the client states and the proxy's start stamp
-    reach the handler, which answers 504 unworked once that wait has passed."""
-    upstream = server.inference_url.removeprefix("http://")
-    with running_proxy(upstream, tmp_path / "nginx") as url:
+@pytest.mark.parametrize(
+    "authorization",
+    [None, "Bearer wrong", f"Bearer {KEY.upper()}", f"Bearer {KEY}x", KEY, f"Basic {KEY}"],
+    ids=["none", "wrong", "other-case", "longer", "no-scheme", "basic"],
+)
+def test_a_request_without_the_key_is_refused_and_never_forwarded(
+    stub_behind_proxy: tuple[str, list[Seen]], authorization: str | None
+) -> None:
+    """401 with the handler's error shape and a Bearer challenge; nothing reaches TorchServe."""
+    url, seen = stub_behind_proxy
+    headers = {"Authorization": authorization} if authorization else {}
+    before = len(seen)
+    refused = requests.post(f"{url}/predictions/bert", data=b"text", headers=headers, timeout=10)
+    assert refused.status_code == 401, refused.text
+    assert refused.headers["Content-Type"] == "application/json"
+    assert refused.headers["WWW-Authenticate"].startswith("Bearer ")
+    body = refused.json()
+    assert body["error"]["code"] == Unauthorized.code and body["error"]["message"]
+    assert len(body["request_id"]) == 32
+    assert len(seen) == before
+
+
+def test_the_right_key_passes_and_torchserve_never_sees_it(
+    stub_behind_proxy: tuple[str, list[Seen]],
+) -> None:
+    url, seen = stub_behind_proxy
+    answered = requests.post(f"{url}/predictions/bert", data=b"t", headers=AUTHORIZED, timeout=10)
+    assert answered.status_code == 200
+    forwarded = seen[-1]
+    assert forwarded.path == "/predictions/bert"
+    assert "authorization" not in {name.lower() for name in forwarded.headers}
+    assert not [value for value in forwarded.headers.values() if KEY in value]
+
+
+def test_probes_pass_without_a_key(stub_behind_proxy: tuple[str, list[Seen]]) -> None:
+    """/ping (kubelet, load balancers) needs no key, and a key sent there is not forwarded."""
+    url, seen = stub_behind_proxy
+    assert requests.get(f"{url}/ping", timeout=10).status_code == 200
+    assert requests.get(f"{url}/ping", headers=AUTHORIZED, timeout=10).status_code == 200
+    assert seen[-1].path == "/ping" and "Authorization" not in seen[-1].headers
+    assert requests.get(f"{url}/pingx", timeout=10).status_code == 401
+    assert requests.get(f"{url}/ping/x", timeout=10).status_code == 401
+
+
+@pytest.mark.parametrize("key", ["", "short-key", "k" * 31 + "!"], ids=["empty", "short", "bad"])
+def test_a_proxy_without_a_usable_key_serves_nothing_but_ping(tmp_path: Path, key: str) -> None:
+    """An empty, short or odd key (a Secret set wrong) answers 500 saying so, even to a request
+    that sends that very key; the probe still passes."""
+    with stub_server(lambda path, port: (200, b"{}")) as upstream:
+        with running_proxy(upstream.removeprefix("http://"), tmp_path / "nginx", key) as url:
+            refused = requests.get(
+                f"{url}/predictions/bert", headers={"Authorization": f"Bearer {key}"}, timeout=10
+            )
+            assert refused.status_code == 500
+            assert "no usable key" in refused.json()["error"]["message"]
+            assert requests.get(f"{url}/ping", timeout=10).status_code == 200
+
+
+def test_a_key_left_unreplaced_stops_nginx_at_start(tmp_path: Path) -> None:
+    """Were the entrypoint's substitution skipped, the placeholder would be the key: nginx
+    refuses the file instead."""
+    with pytest.raises(RuntimeError, match="(?i)unknown .BERT_SERVE_PROXY_KEY. variable"):
+        with running_proxy("127.0.0.1:9", tmp_path / "nginx", None):
+            pass
+
+
+def test_torchserve_behind_the_proxy(pod_server: Server, tmp_path: Path) -> None:
+    """A prediction passes through with the key; a wait the client states and the proxy's
+    start stamp reach the handler, which answers 504 unworked once that wait has passed."""
+    upstream = pod_server.inference_url.removeprefix("http://")
+    with running_proxy(upstream, tmp_path / "nginx", KEY) as url:
+        assert requests.get(f"{url}/ping", timeout=10).json()["status"] == "Healthy"
         route = f"{url}/predictions/bert"
-        headers = server.headers() | {"Content-Type": "text/plain"}
+        refused = requests.post(route, data="A fine film.", timeout=60)
+        assert refused.status_code == 401
+        headers = AUTHORIZED | {"Content-Type": "text/plain"}
         answered = requests.post(route, data="A fine film.", headers=headers, timeout=60)
         assert answered.status_code == 200 and "label" in answered.json()
         late = requests.post(

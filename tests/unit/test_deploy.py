@@ -10,7 +10,10 @@ from __future__ import annotations
 import copy
 import importlib.metadata
 import json
+import os
 import re
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -321,7 +324,11 @@ def test_the_proxy_fronts_torchserve_with_the_shipped_config(layout_config: dict
     (generated,) = kustomization["configMapGenerator"]
     assert [DEPLOY / "k8s" / name for name in generated["files"]] == [proxy.PROXY_CONF]
     volumes = by_kind("Deployment")["spec"]["template"]["spec"]["volumes"]
-    assert {"name": "proxy-conf", "configMap": {"name": generated["name"]}} in volumes
+    (conf_volume,) = [volume for volume in volumes if volume["name"] == "proxy-conf"]
+    assert conf_volume["configMap"] == {
+        "name": generated["name"],
+        "items": [{"key": proxy.PROXY_CONF.name, "path": "default.conf.template"}],
+    }
     conf = proxy.PROXY_CONF.read_text()
     assert f"listen {named_port(pod_container('proxy'), 'proxy')};" == proxy.POD_LISTEN
     assert proxy.POD_LISTEN in conf and proxy.POD_UPSTREAM in conf
@@ -349,3 +356,67 @@ def test_a_layout_of_several_models_holds_each_archive_and_serves_each(tmp_path:
     assert config["load_models"] == models["load_models"]
     assert json.loads(config["models"]) == json.loads(models["models"])
     assert config["model_store"] == f"{deploy_layout.MOUNT}/model-store"
+
+
+def test_the_proxy_takes_its_key_from_the_secret_through_the_template() -> None:
+    """The nginx image's entrypoint writes conf.d/*.conf from templates/*.template, replacing
+    only the variables NGINX_ENVSUBST_FILTER names: the key's, from the Secret (required, so a
+    pod without it does not start); conf.d is writable, the template read-only."""
+    container = pod_container("proxy")
+    env = {entry["name"]: entry for entry in container["env"]}
+    assert env[proxy.KEY_VARIABLE]["valueFrom"]["secretKeyRef"] == {
+        "name": "bert-serve-proxy-key",
+        "key": "key",
+    }
+    assert re.fullmatch(env["NGINX_ENVSUBST_FILTER"]["value"], proxy.KEY_VARIABLE)
+    assert not re.search(env["NGINX_ENVSUBST_FILTER"]["value"], "HOSTNAME")
+    mounts = {mount["name"]: mount for mount in container["volumeMounts"]}
+    assert mounts["proxy-conf"]["mountPath"] == "/etc/nginx/templates"
+    assert mounts["proxy-conf"]["readOnly"] is True
+    assert mounts["proxy-conf-d"]["mountPath"] == "/etc/nginx/conf.d"
+    assert not mounts["proxy-conf-d"].get("readOnly")
+    conf = proxy.PROXY_CONF.read_text()
+    assert f'"~^Bearer {proxy.KEY_PLACEHOLDER}$" 1;' in conf
+    assert f'map "{proxy.KEY_PLACEHOLDER}" $key_usable' in conf
+    assert 'proxy_set_header Authorization "";' in conf
+
+
+def test_the_network_policy_admits_the_proxy_port_and_prometheus_alone() -> None:
+    """Ingress to the pods: the proxy's port from anywhere, the metrics port from Prometheus'
+    pods only; TorchServe's own port (reached by the proxy inside the pod) from nowhere."""
+    policy = by_kind("NetworkPolicy")
+    deployment = by_kind("Deployment")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    spec = policy["spec"]
+    assert spec["podSelector"]["matchLabels"].items() <= labels.items()
+    assert spec["policyTypes"] == ["Ingress"]
+    named = {
+        entry["name"]
+        for container in deployment["spec"]["template"]["spec"]["containers"]
+        for entry in container["ports"]
+    }
+    rules = {rule["ports"][0]["port"]: rule for rule in spec["ingress"]}
+    assert set(rules) == {"proxy", "metrics"} <= named
+    assert all(len(rule["ports"]) == 1 for rule in spec["ingress"])
+    assert "from" not in rules["proxy"], "clients reach the proxy from anywhere"
+    (source,) = rules["metrics"]["from"]
+    assert source["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "prometheus"}
+    assert "namespaceSelector" in source
+
+
+@pytest.mark.skipif(shutil.which("envsubst") is None, reason="envsubst (gettext-base) is absent")
+def test_the_local_runs_put_the_key_in_as_the_images_entrypoint_does() -> None:
+    """The nginx image runs `envsubst` with the variables NGINX_ENVSUBST_FILTER admits; the
+    proxy test's local substitution gives the very same text (addresses aside)."""
+    key = "k3y_" + "0123456789abcdef" * 3
+    entrypoint = subprocess.run(
+        ["envsubst", proxy.KEY_PLACEHOLDER],
+        input=proxy.PROXY_CONF.read_text(),
+        env={"PATH": os.environ["PATH"], proxy.KEY_VARIABLE: key, "HOSTNAME": "pod"},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    local = proxy.local_server_conf(8000, "127.0.0.1:8080", key)
+    assert local == entrypoint.replace(proxy.POD_LISTEN, "listen 127.0.0.1:8000;")
+    assert proxy.KEY_PLACEHOLDER not in local and f"~^Bearer {key}$" in local

@@ -1,0 +1,128 @@
+"""The alerting rules: promtool checks them and runs their tests (each alert firing on a series
+that should fire it, silent beside it), the tests fail when an alert is broken, and the
+Operator's PrometheusRule holds exactly the plain file's groups.
+
+promtool comes with Debian's `prometheus` package (scripts/ci_proxy_tools.sh installs it in
+CI); without it these tests skip and say so, except under CI=true, where they fail.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import yaml
+from bert_serve_server import sizing
+
+from lab.proxy import PROXY_CONF
+from tests.conftest import ROOT
+
+RULES_DIR = ROOT / "deploy" / "prometheus"
+RULES = RULES_DIR / "rules.yaml"
+RULE_TESTS = RULES_DIR / "rules.test.yaml"
+OPERATOR_RULE = RULES_DIR / "prometheusrule.yaml"
+PROMTOOL = shutil.which("promtool")
+
+
+def promtool() -> str:
+    if PROMTOOL is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("promtool is missing in CI: scripts/ci_proxy_tools.sh installs it")
+        pytest.skip("promtool is not installed (Debian: apt-get install prometheus)")
+    return PROMTOOL
+
+
+def alerts() -> list[dict[str, object]]:
+    return [
+        rule for group in yaml.safe_load(RULES.read_text())["groups"] for rule in group["rules"]
+    ]
+
+
+def run_rule_tests(folder: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [promtool(), "test", "rules", "rules.test.yaml"],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_promtool_checks_the_rules() -> None:
+    checked = subprocess.run(
+        [promtool(), "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert f"SUCCESS: {len(alerts())} rules found" in checked.stdout
+
+
+def test_promtool_rule_tests_pass() -> None:
+    tested = run_rule_tests(RULES_DIR)
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+
+
+def test_every_alert_has_a_firing_and_a_silent_case() -> None:
+    cases = yaml.safe_load(RULE_TESTS.read_text())["tests"]
+    for alert in alerts():
+        name = alert["alert"]
+        checks = [c for case in cases for c in case["alert_rule_test"] if c["alertname"] == name]
+        fired = [label for c in checks for expected in c["exp_alerts"] for label in [expected]]
+        assert fired, f"{name}: no test expects it to fire"
+        assert all(expected["exp_labels"]["instance"] == "firing" for expected in fired), name
+        series = [s["series"] for case in cases for s in case["input_series"]]
+        assert any('instance="silent"' in s for s in series)
+
+
+@pytest.mark.parametrize("broken", ["vector(1)", "vector(1) < 0"], ids=["always", "never"])
+@pytest.mark.parametrize("index", range(len(alerts())), ids=[str(a["alert"]) for a in alerts()])
+def test_the_rule_tests_fail_when_an_alert_is_broken(
+    tmp_path: Path, index: int, broken: str
+) -> None:
+    """Guards the tests above: an alert that always fires, or never, fails its test."""
+    promtool()
+    document = yaml.safe_load(RULES.read_text())
+    document["groups"][0]["rules"][index]["expr"] = broken
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(document))
+    shutil.copy(RULE_TESTS, tmp_path / "rules.test.yaml")
+    tested = run_rule_tests(tmp_path)
+    assert tested.returncode != 0, tested.stdout
+
+
+def load_generator() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "prometheus_rule", RULES_DIR / "prometheus_rule.py"
+    )
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_prometheus_rule_holds_the_rules_file() -> None:
+    """prometheusrule.yaml is what prometheus_rule.py writes from rules.yaml, same groups."""
+    assert OPERATOR_RULE.read_text() == load_generator().render(RULES.read_text()), (
+        "run python deploy/prometheus/prometheus_rule.py"
+    )
+    resource = yaml.safe_load(OPERATOR_RULE.read_text())
+    assert (resource["apiVersion"], resource["kind"]) == (
+        "monitoring.coreos.com/v1",
+        "PrometheusRule",
+    )
+    assert resource["spec"]["groups"] == yaml.safe_load(RULES.read_text())["groups"]
+
+
+def test_thresholds_follow_the_queue_sizing_and_the_route_timeout() -> None:
+    """The queue's bound is what the workers drain in sizing.PATIENT_S, so 80% of it is a mean
+    wait of 0.8 x PATIENT_S; that is also the proxy's route timeout."""
+    (queue,) = [a for a in alerts() if a["alert"] == "BertServeQueueNearBound"]
+    threshold = float(re.findall(r">\s*([\d.e]+)\s*$", str(queue["expr"]).strip())[0])
+    assert threshold == pytest.approx(0.8 * sizing.PATIENT_S)
+    route = re.search(r'""\s+(\d+);', PROXY_CONF.read_text())
+    assert route and float(route.group(1)) == sizing.PATIENT_S
