@@ -11,7 +11,7 @@
     explain_too_long   413     an explanation of a text with more tokens than explain_max_tokens
     not_explainable    400     an explanation asked where there is none (Open Inference, v2)
     internal_error     500     the model failed on (or ran out of memory for) its batch
-                               or gave its explanation a NaN or infinity (bf16, fp16)
+                               or gave a text's scores or explanation a NaN or infinity
     deadline_exceeded  504     its stated deadline passes before its batch can end (deadline.py)
 
 Every error answers the same body shape, built by ``error_body``.

@@ -7,6 +7,7 @@ The wire protocols (``handler.protocol``) decode and render; this module never a
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -162,7 +163,9 @@ def classify_slots(
             raise AssertionError(
                 f"classifier returned {len(predictions)} predictions for {len(texts)} texts; this is a bug"
             )
-        return {slot: p for (slot, _), p in zip(slots, predictions, strict=True)}, stats
+        return {
+            slot: finite_or_rejected(p) for (slot, _), p in zip(slots, predictions, strict=True)
+        }, stats
     except OutOfMemory:
         logger.exception("classifying a batch of %d texts ran out of memory", len(texts))
         message = "the device ran out of memory on this batch; retry later or with shorter texts"
@@ -171,6 +174,20 @@ def classify_slots(
         message = "the model failed on this batch; retry later"
     failure = Rejected(ErrorCode.INTERNAL_ERROR, message)
     return {slot: failure for slot, _ in slots}, BatchStats(texts=len(texts))
+
+
+NOT_FINITE = Rejected(
+    ErrorCode.INTERNAL_ERROR,
+    "this text's scores came out as NaN or infinity (possible in bf16 or fp16), which JSON "
+    "cannot carry; a server in fp32 answers it",
+)
+
+
+def finite_or_rejected(prediction: Prediction) -> Prediction | Rejected:
+    """JSON has no NaN or infinity (``json.dumps`` would write them and no client could read
+    them): a prediction with one is a 500 for its text alone."""
+    numbers = [*prediction.scores.values(), *(prediction.raw_scores or {}).values()]
+    return prediction if all(math.isfinite(value) for value in numbers) else NOT_FINITE
 
 
 def explain_each(

@@ -388,3 +388,44 @@ def test_a_new_protocol_is_one_object_in_the_registry(monkeypatch: pytest.Monkey
     assert classifier.calls == [["ab", "abc", "abcd"]]
     assert lines.body == f"{fake_label('ab')}\nempty_text\n{fake_label('abc')}"
     assert body_of(plain)["label"] == fake_label("abcd")
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [
+        Prediction(
+            label="positive",
+            score=float("nan"),
+            scores={"positive": float("nan"), "negative": float("nan")},
+            truncated=False,
+        ),
+        Prediction(
+            label="positive",
+            score=1.0,
+            scores={"positive": 1.0, "negative": 0.0},
+            truncated=False,
+            raw_scores={"positive": float("inf"), "negative": 0.0},
+        ),
+    ],
+)
+def test_a_text_whose_scores_are_not_finite_fails_alone(broken: Prediction) -> None:
+    """bf16 or fp16 can give a text NaN or infinite scores: that text answers 500 in valid JSON,
+    its batch-mates their predictions (json.dumps would otherwise write NaN, which is not JSON)."""
+
+    def classifier(texts: Sequence[str]) -> tuple[list[Prediction], BatchStats]:
+        predictions = [broken if text == "overflow" else fake_prediction(text) for text in texts]
+        return predictions, BatchStats(texts=len(texts))
+
+    requests = [
+        raw_request(b"a fine film", "r0"),
+        raw_request(b"overflow", "r1"),
+        json_request({"text": "dull"}, "r2"),
+    ]
+    responses, _ = answer_batch(requests, classifier, SETTINGS)
+    for response in responses:
+        assert isinstance(response.body, str)
+        json.loads(response.body, parse_constant=lambda name: pytest.fail(f"{name} in JSON"))
+    assert_success(responses[0], "r0", "a fine film")
+    assert_error(responses[1], "r1", 500, ErrorCode.INTERNAL_ERROR)
+    assert "NaN or infinity" in body_of(responses[1])["error"]["message"]
+    assert_success(responses[2], "r2", "dull")
