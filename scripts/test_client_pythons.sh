@@ -9,7 +9,7 @@
 #            installed patch of it, else python3.X on PATH. A missing one fails the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-client_tests=(tests/unit/test_client.py)
+client_tests=(tests/unit/test_client.py tests/unit/test_client_key.py)
 versions=(${PYTHONS:-3.9 3.10 3.11 3.12 3.13})
 
 interpreter() {
