@@ -615,9 +615,16 @@ def report(resolved: Resolved) -> dict[str, Any]:
     }
 
 
+INFERENCE_ADDRESS_ENV = "BERT_SERVE_INFERENCE_ADDRESS"
+"""Where the image's TorchServe serves inference instead of the baked config's 0.0.0.0: the
+Kubernetes Deployment sets ``http://127.0.0.1:8080``, so only its proxy sidecar reaches it;
+KServe's runtime, which has no sidecar, leaves it unset."""
+
+
 def main(argv: list[str] | None = None) -> int:
     """The image's entrypoint step: resolve the config that TorchServe's own arguments name
-    (``--ts-config``), write it to ``--out``, print the torch threads per worker."""
+    (``--ts-config``), write it to ``--out``, print the torch threads per worker. The inference
+    address is ``BERT_SERVE_INFERENCE_ADDRESS`` where that is set."""
     parser = argparse.ArgumentParser(
         prog="python -m bert_serve_server size", description=__doc__.splitlines()[0]
     )
@@ -629,6 +636,11 @@ def main(argv: list[str] | None = None) -> int:
     given = args.torchserve_args[1:] if args.torchserve_args[:1] == ["--"] else args.torchserve_args
     config = torchserve.parse_known_args(given)[0].ts_config
     resolved = resolve(read_properties(config))
+    address = os.environ.get(INFERENCE_ADDRESS_ENV)
+    if address:
+        resolved = replace(
+            resolved, properties=resolved.properties | {"inference_address": address}
+        )
     for key, why in resolved.refused.items():
         print(f"sizing: model {key} refused: {why}", file=sys.stderr)
     if not json.loads(resolved.properties["models"]):
