@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from bert_serve_server import ready
-from bert_serve_server.config import properties_text
+from bert_serve_server.config import properties_text, read_properties
 
 
 class FakeTorchServe:
@@ -25,6 +25,7 @@ class FakeTorchServe:
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802
+                body: Any
                 if self.path == "/ping":
                     status, body = fake.ping, {"status": "Healthy"}
                 else:
@@ -100,7 +101,7 @@ def test_ready_only_when_every_worker_of_every_version_is_ready(
 def test_not_ready_while_torchserve_does_not_answer(tmp_path: Path) -> None:
     path = tmp_path / "config.properties"
     path.write_text('management_address=http://127.0.0.1:9\nmodels={"bert": {"1.0": {}}}\n')
-    assert ready.not_ready(ready.read_properties(path))
+    assert ready.not_ready(read_properties(path))
     assert ready.main(["--config", str(tmp_path / "absent.properties")]) == 1
 
 
