@@ -119,19 +119,44 @@ def test_kserve_containers_are_valid_containers() -> None:
         kubernetes_validate.validate(pod, KUBERNETES_VERSION, strict=True)
 
 
-def test_probes_hit_ping_on_the_inference_port(
+READY_COMMAND = ["python3.11", "-m", "bert_serve_server", "ready"]
+
+
+def test_probes_ask_every_worker_and_inference_stays_on_the_loopback(
     container: dict[str, Any], layout_config: dict[str, str]
 ) -> None:
-    """Kubelet probes /ping on the port TorchServe's inference API binds, with no token."""
-    assert named_port(container, "http") == port(layout_config["inference_address"])
+    """Startup and readiness run the ready command (every worker READY, not /ping alone),
+    liveness its --live form; TorchServe serves inference on the pod's loopback, where the
+    proxy sends it (the sizing step reads the address from the environment); metrics stay on
+    the pod's IP for Prometheus."""
+    from bert_serve_server import sizing
+
     assert named_port(container, "metrics") == port(layout_config["metrics_address"])
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        http_get = container[probe]["httpGet"]
-        assert http_get["path"] == "/ping", probe
-        assert http_get["port"] == "http", probe
+    assert {entry["name"] for entry in container["ports"]} == {"metrics"}
+    env = {entry["name"]: entry["value"] for entry in container["env"]}
+    inference = port(layout_config["inference_address"])
+    assert env[sizing.INFERENCE_ADDRESS_ENV] == f"http://127.0.0.1:{inference}"
+    assert proxy.POD_UPSTREAM == f"server 127.0.0.1:{inference};"
+    for probe in ("startupProbe", "readinessProbe"):
+        assert container[probe]["exec"]["command"] == READY_COMMAND, probe
+    assert container["livenessProbe"]["exec"]["command"] == [*READY_COMMAND, "--live"]
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert pod_container("proxy")[probe]["tcpSocket"]["port"] == "proxy", probe
     assert layout_config["disable_token_authorization"] == "true"
     annotations = by_kind("Deployment")["spec"]["template"]["metadata"]["annotations"]
     assert int(annotations["prometheus.io/port"]) == port(layout_config["metrics_address"])
+
+
+def test_the_pod_is_guaranteed_and_outlives_its_longest_answer() -> None:
+    """Every container requests what it is limited to (Guaranteed QoS, as the manifest says),
+    and the grace period outlasts the model's responseTimeout."""
+    for name in ("torchserve", "proxy"):
+        resources = pod_container(name)["resources"]
+        assert resources["requests"] == resources["limits"], name
+    assert "Guaranteed" in (DEPLOY / "k8s" / "deployment.yaml").read_text()
+    model_config = yaml.safe_load((ROOT / "config" / "model-config.yaml").read_text())
+    grace = by_kind("Deployment")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert grace > model_config["responseTimeout"]
 
 
 def test_startup_probe_allows_the_model_startup_timeout(container: dict[str, Any]) -> None:
@@ -278,7 +303,7 @@ def test_kserve_runtime_matches_the_layout_and_deployment(
     ), "the runtime runs the image's own entrypoint"
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert served[probe]["httpGet"] == {"path": "/ping", "port": inference}, probe
-        timing = {key: value for key, value in container[probe].items() if key != "httpGet"}
+        timing = {key: value for key, value in container[probe].items() if key != "exec"}
         assert {key: value for key, value in served[probe].items() if key != "httpGet"} == timing
     assert served["securityContext"]["runAsUser"] == int(dockerfile_instruction("USER")[-1])
     annotations = runtime["spec"]["annotations"]
