@@ -338,6 +338,29 @@ def test_memory_requests_cover_what_the_running_container_used(container: dict[s
     )
 
 
+def test_the_image_record_is_of_the_current_entrypoint_and_sizing_under_the_pods_limits(
+    container: dict[str, Any],
+) -> None:
+    """deploy/image-test.json was measured by `make image-test` on the entrypoint and sizing
+    that are here now, with the TorchServe container's own CPU and memory limits, its readiness
+    probe not ready while the workers loaded, and no patient client refused. After a change to
+    either file: make image image-test IMAGE_TEST_OUT=deploy/image-test.json."""
+    from lab import image
+
+    measured = json.loads((DEPLOY / "image-test.json").read_text())
+    assert measured["sized_from"] == image.sized_from(), (
+        f"deploy/image-test.json is older than {' or '.join(image.SIZED_FILES)}: rerun "
+        "make image image-test IMAGE_TEST_OUT=deploy/image-test.json"
+    )
+    assert measured["limits"] == image.pod_limits()
+    assert image.pod_limits()["memory"] == container["resources"]["limits"]["memory"].replace(
+        "Mi", "m"
+    )
+    assert measured["probe_not_ready_polls"] > 0
+    assert measured["ready_s"] >= measured["probe_ready_s"] > 0
+    assert set(measured["patient"]["statuses"]) == {"200"}
+
+
 def test_the_proxy_fronts_torchserve_with_the_shipped_config(layout_config: dict[str, str]) -> None:
     """kustomization.yaml makes the proxy's ConfigMap from the file the proxy test runs; the
     proxy listens on its container port and forwards to TorchServe's inference port."""
