@@ -320,6 +320,7 @@ def patient_clients(predict_url: str) -> dict[str, Any]:
         "seconds": PATIENT_S,
         "timeout_s": PATIENT_TIMEOUT_S,
         "statuses": counted,
+        "elapsed_s": round(loop.elapsed, 1),
         "answers_per_s": round(counted.get("200", 0) / loop.elapsed, 1),
     }
 
@@ -508,9 +509,13 @@ def run_image_test(
             f"{seen.probe_s:.1f} s (not ready {seen.probe_not_ready} times before), "
             f"READY after {seen.ready_s:.1f} s"
         )
+        logs = subprocess.run(
+            [*container.engine, "logs", container.name],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
         sizing = [
             line.removeprefix("sizing: ")
-            for line in container.run("logs", container.name).splitlines()
+            for line in (logs.stdout + logs.stderr).splitlines()
             if line.startswith("sizing: ")
         ]
         for line in sizing:
@@ -544,6 +549,8 @@ def run_image_test(
         stop_s, under_stop = stop_under_load(container, grace_s)
         lost = {k: n for k, n in under_stop.items() if k != "200" and k not in NOT_ACCEPTED}
         say(f"stopped with exit code 0 after {stop_s:.1f} s; requests: {under_stop}")
+        if lost:
+            raise ImageTestFailed(f"accepted requests lost at the stop: {lost}")
     finally:
         container.remove()
     return {

@@ -8,6 +8,12 @@ serves, and exits 0 only when each version has workers and every one of them is 
 
     python -m bert_serve_server ready [--config PATH]          # readiness and startup
     python -m bert_serve_server ready --live [--config PATH]   # liveness: /ping answers
+    python -m bert_serve_server ready --drain [--config PATH]  # on SIGTERM, before the stop
+
+``--drain`` is what deploy/entrypoint.sh runs on SIGTERM before ``torchserve --stop`` (which
+drops the requests TorchServe holds): it marks the pod not ready, then sends each model a
+request of its own behind whatever is queued and waits for its answer, until the queues are
+empty (``pendingRequests`` of the management API), within ``--deadline`` seconds.
 
 It reads the config TorchServe runs (the entrypoint's sized copy, ``$HOME/config.properties``,
 by default) for the addresses and the models, and imports nothing but the standard library and
@@ -75,6 +81,54 @@ def not_ready(properties: dict[str, str]) -> list[str]:
     return problems
 
 
+def draining_marker() -> Path:
+    return sized_config().with_name("draining")
+
+
+def pending(properties: dict[str, str]) -> int:
+    """Requests queued for every version of every model (the management API's count)."""
+    management = local(properties.get("management_address", "http://127.0.0.1:8081"))
+    total = 0
+    for name in json.loads(properties.get("models", "{}")):
+        _, described = get_json(f"{management}/models/{name}/all")
+        for entry in described or []:
+            total += int((entry.get("jobQueueStatus") or {}).get("pendingRequests", 0))
+    return total
+
+
+def drain(properties: dict[str, str], deadline_s: float) -> list[str]:
+    """Mark the pod not ready, then send each model one request behind what is queued and wait
+    for its answer, until nothing is queued: what was accepted before has been taken by a
+    worker and, the queue being served in order, answered with or before it."""
+    import time
+
+    draining_marker().touch()
+    inference = local(properties.get("inference_address", "http://127.0.0.1:8080"))
+    names = list(json.loads(properties.get("models", "{}")))
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        for name in names:
+            request = urllib.request.Request(
+                f"{inference}/predictions/{name}",
+                data=b"drain",
+                headers={"Content-Type": "text/plain"},
+            )
+            try:
+                left = max(1.0, deadline - time.monotonic())
+                with urllib.request.urlopen(request, timeout=left) as response:
+                    response.read()
+            except urllib.error.HTTPError:
+                pass  # an answer all the same
+            except OSError as error:
+                return [f"{inference} does not answer: {error}"]
+        try:
+            if pending(properties) == 0:
+                return []
+        except (OSError, ValueError) as error:
+            return [f"the management API does not answer: {error}"]
+    return [f"requests still queued after {deadline_s:g} s"]
+
+
 def not_alive(properties: dict[str, str]) -> list[str]:
     inference = local(properties.get("inference_address", "http://127.0.0.1:8080"))
     try:
@@ -90,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--config", type=Path, default=None)
     parser.add_argument("--live", action="store_true", help="only check that /ping answers")
+    parser.add_argument("--drain", action="store_true", help="wait out what is queued")
+    parser.add_argument("--deadline", type=float, default=75.0, help="--drain's bound, in s")
     args = parser.parse_args(argv)
     config = args.config or sized_config()
     try:
@@ -97,7 +153,17 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as error:
         print(f"not ready: {config} cannot be read ({error.strerror})", file=sys.stderr)
         return 1
-    problems = not_alive(properties) if args.live else not_ready(properties)
+    if args.drain:
+        problems = drain(properties, args.deadline)
+        for problem in problems:
+            print(f"drain: {problem}", file=sys.stderr)
+        return 1 if problems else 0
+    if args.live:
+        problems = not_alive(properties)
+    elif draining_marker().exists():
+        problems = ["draining: the server is stopping"]
+    else:
+        problems = not_ready(properties)
     for problem in problems:
         print(f"not {'alive' if args.live else 'ready'}: {problem}", file=sys.stderr)
     return 1 if problems else 0

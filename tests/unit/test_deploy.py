@@ -240,7 +240,10 @@ def test_dockerfile_copies_what_the_layout_contains(
 def test_entrypoint_stops_torchserve_on_sigterm() -> None:
     """PID 1 turns SIGTERM into `torchserve --stop` and runs TorchServe in the foreground."""
     script = (DEPLOY / "entrypoint.sh").read_text()
-    assert "trap 'torchserve --stop --foreground' TERM" in script
+    assert (
+        "trap 'python3.11 -m bert_serve_server ready --drain; torchserve --stop --foreground' TERM"
+        in script
+    )
     assert "torchserve --foreground --ncs" in script
     assert (DEPLOY / "entrypoint.sh").stat().st_mode & 0o111, "executable"
 

@@ -1,5 +1,6 @@
 """deploy/entrypoint.sh run with stand-ins for the image's python3.11 and torchserve: SIGTERM
-is honoured at once during the sizing step, and turned into `torchserve --stop` later."""
+is honoured at once during the sizing step, and turned into a drain and `torchserve --stop`
+later."""
 
 from __future__ import annotations
 
@@ -14,6 +15,10 @@ from tests.conftest import ROOT
 ENTRYPOINT = ROOT / "deploy" / "entrypoint.sh"
 # python3.11 -m bert_serve_server size --out FILE -- ...: a slow sizing that then prints 1
 FAKE_PYTHON = """#!/bin/sh
+if [ "$3" = "ready" ]; then
+    echo "ready $4" >> "$HOME/calls"
+    exit 0
+fi
 echo sizing >> "$HOME/calls"
 sleep "$SIZING_S"
 echo 1
@@ -68,9 +73,9 @@ def test_sigterm_during_the_sizing_exits_at_once(tmp_path: Path) -> None:
     assert calls(tmp_path) == ["sizing"], "TorchServe never started"
 
 
-def test_sigterm_while_serving_stops_torchserve(tmp_path: Path) -> None:
+def test_sigterm_while_serving_drains_then_stops_torchserve(tmp_path: Path) -> None:
     process = start(tmp_path, sizing_s=0)
     wait_for(tmp_path, "serve")
     process.send_signal(signal.SIGTERM)
     process.wait(timeout=20)
-    assert calls(tmp_path) == ["sizing", "serve OMP_NUM_THREADS=1", "stop"]
+    assert calls(tmp_path) == ["sizing", "serve OMP_NUM_THREADS=1", "ready --drain", "stop"]

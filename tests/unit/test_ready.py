@@ -21,6 +21,8 @@ class FakeTorchServe:
     def __init__(self) -> None:
         self.described: dict[str, list[dict[str, Any]]] = {}
         self.ping = 200
+        self.pending = 0
+        self.posts = 0
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -31,12 +33,23 @@ class FakeTorchServe:
                 else:
                     name = self.path.split("/")[2]
                     found = fake.described.get(name)
+                    for entry in found or []:
+                        entry["jobQueueStatus"] = {"pendingRequests": fake.pending}
                     status, body = (200, found) if found is not None else (404, {})
                 data = json.dumps(body).encode()
                 self.send_response(status)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
+
+            def do_POST(self) -> None:  # noqa: N802
+                self.rfile.read(int(self.headers["Content-Length"]))
+                fake.posts += 1
+                fake.pending = max(0, fake.pending - 1)
+                self.send_response(200)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
 
             def log_message(self, *args: object) -> None:
                 pass
@@ -122,3 +135,31 @@ def test_the_sized_config_is_where_the_entrypoint_writes_it(
     monkeypatch.setenv("HOME", "/home/model-server")
     assert 'sized="$HOME/config.properties"' in (ROOT / "deploy" / "entrypoint.sh").read_text()
     assert ready.sized_config() == Path("/home/model-server/config.properties")
+
+
+def test_drain_waits_until_nothing_is_queued_and_marks_the_pod_not_ready(
+    tmp_path: Path, torchserve: FakeTorchServe, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each round sends every model a request behind the queue; it ends once the management
+    API counts nothing pending, and readiness says not ready from then on."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    path = config(tmp_path, torchserve)
+    torchserve.described = {
+        "bert": [version("1.0", "READY", "READY")],
+        "nli": [version("1", "READY"), version("2", "READY")],
+    }
+    assert ready.main(["--config", str(path)]) == 0
+    torchserve.pending = 5
+    assert ready.main(["--drain", "--config", str(path)]) == 0
+    assert torchserve.pending == 0 and torchserve.posts >= 5
+    assert ready.main(["--config", str(path)]) == 1, "draining: not ready"
+
+
+def test_drain_gives_up_at_its_deadline(
+    tmp_path: Path, torchserve: FakeTorchServe, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    path = config(tmp_path, torchserve)
+    torchserve.described = {"bert": [version("1.0", "READY")], "nli": []}
+    torchserve.pending = 10**9
+    assert ready.main(["--drain", "--deadline", "0.5", "--config", str(path)]) == 1
