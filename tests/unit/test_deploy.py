@@ -360,6 +360,14 @@ def test_the_image_record_is_of_the_current_entrypoint_and_sizing_under_the_pods
         "Mi", "m"
     )
     assert measured["probe_not_ready_polls"] > 0
+    manifest = (DEPLOY / "k8s" / "deployment.yaml").read_text()
+    used = sum(process["pss_mib"] for process in measured["processes"])
+    (queue,) = [m.group(1) for line in measured["sizing"] if (m := re.match(r"queue (\d+)", line))]
+    workers = [process["role"] for process in measured["processes"]].count("worker")
+    for figure in (f"{used:.0f} MiB in all", f"a queue of {queue} requests", f"{workers} worker"):
+        assert figure in manifest.replace("\n          # ", " "), (
+            f"deployment.yaml lacks {figure!r}"
+        )
     assert measured["ready_s"] >= measured["probe_ready_s"] > 0
     assert set(measured["patient"]["statuses"]) == {"200"}
 
