@@ -8,14 +8,25 @@ then, in order:
 3. runs the image's own health check (podman keeps it);
 4. sends a bounded burst through the closed-loop load generator, so memory is measured warm,
    and reads each process's memory from the host (``container_memory``: PSS and RSS);
-5. sends SIGTERM and requires exit code 0 within the Deployment's grace period.
+5. sends ``PATIENT_CLIENTS`` patient clients (each waiting up to ``PATIENT_TIMEOUT_S``) for
+   ``PATIENT_S`` seconds: none may be refused;
+6. sends SIGTERM while clients are sending, and requires exit code 0 within the Deployment's
+   grace period; it counts the requests TorchServe accepted and never answered.
+
+The container runs with the CPU and memory limits of the Deployment's TorchServe container, so
+the sizing at start sees what the pod's sees. While the workers load, step 1 also runs the
+pod's readiness probe (``python -m bert_serve_server ready`` in the container): it must say
+not ready at first and, once it says ready, the model must answer.
 
 The container is always removed. The result is a plain dict, written as JSON by the script
-(``deploy/image-test.json`` is one such record).
+(``deploy/image-test.json`` is one such record, with ``sized_from``: the hash of the entrypoint
+and the sizing it ran, which tests/unit/test_deploy.py checks against the files).
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import json
 import os
 import subprocess
@@ -36,6 +47,14 @@ from lab.image_checks import CheckOutcome, Target, problems, run_checks
 from lab.load import ClosedLoop, Job, statuses
 
 READY_TIMEOUT_S = 300.0
+PATIENT_CLIENTS = 256
+PATIENT_S = 15.0
+PATIENT_TIMEOUT_S = 60.0
+STOP_CLIENTS = 32
+STOP_AFTER_S = 3.0
+READY_PROBE = ("python3.11", "-m", "bert_serve_server", "ready")
+SIZED_FILES = ("deploy/entrypoint.sh", "server/bert_serve_server/sizing.py")
+"""What the record's figures depend on besides the image's packages: its ``sized_from``."""
 DEPLOYMENT = ROOT / "deploy" / "k8s" / "deployment.yaml"
 BURST_REQUESTS = 200
 BURST_CLIENTS = 8
@@ -82,6 +101,32 @@ def grace_period_s(deployment: Path = DEPLOYMENT) -> int:
     return int(manifest["spec"]["template"]["spec"]["terminationGracePeriodSeconds"])
 
 
+def sized_from(root: Path = ROOT) -> str:
+    """sha256 of ``SIZED_FILES``, in order: the entrypoint and sizing a record measured."""
+    digest = hashlib.sha256()
+    for name in SIZED_FILES:
+        digest.update((root / name).read_bytes())
+    return digest.hexdigest()
+
+
+def pod_limits(deployment: Path = DEPLOYMENT) -> dict[str, str]:
+    """The Deployment's TorchServe container limits, as the engine's ``--cpus`` and
+    ``--memory`` take them (``1536Mi`` -> ``1536m``: the engine's m is MiB)."""
+    manifest = yaml.safe_load(deployment.read_text())
+    (container,) = [
+        c for c in manifest["spec"]["template"]["spec"]["containers"] if c["name"] == "torchserve"
+    ]
+    limits = container["resources"]["limits"]
+    cpu = str(limits["cpu"])
+    cpus = str(int(cpu[:-1]) / 1000) if cpu.endswith("m") else cpu
+    memory = str(limits["memory"])
+    units = {"Mi": "m", "Gi": "g"}
+    for suffix, unit in units.items():
+        if memory.endswith(suffix):
+            return {"cpus": cpus, "memory": memory[: -len(suffix)] + unit}
+    raise ValueError(f"unexpected memory limit {memory!r}")
+
+
 def container_addresses() -> dict[str, str]:
     """The inference, metrics and management addresses inside the container, from the
     layout's config (the one baked into the image)."""
@@ -106,11 +151,13 @@ class Container:
     http: int
     metrics: int
     addresses: dict[str, str]
+    limits: dict[str, str]
 
     @classmethod
     def of(cls, engine: list[str], image: str) -> Container:
         name = f"bert-serve-image-test-{os.getpid()}"
-        return cls(engine, image, name, free_port(), free_port(), container_addresses())
+        addresses = container_addresses()
+        return cls(engine, image, name, free_port(), free_port(), addresses, pod_limits())
 
     def run(self, *args: str, timeout: float = 120) -> str:
         done = subprocess.run(
@@ -125,6 +172,7 @@ class Container:
         inside_metrics = port_of(self.addresses["metrics_address"])
         self.run(
             "run", "--detach", "--name", self.name, *LIMITS,
+            "--cpus", self.limits["cpus"], "--memory", self.limits["memory"],
             "--publish", f"127.0.0.1:{self.http}:{inside_http}",
             "--publish", f"127.0.0.1:{self.metrics}:{inside_metrics}",
             self.image,
@@ -150,6 +198,14 @@ class Container:
         status, _, text = out.partition("\n")
         return int(status), text
 
+    def probe_ready(self) -> bool:
+        """The pod's readiness probe, run in the container as kubelet runs it."""
+        done = subprocess.run(
+            [*self.engine, "exec", self.name, *READY_PROBE],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        return done.returncode == 0
+
     def target(self) -> Target:
         return Target(
             inference=f"http://127.0.0.1:{self.http}",
@@ -171,26 +227,64 @@ def workers_ready(container: Container) -> bool:
     return status == 200 and bool(states) and all(state == "READY" for state in states)
 
 
-def wait_ready(container: Container, started: float) -> tuple[float, float]:
-    """Seconds from `run` until /ping answers Healthy, and until every worker is READY.
+@dataclass
+class Readiness:
+    """Seconds from `run` until /ping answered Healthy, the readiness probe said ready, and
+    every worker was READY; and how often the probe said not ready before."""
+
+    ping_s: float | None = None
+    probe_s: float | None = None
+    ready_s: float | None = None
+    probe_not_ready: int = 0
+
+
+def answers(container: Container) -> bool:
+    try:
+        response = requests.post(
+            container.target().predict, json={"text": "A fine film."}, timeout=30
+        )
+    except requests.RequestException:
+        return False
+    return response.status_code == 200
+
+
+def healthy(ping_url: str) -> bool:
+    try:
+        response = requests.get(ping_url, timeout=5)
+        return response.status_code == 200 and response.json().get("status") == "Healthy"
+    except (requests.RequestException, ValueError):
+        return False
+
+
+def wait_ready(container: Container, started: float) -> Readiness:
+    """Poll /ping, the pod's readiness probe and the workers until all say ready.
 
     /ping says Healthy as soon as the workers are started, before the model is loaded
-    (and while a failing worker retries), so READY is read from the workers themselves.
+    (and while a failing worker retries), so READY is read from the workers themselves. The
+    probe must say not ready at least once while they load, and the model must answer as soon
+    as it says ready.
     """
     url = f"{container.target().inference}/ping"
-    ping_s = None
+    seen = Readiness()
     while time.monotonic() - started < READY_TIMEOUT_S:
         if container.state("Running") != "true":
             raise ImageTestFailed(f"the container exited before READY:\n{container.logs()}")
-        if ping_s is None:
-            try:
-                response = requests.get(url, timeout=5)
-                if response.status_code == 200 and response.json().get("status") == "Healthy":
-                    ping_s = time.monotonic() - started
-            except (requests.RequestException, ValueError):
-                pass
-        if ping_s is not None and workers_ready(container):
-            return ping_s, time.monotonic() - started
+        if seen.ping_s is None and healthy(url):
+            seen.ping_s = time.monotonic() - started
+        if seen.probe_s is None:
+            if container.probe_ready():
+                seen.probe_s = time.monotonic() - started
+                if not answers(container):
+                    raise ImageTestFailed(
+                        "the readiness probe said ready; the model did not answer"
+                    )
+            else:
+                seen.probe_not_ready += 1
+        if seen.ping_s is not None and seen.probe_s is not None and workers_ready(container):
+            seen.ready_s = time.monotonic() - started
+            if seen.probe_not_ready == 0:
+                raise ImageTestFailed("the readiness probe said ready before the workers loaded")
+            return seen
         time.sleep(0.5)
     raise ImageTestFailed(f"not READY within {READY_TIMEOUT_S:.0f} s:\n{container.logs()}")
 
@@ -207,6 +301,55 @@ def burst(predict_url: str) -> dict[str, int]:
         request_timeout_s=60,
     ).run()
     return statuses(loop.outcomes)
+
+
+def patient_clients(predict_url: str) -> dict[str, Any]:
+    """``PATIENT_CLIENTS`` clients that wait up to ``PATIENT_TIMEOUT_S`` for each answer and send
+    again at once, for ``PATIENT_S``: every status counted, and the answers per second."""
+    loop = ClosedLoop(
+        predict_url,
+        {},
+        lambda n: Job(BURST_BODIES[0], "application/json"),
+        PATIENT_CLIENTS,
+        seconds=PATIENT_S,
+        request_timeout_s=PATIENT_TIMEOUT_S,
+    ).run()
+    counted = statuses(loop.outcomes)
+    return {
+        "clients": PATIENT_CLIENTS,
+        "seconds": PATIENT_S,
+        "timeout_s": PATIENT_TIMEOUT_S,
+        "statuses": counted,
+        "elapsed_s": round(loop.elapsed, 1),
+        "answers_per_s": round(counted.get("200", 0) / loop.elapsed, 1),
+    }
+
+
+NOT_ACCEPTED = ("client_ClientConnectorError",)
+"""A connection the stopped server refused: the request was never accepted."""
+
+
+def stop_under_load(container: Container, grace_s: int) -> tuple[float, dict[str, int]]:
+    """SIGTERM after ``STOP_AFTER_S`` of ``STOP_CLIENTS`` clients sending; clients send nothing
+    new once it is sent. Seconds until the container exited, and every status counted."""
+    stopped: list[float] = []
+    loop = ClosedLoop(
+        container.target().predict,
+        {},
+        lambda n: Job(BURST_BODIES[n % len(BURST_BODIES)], "application/json"),
+        STOP_CLIENTS,
+        seconds=READY_TIMEOUT_S,
+        request_timeout_s=PATIENT_TIMEOUT_S,
+    )
+
+    async def stop() -> None:
+        await asyncio.sleep(STOP_AFTER_S)
+        container.run("kill", "--signal", "TERM", container.name)
+        loop.stopped = True
+        stopped.append(await asyncio.to_thread(stop_within_grace, container, grace_s, False))
+
+    loop.run(stop())
+    return stopped[0], statuses(loop.outcomes)
 
 
 def process_tree(root_pid: int, parents: Mapping[int, int]) -> list[int]:
@@ -272,10 +415,12 @@ def container_memory(container: Container) -> list[dict[str, Any]]:
     return [memory_mib(pid) for pid in process_tree(root, host_parents())]
 
 
-def stop_within_grace(container: Container, grace_s: int) -> float:
-    """SIGTERM to the container's main process; seconds until it exited (0 required)."""
+def stop_within_grace(container: Container, grace_s: int, signal: bool = True) -> float:
+    """SIGTERM to the container's main process (unless sent already); seconds until it exited
+    (0 required)."""
     started = time.monotonic()
-    container.run("kill", "--signal", "TERM", container.name)
+    if signal:
+        container.run("kill", "--signal", "TERM", container.name)
     while container.state("Running") == "true":
         if time.monotonic() - started > grace_s:
             raise ImageTestFailed(f"still running {grace_s} s after SIGTERM:\n{container.logs()}")
@@ -356,10 +501,25 @@ def run_image_test(
     image_bytes = int(container.run("image", "inspect", "--format", "{{.Size}}", image))
     try:
         started = time.monotonic()
-        say("start")
+        say(f"start with the pod's limits {container.limits}")
         container.start()
-        ping_s, ready_s = wait_ready(container, started)
-        say(f"/ping Healthy after {ping_s:.1f} s, READY after {ready_s:.1f} s")
+        seen = wait_ready(container, started)
+        say(
+            f"/ping Healthy after {seen.ping_s:.1f} s, the readiness probe ready after "
+            f"{seen.probe_s:.1f} s (not ready {seen.probe_not_ready} times before), "
+            f"READY after {seen.ready_s:.1f} s"
+        )
+        logs = subprocess.run(
+            [*container.engine, "logs", container.name],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        sizing = [
+            line.removeprefix("sizing: ")
+            for line in (logs.stdout + logs.stderr).splitlines()
+            if line.startswith("sizing: ")
+        ]
+        for line in sizing:
+            say(f"sizing: {line}")
         outcomes = run_checks(container.target()) + [
             workflow_refused(container),
             installed_packages(container),
@@ -380,20 +540,36 @@ def run_image_test(
         say(f"the engine's memory figure (page cache included): {cgroup}")
         for process in processes:
             say(f"memory {process}")
-        say("SIGTERM")
-        stop_s = stop_within_grace(container, grace_s)
-        say(f"stopped with exit code 0 after {stop_s:.1f} s")
+        say(f"{PATIENT_CLIENTS} patient clients for {PATIENT_S:.0f} s")
+        patient = patient_clients(container.target().predict)
+        say(f"patient clients: {patient}")
+        if set(patient["statuses"]) != {"200"}:
+            raise ImageTestFailed(f"patient clients were refused: {patient['statuses']}")
+        say(f"SIGTERM under the load of {STOP_CLIENTS} clients")
+        stop_s, under_stop = stop_under_load(container, grace_s)
+        lost = {k: n for k, n in under_stop.items() if k != "200" and k not in NOT_ACCEPTED}
+        say(f"stopped with exit code 0 after {stop_s:.1f} s; requests: {under_stop}")
+        if lost:
+            raise ImageTestFailed(f"accepted requests lost at the stop: {lost}")
     finally:
         container.remove()
     return {
         "image": image,
         "engine": " ".join(container.engine),
+        "limits": container.limits,
+        "sized_from": sized_from(),
         "image_bytes": image_bytes,
-        "ping_s": round(ping_s, 1),
-        "ready_s": round(ready_s, 1),
+        "ping_s": round(seen.ping_s or 0, 1),
+        "probe_ready_s": round(seen.probe_s or 0, 1),
+        "probe_not_ready_polls": seen.probe_not_ready,
+        "ready_s": round(seen.ready_s or 0, 1),
+        "sizing": sizing,
         "stop_s": round(stop_s, 1),
         "grace_s": grace_s,
         "burst_requests": BURST_REQUESTS,
+        "patient": patient,
+        "under_stop": under_stop,
+        "lost_under_stop": lost,
         "checks": [outcome.name for outcome in outcomes],
         "processes": processes,
         "engine_mem_usage": cgroup,

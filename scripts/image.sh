@@ -64,8 +64,13 @@ rm -rf "$context"/wheels/bert_serve_server-*.whl server/build  # no stale module
 
 format=()
 [ "${engine[0]}" = podman ] && format=(--format docker)  # OCI images drop HEALTHCHECK
+# The wheels are mounted, not copied, so the engine's layer cache cannot see them change: a
+# hash of their names and of the server package's source (a rebuilt wheel's bytes differ by
+# their timestamps), a build argument the install step names, makes a change reinstall.
+wheels_sha=$( (ls "$context/wheels"; cat server/pyproject.toml \
+    $(find server/bert_serve_server -name '*.py' | LC_ALL=C sort)) | sha256sum | cut -d' ' -f1)
 "${engine[@]}" build "${format[@]}" --network host --build-arg "BASE_IMAGE=$base" \
-    -f deploy/Dockerfile -t "$image" "$context"
+    --build-arg "WHEELS_SHA256=$wheels_sha" -f deploy/Dockerfile -t "$image" "$context"
 
 echo "== $image: $("${engine[@]}" image inspect --format '{{.Size}}' "$image" | numfmt --to=si)B, on $base"
 "${engine[@]}" history --format '{{.Size}}\t{{.CreatedBy}}' "$image" | cut -c1-150

@@ -3,8 +3,9 @@ container engine works: ``python fake_engine.py STATE_DIR VERB ARGS...``.
 
 ``run`` starts a stub of the image in a process of its own, answering on the published host
 ports as the image does (``served``); ``inspect``, ``exec`` (the management API's model
-description), ``kill``, ``stats``, ``logs`` and ``rm`` act on it. The stub exits 0 on SIGTERM
-and records that, as the image's entrypoint does.
+description, the readiness probe: not ready at first), ``kill``, ``stats``, ``logs`` and ``rm``
+act on it. The stub answers what it was sent, then exits 0 on SIGTERM and records that, as the
+image's entrypoint does.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -75,6 +77,11 @@ def serve(exit_file: Path, ports: list[int]) -> None:
     stopped = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())
     stopped.wait()
+    # as the entrypoint drains: what was sent before the signal is answered, then the stop
+    time.sleep(1.0)
+    for server in servers:
+        server.shutdown()
+        server.server_close()
     exit_file.write_text("0")
 
 
@@ -121,6 +128,14 @@ def exec_(state: Path, args: list[str]) -> str:
     TorchServe's refusal of a workflow; exec NAME ls -A /tmp: an empty /tmp; exec NAME
     python3.11 -c INSTALLED_PACKAGES: what an image of the server package alone holds."""
     if args[1] == "ls":
+        return ""
+    if args[1:5] == ["python3.11", "-m", "bert_serve_server", "ready"]:
+        # the readiness probe: not ready at its first call (the workers loading), then ready
+        polls = state / "ready-polls"
+        count = int(polls.read_text()) if polls.exists() else 0
+        polls.write_text(str(count + 1))
+        if count == 0:
+            sys.exit(1)
         return ""
     if "find_spec" in args[3]:  # lab.image.INSTALLED_PACKAGES: the server package alone
         return json.dumps({"dists": ["bert-serve-server"], "importable": ["bert_serve_server"]})

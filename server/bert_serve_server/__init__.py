@@ -11,6 +11,8 @@ Read in the order a start runs (``python -m bert_serve_server start``, ``make se
 - ``control``: one TorchServe in its own state folder: start, wait until READY, stop, keys,
   logs, its workers; ``ctl``: the command line over it (``start``, ``stop``, ``status``, ...);
 - ``layout``: the container / KServe layout of the model store and config;
+- ``ready``: the pod's probe, ready only when every worker of every model is READY
+  (``python -m bert_serve_server ready``, deploy/k8s/deployment.yaml);
 - ``metrics``: the live summary of the handler's metrics (``make metrics``);
 - ``environment``: the server's lock (requirements/server.lock) and torch build checks.
 

@@ -3,6 +3,7 @@
     start | stop | status | key | url | predict-url | models   one TorchServe (``ctl``)
     package --model-dir DIR [...]                              a .mar (``package``)
     size --out FILE -- TORCHSERVE_ARGS                         the image's sizing step (``sizing``)
+    ready [--live] [--config FILE]                             the pod's probe (``ready``)
 
 Each command imports only its own module: ``size`` runs in the image, where ``handler/`` and
 the checkout are absent.
@@ -24,6 +25,10 @@ def main(argv: list[str] | None = None) -> int:
         from bert_serve_server import sizing
 
         return sizing.main(rest)
+    if command == "ready":
+        from bert_serve_server import ready
+
+        return ready.main(rest)
     if command in ("-h", "--help", ""):
         print(__doc__)
         return 0 if command else 2

@@ -3,8 +3,10 @@ config/config.properties leaves out: the workers, ``job_queue_size`` and the JVM
 
 The rule, in the order it is applied:
 
-- **Cores** are what this process may use: its CPU affinity, capped by a cgroup CPU quota (a
-  container's ``cpu.max`` or ``cpu.cfs_quota_us``). **Memory** is the cgroup limit, else the
+- **Cores** are the physical cores this process may use: the CPUs of its affinity counted once
+  per core (sysfs ``topology``: hyperthreads of one core share its units, so SMT siblings are
+  one core, the policy TorchServe's own ``cpu_launcher`` follows), capped by a cgroup CPU quota
+  (a container's ``cpu.max`` or ``cpu.cfs_quota_us``). **Memory** is the cgroup limit, else the
   machine's.
 - **Workers**: on a CPU, one per core with one torch thread each (``OMP_NUM_THREADS=1``), so
   batches run side by side instead of one batch's small matrices being split across cores.
@@ -35,13 +37,25 @@ The rule, in the order it is applied:
   measures about as fast as the best (a small model on one CPU thread), a choice between them
   would follow the noise. Batches form from what is queued within ``maxBatchDelay`` (1 ms in
   the shipped config), so a large ``batchSize`` costs a lone request nothing.
-- **Queue** (``job_queue_size``): what the workers drain in ``PATIENT_S``, the wait of a patient
-  client, at the rate measured for that batch size; so a patient client is never refused while
-  it could still be answered in time. TorchServe has one size for every model's own queue:
-  with several models, the largest of theirs.
-- **JVM heap** (``-Xmx``): room for that queue of the largest bodies the frontend accepts
-  (``max_request_size``), once per model, over ``BASE_HEAP_MB``, at most a quarter of the memory (the JVM's own
-  default share); where that cap binds, the queue is cut to what the heap holds.
+- **Queue** (``job_queue_size``, which TorchServe counts in requests): the requests the workers
+  drain in ``PATIENT_S``, the wait of a patient client, at the rate measured for that batch
+  size when each request holds one text (the fastest requests drain; a list of up to
+  ``max_texts_per_request`` texts drains slower, so fewer of them fill the minute); so a patient
+  client is never refused while it could still be answered in time. TorchServe has one size for
+  every model's own queue: with several models, the largest of theirs.
+- **JVM heap** (``-Xmx``): ``BASE_HEAP_MB`` plus that queue of requests as the frontend holds them
+  (``queued_request_bytes``: the body of the longest text the handler accepts, ``max_chars``
+  UTF-8 characters of 4 bytes at most, and ``REQUEST_OVERHEAD_BYTES``; never more than
+  ``max_request_size``), once per model. At most what the memory leaves beside the workers and
+  the JVM's own non-heap memory (``FRONTEND_NON_HEAP_BYTES``), and under ``COMPRESSED_OOPS_MB``
+  (past 32 GiB the JVM loses compressed pointers); where a cap binds, the queue is cut to what
+  the heap holds. A list request of many long texts holds more than one such text (bodies up to
+  ``max_request_size`` are admitted): a queue full of those would not fit, so clients that send
+  long lists should state a smaller ``max_request_size`` or a larger heap.
+- **Stated settings win, the others follow them**: a stated ``job_queue_size`` gets a heap that
+  holds it; a stated heap (``-Xmx``, ``-XX:MaxHeapSize``, or ``-XX:MaxRAMPercentage`` of the
+  memory) gets a queue of a patient minute cut to what it holds, and no ``-Xmx`` is added to
+  override it; both stated: both kept.
 
 The batch delay stays in the config (``models=``). A model whose archive cannot be read or
 whose model cannot be loaded for measuring is left out (``Resolved.refused``, with the reason):
@@ -75,7 +89,18 @@ MEASURE_S = 0.6
 BATCH_SIZES = (2, 4, 8, 16, 32, 64)
 NEAR_BEST = 0.9
 BASE_HEAP_MB = 256
-HEAP_SHARE = 0.25
+FRONTEND_NON_HEAP_BYTES = 192 * 2**20
+"""The JVM's memory besides its heap: metaspace, code cache, thread stacks, Netty's direct
+buffers (deploy/image-test.json's frontend PSS less its heap was about 130 MiB)."""
+COMPRESSED_OOPS_MB = 31 * 1024
+"""Under 32 GiB the JVM keeps compressed object pointers; a sized heap stays below it."""
+DEFAULT_MAX_CHARS = 10_000
+"""handler/settings.py's ``max_chars`` where an archive's model-config.yaml states none (a unit
+test keeps the two equal)."""
+UTF8_MAX_BYTES = 4
+REQUEST_OVERHEAD_BYTES = 4096
+"""A queued request besides its body: the frontend's job, its headers and the JSON around the
+text."""
 WORKER_MEMORY_SHARE = 0.5
 WORKER_OVERHEAD_BYTES = 300 * 2**20
 """A worker's memory besides its model's weights: Python, torch, transformers, TorchServe."""
@@ -91,12 +116,14 @@ GPU_MEMORY_SHARE = 0.9
 MB = 2**20
 DEFAULT_MAX_REQUEST_BYTES = 6_553_500
 """TorchServe 0.12's own ``max_request_size``."""
-HEAP_FLAG = re.compile(r"-Xmx\d+[kKmMgG]?")
+HEAP_FLAG = re.compile(r"-(?:Xmx|XX:MaxHeapSize=)(\d+)([kKmMgGtT]?)(?=\s|$)")
+RAM_PERCENTAGE_FLAG = re.compile(r"-XX:MaxRAMPercentage=(\d+(?:\.\d*)?)(?=\s|$)")
 SAMPLE_WORDS = (
     "the film was slow at first but the acting and the score carried it to a fine end "
     "although some scenes dragged and the plot left a few questions open for the next one"
 ).split()
 CGROUP = Path("/sys/fs/cgroup")
+CPU_TOPOLOGY = Path("/sys/devices/system/cpu")
 
 
 @dataclass(frozen=True)
@@ -156,13 +183,30 @@ def cgroup_memory(root: Path = CGROUP) -> int | None:
     return None
 
 
-def read_machine(gpus: int) -> Machine:
-    """This machine as a worker sees it, with ``gpus`` of its GPUs (their memory read here)."""
-    cores: float = len(os.sched_getaffinity(0))
-    quota = cgroup_cores()
+def physical_cores(cpus: set[int], topology: Path = CPU_TOPOLOGY) -> int:
+    """The cores that ``cpus`` (logical CPUs, hyperthreads included) sit on: one per
+    (package, core) of sysfs topology; a CPU whose topology cannot be read counts as a core."""
+    cores: set[tuple[str, ...]] = set()
+    for cpu in cpus:
+        folder = topology / f"cpu{cpu}" / "topology"
+        try:
+            package = (folder / "physical_package_id").read_text().strip()
+            core = (folder / "core_id").read_text().strip()
+        except OSError:
+            cores.add(("cpu", str(cpu)))
+            continue
+        cores.add((package, core))
+    return len(cores)
+
+
+def read_machine(gpus: int, cgroup: Path = CGROUP, topology: Path = CPU_TOPOLOGY) -> Machine:
+    """Physical cores of this process's affinity capped by the cgroup quota; the cgroup's
+    memory limit, else the machine's; with ``gpus`` of its GPUs (their memory read here)."""
+    cores: float = physical_cores(os.sched_getaffinity(0), topology)
+    quota = cgroup_cores(cgroup)
     if quota is not None:
         cores = min(cores, quota)
-    memory = cgroup_memory() or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    memory = cgroup_memory(cgroup) or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     gpu_memory = 0
     if gpus:
         import torch
@@ -302,28 +346,81 @@ def threads_for(machine: Machine, workers: int) -> int:
     return 1 if machine.gpus else max(1, math.floor(machine.cores) // workers)
 
 
+def queued_request_bytes(max_request_bytes: int, max_chars: int = DEFAULT_MAX_CHARS) -> int:
+    """What one queued request holds in the frontend's heap: the body of the longest text the
+    handler accepts (``max_chars`` characters of up to 4 UTF-8 bytes) and the request's own
+    objects; never more than a body the frontend admits (``max_request_size``)."""
+    return min(max_request_bytes, max_chars * UTF8_MAX_BYTES + REQUEST_OVERHEAD_BYTES)
+
+
+def heap_room_mb(machine: Machine, reserved_bytes: int) -> int:
+    """The largest heap the memory leaves beside ``reserved_bytes`` (the workers) and the JVM's
+    non-heap memory, under the compressed-pointer limit; never under ``BASE_HEAP_MB``."""
+    room = (machine.memory_bytes - reserved_bytes - FRONTEND_NON_HEAP_BYTES) // MB
+    return int(max(BASE_HEAP_MB, min(COMPRESSED_OOPS_MB, room)))
+
+
 def derive(
-    machine: Machine, workers: int, texts_per_s: float, max_request_bytes: int, queues: int = 1
+    machine: Machine,
+    workers: int,
+    texts_per_s: float,
+    request_bytes: int,
+    queues: int = 1,
+    reserved_bytes: int = 0,
+    stated_queue: int | None = None,
+    stated_heap_mb: int | None = None,
 ) -> tuple[int, int, list[str]]:
-    """(job_queue_size, heap MiB, why) for ``workers`` that each classify ``texts_per_s``;
-    the heap holds ``queues`` such queues (one per model)."""
-    queue = max(1, int(texts_per_s * workers * PATIENT_S))
-    reasons = [
-        f"queue {queue}: {workers} worker(s) x {texts_per_s:g} texts/s (measured at start) "
-        f"drain that in {PATIENT_S:.0f} s"
-    ]
-    heap_cap_mb = int(machine.memory_bytes * HEAP_SHARE // MB)
-    body_mb = max_request_bytes / MB
-    heap_mb = int(BASE_HEAP_MB + math.ceil(queues * queue * body_mb))
-    if heap_mb > heap_cap_mb:
-        heap_mb = max(BASE_HEAP_MB, heap_cap_mb)
-        queue = max(1, int((heap_mb - BASE_HEAP_MB) / body_mb / queues))
-        reasons.append(
-            f"queue cut to {queue}: a heap of {heap_mb} MiB (a quarter of the memory) holds "
-            f"{queues} queue(s) of that many bodies of {body_mb:g} MiB"
-        )
+    """(job_queue_size, heap MiB, why) for ``workers`` that each classify ``texts_per_s``; each
+    queued request holds ``request_bytes`` and the heap holds ``queues`` such queues (one per
+    model) beside ``reserved_bytes`` of workers. A stated queue or heap is kept and the other
+    follows from it."""
+    request_mb = request_bytes / MB
+    room_mb = heap_room_mb(machine, reserved_bytes)
+    if stated_queue is not None:
+        queue = stated_queue
+        reasons = [f"queue {queue} requests: as the config sets"]
+    else:
+        queue = max(1, int(texts_per_s * workers * PATIENT_S))
+        reasons = [
+            f"queue {queue} requests: {workers} worker(s) x {texts_per_s:g} texts/s (measured at "
+            f"start) drain that many one-text requests in {PATIENT_S:.0f} s"
+        ]
+    if stated_heap_mb is not None:
+        heap_mb = stated_heap_mb
+        reasons.append(f"heap {heap_mb} MiB: as the config sets")
+        fits = max(1, int((heap_mb - BASE_HEAP_MB) / request_mb / queues))
+        if stated_queue is None and queue > fits:
+            queue = fits
+            reasons.append(
+                f"queue cut to {queue}: what the stated heap holds over {BASE_HEAP_MB} MiB, "
+                f"{queues} queue(s) of requests of {request_bytes // 1024} KiB"
+            )
+        return queue, heap_mb, reasons
+    heap_mb = int(BASE_HEAP_MB + math.ceil(queues * queue * request_mb))
     shown = "the queue" if queues == 1 else f"{queues} queues (one per model)"
-    reasons.append(f"heap {heap_mb} MiB: {BASE_HEAP_MB} MiB + {shown} of largest bodies")
+    if heap_mb <= room_mb:
+        reasons.append(
+            f"heap {heap_mb} MiB: {BASE_HEAP_MB} MiB + {shown} of requests of "
+            f"{request_bytes // 1024} KiB (the longest text the handler accepts)"
+        )
+        return queue, heap_mb, reasons
+    heap_mb = room_mb
+    limit = (
+        f"the compressed-pointer limit ({COMPRESSED_OOPS_MB} MiB)"
+        if room_mb == COMPRESSED_OOPS_MB
+        else f"what {machine.memory_bytes // MB} MiB leaves beside the workers and the JVM"
+    )
+    if stated_queue is not None:
+        reasons.append(
+            f"heap {heap_mb} MiB: {limit}; it holds fewer than the stated queue of "
+            f"{request_bytes // 1024} KiB requests"
+        )
+        return queue, heap_mb, reasons
+    queue = max(1, int((heap_mb - BASE_HEAP_MB) / request_mb / queues))
+    reasons.append(
+        f"queue cut to {queue}: a heap of {heap_mb} MiB ({limit}) holds {shown} of that many "
+        f"requests of {request_bytes // 1024} KiB"
+    )
     return queue, heap_mb, reasons
 
 
@@ -354,7 +451,8 @@ def runs_on_gpu(machine: Machine, mar: Path) -> bool:
 
 def load_archive(mar: Path, threads: int, gpus: int) -> tuple[Any, Any]:
     """(loaded model, handler settings) of the .mar's own model, handler code and settings,
-    in this process with ``threads`` torch threads (on GPU 0 where there is one)."""
+    in this process with ``threads`` torch threads (on GPU 0 where there is one). This process
+    must not have imported ``handler`` yet: ``in_fresh_process`` runs it in a fresh one."""
     import torch
 
     with tempfile.TemporaryDirectory(prefix="bert-serve-sizing-") as unpacked:
@@ -362,8 +460,16 @@ def load_archive(mar: Path, threads: int, gpus: int) -> tuple[Any, Any]:
             archive.extractall(unpacked)
         sys.path.insert(0, unpacked)
         try:
+            import handler
+            import handler.inference  # loaded while the archive's folder exists
             from handler.model import load_model
             from handler.settings import HandlerSettings
+
+            if not Path(handler.__file__ or "").is_relative_to(unpacked):
+                raise RuntimeError(
+                    f"handler was imported from {handler.__file__}, not from {mar.name}: "
+                    "measure each archive in a fresh process (in_fresh_process)"
+                )
 
             settings = HandlerSettings.from_mapping(archive_handler_config(mar))
             torch.set_num_threads(threads)
@@ -378,9 +484,9 @@ def measure_rates(
 ) -> dict[int, float]:
     """One worker's texts/s at each batch size: the .mar's own model, handler code and
     settings, in this process with ``threads`` torch threads (on GPU 0 where there is one)."""
-    from handler.inference import classify
-
     loaded, settings = load_archive(mar, threads, gpus)
+    from handler.inference import classify  # the archive's own, imported by load_archive
+
     rates = {}
     for batch_size in batch_sizes:
         texts = sample_texts(batch_size * 8)
@@ -448,9 +554,9 @@ def measure_device_load(loaded: Any, settings: Any, batch_size: int) -> DeviceLo
 
 @functools.cache
 def measured_device_load(mar: str, mtime_ns: int, batch_size: int) -> DeviceLoad:
-    """``measure_device_load`` of the archive's own model, once per archive version."""
-    loaded, settings = load_archive(Path(mar), 1, 1)
-    return measure_device_load(loaded, settings, batch_size)
+    """``measure_device_load`` of the archive's own model, once per archive version, in a
+    fresh process (``in_fresh_process``)."""
+    return DeviceLoad(**in_fresh_process("device_load", Path(mar), [batch_size]))
 
 
 def batch_size_for(rates: dict[int, float]) -> tuple[int, str]:
@@ -476,16 +582,68 @@ def measured_rates(
 ) -> dict[int, float]:
     """``measure_rates`` once per archive version and layout in a process (a test session
     starts many servers on one .mar)."""
-    return measure_rates(Path(mar), batch_sizes, threads, gpus)
+    rates = in_fresh_process("rates", Path(mar), [list(batch_sizes), threads, gpus])
+    return {int(size): rate for size, rate in rates.items()}
 
 
-def heap_mb_in(vmargs: str) -> int | None:
-    match = HEAP_FLAG.search(vmargs)
-    if match is None:
-        return None
-    number, unit = re.fullmatch(r"-Xmx(\d+)([kKmMgG]?)", match.group(0)).groups()  # type: ignore[union-attr]
-    scale = {"": 1 / MB, "k": 1 / 1024, "m": 1, "g": 1024}[unit.lower()]
-    return int(int(number) * scale)
+MEASURE_SCRIPT = """import json, sys
+from dataclasses import asdict
+from pathlib import Path
+from bert_serve_server import sizing
+what, mar, args = sys.argv[1], Path(sys.argv[2]), json.loads(sys.argv[3])
+if what == "rates":
+    print(json.dumps(sizing.measure_rates(mar, tuple(args[0]), args[1], args[2])))
+else:
+    loaded, settings = sizing.load_archive(mar, 1, 1)
+    print(json.dumps(asdict(sizing.measure_device_load(loaded, settings, args[0]))))
+"""
+
+
+def in_fresh_process(what: str, mar: Path, args: list[Any]) -> Any:
+    """``measure_rates`` (``what`` "rates") or ``measure_device_load`` ("device_load") of
+    ``mar`` in a fresh Python process, its JSON answer decoded: the archive's own ``handler``
+    package is the one imported, and no process-wide setting (torch threads, attention
+    kernels, matmul precision) carries from one archive to the next or into this process."""
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-c", MEASURE_SCRIPT, what, str(mar.resolve()), json.dumps(args)],
+        capture_output=True, text=True, cwd=tempfile.gettempdir(),
+    )  # fmt: skip
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines() or [f"exit code {done.returncode}"]
+        raise RuntimeError(f"measuring {mar.name} failed: {lines[-1]}")
+    return json.loads(done.stdout)
+
+
+def heap_mb_in(vmargs: str, memory_bytes: int | None = None) -> int | None:
+    """The heap ``vmargs`` state in MiB: the last ``-Xmx`` or ``-XX:MaxHeapSize`` (the JVM takes
+    the last), else ``-XX:MaxRAMPercentage`` of ``memory_bytes`` where that is given."""
+    found = HEAP_FLAG.findall(vmargs)
+    if found:
+        number, unit = found[-1]
+        scale = {"": 1 / MB, "k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}[unit.lower()]
+        return int(int(number) * scale)
+    percentages = RAM_PERCENTAGE_FLAG.findall(vmargs)
+    if percentages and memory_bytes is not None:
+        return int(memory_bytes * float(percentages[-1]) / 100 // MB)
+    return None
+
+
+def heap_stated(vmargs: str) -> bool:
+    return bool(HEAP_FLAG.search(vmargs) or RAM_PERCENTAGE_FLAG.search(vmargs))
+
+
+def archive_max_chars(mar: Path) -> int:
+    """The handler's ``max_chars`` in the archive's model-config.yaml, else its default."""
+    import yaml
+
+    with zipfile.ZipFile(mar) as archive:
+        if "model-config.yaml" not in archive.namelist():
+            return DEFAULT_MAX_CHARS
+        raw = yaml.safe_load(archive.read("model-config.yaml")) or {}
+    handler = raw.get("handler") or {}
+    return int(handler.get("max_chars", DEFAULT_MAX_CHARS))
 
 
 @dataclass(frozen=True)
@@ -523,6 +681,14 @@ def served_list(properties: dict[str, str]) -> list[Served]:
     ]
 
 
+def worker_host_bytes(model: Served, on_gpu: frozenset[str]) -> int:
+    """One worker's host memory: a GPU worker's as measured on a GPU, else the archive (its
+    weights) and ``WORKER_OVERHEAD_BYTES``."""
+    if model.key in on_gpu:
+        return GPU_WORKER_HOST_BYTES
+    return model.mar.stat().st_size + WORKER_OVERHEAD_BYTES
+
+
 def with_workers(
     machine: Machine,
     models: list[Served],
@@ -533,12 +699,7 @@ def with_workers(
     models of ``loads``, then the cores left for the others), and the torch threads per worker.
     ``on_gpu``: the models whose workers use a GPU (their host memory is a GPU worker's)."""
     loads = loads or {}
-    sizes = {
-        model.key: GPU_WORKER_HOST_BYTES
-        if model.key in on_gpu
-        else model.mar.stat().st_size + WORKER_OVERHEAD_BYTES
-        for model in models
-    }
+    sizes = {model.key: worker_host_bytes(model, on_gpu) for model in models}
     stated = [model for model in models if "minWorkers" in model.entry]
     unstated = [model for model in models if "minWorkers" not in model.entry]
     taken = sum(int(model.entry["minWorkers"]) for model in stated)
@@ -626,8 +787,10 @@ def resolve(properties: dict[str, str], gpus: int | None = None) -> Resolved:
         models, threads, reasons = with_workers(machine, models)
     resolved = dict(properties)
     max_request = int(properties.get("max_request_size", DEFAULT_MAX_REQUEST_BYTES))
-    has_heap = heap_mb_in(properties.get("vmargs", "")) is not None
-    measure_queue = "job_queue_size" not in properties or not has_heap
+    vmargs = properties.get("vmargs", "")
+    stated_queue = int(properties["job_queue_size"]) if "job_queue_size" in properties else None
+    stated_heap = heap_mb_in(vmargs, machine.memory_bytes)
+    measure_queue = stated_queue is None
     sized, rates, batch_reasons = with_batch_sizes(models, threads, machine, measure_queue, refused)
     loads: dict[str, DeviceLoad] = {}
     if on_gpu:
@@ -640,12 +803,20 @@ def resolve(properties: dict[str, str], gpus: int | None = None) -> Resolved:
         for model in sized
         if (rate := rates[model.key]) is not None
     ]
-    if drains and measure_queue:
-        workers, rate = max(drains, key=lambda drain: drain[0] * drain[1])
-        queue, heap_mb, why = derive(machine, workers, rate, max_request, queues=len(drains))
-        resolved.setdefault("job_queue_size", str(queue))
-        if not has_heap:
-            resolved["vmargs"] = f"{properties.get('vmargs', '')} -Xmx{heap_mb}m".strip()
+    holding = [model for model in sized if holds_a_model(model.mar)]
+    if holding and (drains or stated_queue is not None):
+        workers, rate = max(drains or [(0, 0.0)], key=lambda drain: drain[0] * drain[1])
+        request_bytes = max(
+            queued_request_bytes(max_request, archive_max_chars(m.mar)) for m in holding
+        )
+        reserved = sum(int(m.entry["minWorkers"]) * worker_host_bytes(m, on_gpu) for m in sized)
+        queue, heap_mb, why = derive(
+            machine, workers, rate, request_bytes, len(holding), reserved, stated_queue,
+            stated_heap,
+        )  # fmt: skip
+        resolved["job_queue_size"] = str(queue)
+        if not heap_stated(vmargs):
+            resolved["vmargs"] = f"{vmargs} -Xmx{heap_mb}m".strip()
         reasons += why
     models_entry: dict[str, dict[str, Any]] = {}
     for model in sized:
@@ -734,9 +905,16 @@ def report(resolved: Resolved) -> dict[str, Any]:
     }
 
 
+INFERENCE_ADDRESS_ENV = "BERT_SERVE_INFERENCE_ADDRESS"
+"""Where the image's TorchServe serves inference instead of the baked config's 0.0.0.0: the
+Kubernetes Deployment sets ``http://127.0.0.1:8080``, so only its proxy sidecar reaches it;
+KServe's runtime, which has no sidecar, leaves it unset."""
+
+
 def main(argv: list[str] | None = None) -> int:
     """The image's entrypoint step: resolve the config that TorchServe's own arguments name
-    (``--ts-config``), write it to ``--out``, print the torch threads per worker."""
+    (``--ts-config``), write it to ``--out``, print the torch threads per worker. The inference
+    address is ``BERT_SERVE_INFERENCE_ADDRESS`` where that is set."""
     parser = argparse.ArgumentParser(
         prog="python -m bert_serve_server size", description=__doc__.splitlines()[0]
     )
@@ -748,6 +926,11 @@ def main(argv: list[str] | None = None) -> int:
     given = args.torchserve_args[1:] if args.torchserve_args[:1] == ["--"] else args.torchserve_args
     config = torchserve.parse_known_args(given)[0].ts_config
     resolved = resolve(read_properties(config))
+    address = os.environ.get(INFERENCE_ADDRESS_ENV)
+    if address:
+        resolved = replace(
+            resolved, properties=resolved.properties | {"inference_address": address}
+        )
     for key, why in resolved.refused.items():
         print(f"sizing: model {key} refused: {why}", file=sys.stderr)
     if not json.loads(resolved.properties["models"]):

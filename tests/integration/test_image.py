@@ -1,6 +1,8 @@
 """The container image, built and answering: `make image image-test` (scripts/image.sh, then
-scripts/image_test.py: READY, the README's requests, a list, a pair, v2, /metrics, the
-health check, memory, SIGTERM within the grace period; the container is always removed).
+scripts/image_test.py, under the pod's CPU and memory limits: the readiness probe false while
+the workers load, READY, the README's requests, a list, a pair, v2, /metrics, the health check,
+memory, 256 patient clients none refused, SIGTERM under load within the grace period with no
+accepted request lost; the container is always removed).
 
 Skips, saying why, where no container engine works (scripts/container_engine.sh): no podman,
 or a docker client without an engine, and where a package archive the build fetches from
@@ -22,7 +24,8 @@ import subprocess
 import pytest
 from bert_serve_server import sizing
 
-from tests.conftest import ROOT
+from lab.image import pod_limits
+from tests.conftest import MAR_PATH, ROOT
 
 # From nothing (debootstrap base + first build + run) 7 to 12 min on a loaded machine of this
 # project; a rebuild with nothing changed plus the run, 2.5 min (deploy/README.md).
@@ -69,11 +72,15 @@ def test_image_builds_answers_and_stops_cleanly() -> None:
         assert result["ready_s"] > 0 and result["stop_s"] < result["grace_s"]
         roles = [process["role"] for process in result["processes"]]
         assert roles.count("frontend") == 1, roles
-        # the entrypoint sized the workers for the container: one per core here (no CPU limit)
-        cores = sizing.read_machine(gpus=0).cores
-        assert roles.count("worker") == sizing.workers_for(sizing.Machine(cores, 2**40, 0), 1)[0], (
-            roles
-        )
+        # the entrypoint sized the workers for the container: this machine's cores and the
+        # pod's limits, which the test ran under
+        assert result["limits"] == pod_limits()
+        cores = min(sizing.read_machine(gpus=0).cores, float(result["limits"]["cpus"]))
+        memory = int(result["limits"]["memory"].removesuffix("m")) * 2**20
+        worker_bytes = MAR_PATH.stat().st_size + sizing.WORKER_OVERHEAD_BYTES
+        expected = sizing.workers_for(sizing.Machine(cores, memory, 0), worker_bytes)[0]
+        assert roles.count("worker") == expected, (roles, expected)
+        assert result["probe_not_ready_polls"] > 0 and not result["lost_under_stop"]
     finally:
         subprocess.run(
             [*engine.stdout.split(), "rmi", "--force", image], capture_output=True, timeout=120

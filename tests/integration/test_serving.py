@@ -179,8 +179,10 @@ def test_make_status_prints_the_defaults_chosen_on_this_machine(server) -> None:
     machine, workers = expected_workers(server)
     batch_size, _ = sizing.batch_size_for(rates)
     max_request = int(server.properties["max_request_size"])
+    request_bytes = sizing.queued_request_bytes(max_request, sizing.archive_max_chars(MAR_PATH))
+    worker_bytes = MAR_PATH.stat().st_size + sizing.WORKER_OVERHEAD_BYTES
     expected_queue, expected_heap, _ = sizing.derive(
-        machine, workers, rates[batch_size], max_request
+        machine, workers, rates[batch_size], request_bytes, reserved_bytes=workers * worker_bytes
     )
     assert (int(entry["minWorkers"]), int(entry["maxWorkers"]), threads) == (
         workers,

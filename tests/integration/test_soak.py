@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from bert_serve_server import sizing
 
 from tests.conftest import MAR_PATH, ROOT
 
@@ -34,6 +35,9 @@ def test_soak_tool_samples_memory_rps_and_logs(tmp_path: Path) -> None:
     assert report["by_kind"]["list"] == {"200": report["by_kind"]["list"]["200"]}
     assert len(report["samples"]) >= 10
     workers = [name for name in report["rss"] if name.startswith("worker ")]
-    assert "frontend" in report["rss"] and len(workers) == 2  # config.properties: 2 workers
+    # the start sizes the workers for this machine (config.properties states none)
+    machine = sizing.read_machine(gpus=sizing.gpu_count())
+    expected = sizing.workers_for(machine, MAR_PATH.stat().st_size + sizing.WORKER_OVERHEAD_BYTES)
+    assert "frontend" in report["rss"] and len(workers) == expected[0], (workers, expected)
     assert all(entry["baseline_mb"] > 0 for entry in report["rss"].values())
     assert report["log_folder"]["growth_bytes"] > 0

@@ -122,19 +122,44 @@ def test_kserve_containers_are_valid_containers() -> None:
         kubernetes_validate.validate(pod, KUBERNETES_VERSION, strict=True)
 
 
-def test_probes_hit_ping_on_the_inference_port(
+READY_COMMAND = ["python3.11", "-m", "bert_serve_server", "ready"]
+
+
+def test_probes_ask_every_worker_and_inference_stays_on_the_loopback(
     container: dict[str, Any], layout_config: dict[str, str]
 ) -> None:
-    """Kubelet probes /ping on the port TorchServe's inference API binds, with no token."""
-    assert named_port(container, "http") == port(layout_config["inference_address"])
+    """Startup and readiness run the ready command (every worker READY, not /ping alone),
+    liveness its --live form; TorchServe serves inference on the pod's loopback, where the
+    proxy sends it (the sizing step reads the address from the environment); metrics stay on
+    the pod's IP for Prometheus."""
+    from bert_serve_server import sizing
+
     assert named_port(container, "metrics") == port(layout_config["metrics_address"])
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        http_get = container[probe]["httpGet"]
-        assert http_get["path"] == "/ping", probe
-        assert http_get["port"] == "http", probe
+    assert {entry["name"] for entry in container["ports"]} == {"metrics"}
+    env = {entry["name"]: entry["value"] for entry in container["env"]}
+    inference = port(layout_config["inference_address"])
+    assert env[sizing.INFERENCE_ADDRESS_ENV] == f"http://127.0.0.1:{inference}"
+    assert proxy.POD_UPSTREAM == f"server 127.0.0.1:{inference};"
+    for probe in ("startupProbe", "readinessProbe"):
+        assert container[probe]["exec"]["command"] == READY_COMMAND, probe
+    assert container["livenessProbe"]["exec"]["command"] == [*READY_COMMAND, "--live"]
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert pod_container("proxy")[probe]["tcpSocket"]["port"] == "proxy", probe
     assert layout_config["disable_token_authorization"] == "true"
     annotations = by_kind("Deployment")["spec"]["template"]["metadata"]["annotations"]
     assert int(annotations["prometheus.io/port"]) == port(layout_config["metrics_address"])
+
+
+def test_the_pod_is_guaranteed_and_outlives_its_longest_answer() -> None:
+    """Every container requests what it is limited to (Guaranteed QoS, as the manifest says),
+    and the grace period outlasts the model's responseTimeout."""
+    for name in ("torchserve", "proxy"):
+        resources = pod_container(name)["resources"]
+        assert resources["requests"] == resources["limits"], name
+    assert "Guaranteed" in (DEPLOY / "k8s" / "deployment.yaml").read_text()
+    model_config = yaml.safe_load((ROOT / "config" / "model-config.yaml").read_text())
+    grace = by_kind("Deployment")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert grace > model_config["responseTimeout"]
 
 
 def test_startup_probe_allows_the_model_startup_timeout(container: dict[str, Any]) -> None:
@@ -218,7 +243,10 @@ def test_dockerfile_copies_what_the_layout_contains(
 def test_entrypoint_stops_torchserve_on_sigterm() -> None:
     """PID 1 turns SIGTERM into `torchserve --stop` and runs TorchServe in the foreground."""
     script = (DEPLOY / "entrypoint.sh").read_text()
-    assert "trap 'torchserve --stop --foreground' TERM" in script
+    assert (
+        "trap 'python3.11 -m bert_serve_server ready --drain; torchserve --stop --foreground' TERM"
+        in script
+    )
     assert "torchserve --foreground --ncs" in script
     assert (DEPLOY / "entrypoint.sh").stat().st_mode & 0o111, "executable"
 
@@ -281,7 +309,7 @@ def test_kserve_runtime_matches_the_layout_and_deployment(
     ), "the runtime runs the image's own entrypoint"
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert served[probe]["httpGet"] == {"path": "/ping", "port": inference}, probe
-        timing = {key: value for key, value in container[probe].items() if key != "httpGet"}
+        timing = {key: value for key, value in container[probe].items() if key != "exec"}
         assert {key: value for key, value in served[probe].items() if key != "httpGet"} == timing
     assert served["securityContext"]["runAsUser"] == int(dockerfile_instruction("USER")[-1])
     annotations = runtime["spec"]["annotations"]
@@ -314,6 +342,37 @@ def test_memory_requests_cover_what_the_running_container_used(container: dict[s
         measured["stop_s"]
         < by_kind("Deployment")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     )
+
+
+def test_the_image_record_is_of_the_current_entrypoint_and_sizing_under_the_pods_limits(
+    container: dict[str, Any],
+) -> None:
+    """deploy/image-test.json was measured by `make image-test` on the entrypoint and sizing
+    that are here now, with the TorchServe container's own CPU and memory limits, its readiness
+    probe not ready while the workers loaded, and no patient client refused. After a change to
+    either file: make image image-test IMAGE_TEST_OUT=deploy/image-test.json."""
+    from lab import image
+
+    measured = json.loads((DEPLOY / "image-test.json").read_text())
+    assert measured["sized_from"] == image.sized_from(), (
+        f"deploy/image-test.json is older than {' or '.join(image.SIZED_FILES)}: rerun "
+        "make image image-test IMAGE_TEST_OUT=deploy/image-test.json"
+    )
+    assert measured["limits"] == image.pod_limits()
+    assert image.pod_limits()["memory"] == container["resources"]["limits"]["memory"].replace(
+        "Mi", "m"
+    )
+    assert measured["probe_not_ready_polls"] > 0
+    manifest = (DEPLOY / "k8s" / "deployment.yaml").read_text()
+    used = sum(process["pss_mib"] for process in measured["processes"])
+    (queue,) = [m.group(1) for line in measured["sizing"] if (m := re.match(r"queue (\d+)", line))]
+    workers = [process["role"] for process in measured["processes"]].count("worker")
+    for figure in (f"{used:.0f} MiB in all", f"a queue of {queue} requests", f"{workers} worker"):
+        assert figure in manifest.replace("\n          # ", " "), (
+            f"deployment.yaml lacks {figure!r}"
+        )
+    assert measured["ready_s"] >= measured["probe_ready_s"] > 0
+    assert set(measured["patient"]["statuses"]) == {"200"}
 
 
 def test_the_proxy_fronts_torchserve_with_the_shipped_config(layout_config: dict[str, str]) -> None:

@@ -95,7 +95,7 @@ def test_workers_ready_reads_the_management_api_inside_the_container(
     engine.write_text(FAKE_ENGINE)
     container = image.Container(
         [sys.executable, str(engine)], "bert-serve:x", "box", 1, 2,
-        {"management_address": "http://127.0.0.1:8081"},
+        {"management_address": "http://127.0.0.1:8081"}, {"cpus": "2", "memory": "1536m"},
     )  # fmt: skip
     assert image.workers_ready(container) is ready
 
@@ -130,10 +130,15 @@ def test_the_grace_period_is_the_deployments(tmp_path: Path) -> None:
     assert image.grace_period_s(deployment) == 45
 
 
-def test_the_whole_run_against_a_fake_engine(tmp_path: Path) -> None:
+def test_the_whole_run_against_a_fake_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """run_image_test's steps in order against tests/fake_engine.py, whose `run` starts a
-    stub of the image: READY, the checks, the burst through the load generator, memory
-    from the host, SIGTERM and exit code 0; the container is removed."""
+    stub of the image: the readiness probe not ready, then READY, the checks, the burst
+    through the load generator, memory from the host, patient clients (fewer and shorter
+    here), SIGTERM under load and exit code 0; the container is removed."""
+    monkeypatch.setattr(image, "PATIENT_CLIENTS", 8)
+    monkeypatch.setattr(image, "PATIENT_S", 1.0)
     engine = [sys.executable, fake_engine.__file__, str(tmp_path)]
     said: list[str] = []
     result = image.run_image_test("bert-serve:x", engine, say=said.append)
@@ -143,7 +148,11 @@ def test_the_whole_run_against_a_fake_engine(tmp_path: Path) -> None:
     ]
     assert result["image_bytes"] == 123456 and result["stop_s"] < result["grace_s"]
     assert result["processes"] and result["processes"][0]["pss_mib"] > 0
-    assert said[0] == "start" and said[-1].startswith("stopped with exit code 0")
+    assert said[0].startswith("start with the pod's limits")
+    assert said[-1].startswith("stopped with exit code 0")
+    assert result["limits"] == image.pod_limits() and result["sized_from"] == image.sized_from()
+    assert result["probe_not_ready_polls"] == 1 and not result["lost_under_stop"]
+    assert set(result["patient"]["statuses"]) == {"200"}
     assert f"burst of {image.BURST_REQUESTS}" in said
     assert (tmp_path / f"bert-serve-image-test-{os.getpid()}.exit").read_text() == "0"
 

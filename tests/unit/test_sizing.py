@@ -3,9 +3,13 @@ measured rate to workers, threads, queue and heap; the config's own values alway
 
 from __future__ import annotations
 
+import functools
 import json
+import math
+import os
 import threading
 import time
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,7 +17,10 @@ import pytest
 from bert_serve_server import sizing
 from bert_serve_server.config import effective_properties
 
+from tests.conftest import MAR_PATH
+
 GIB = 2**30
+MIB = 2**20
 
 
 def test_cgroup_v2_and_v1_quotas(tmp_path: Path) -> None:
@@ -53,25 +60,54 @@ def test_workers_and_threads_follow_cores_and_memory(
     assert reasons
 
 
+REQUEST = sizing.queued_request_bytes(2**20)
+"""A queued request as the shipped limits hold it: the longest text the handler accepts."""
+
+
+def test_a_queued_request_is_budgeted_as_the_longest_text_the_handler_accepts() -> None:
+    from handler.settings import HandlerSettings
+
+    assert sizing.DEFAULT_MAX_CHARS == HandlerSettings().max_chars
+    assert REQUEST == 10_000 * 4 + sizing.REQUEST_OVERHEAD_BYTES
+    assert sizing.queued_request_bytes(8192) == 8192, "never more than the frontend admits"
+    assert sizing.queued_request_bytes(2**20, max_chars=100) == 400 + sizing.REQUEST_OVERHEAD_BYTES
+
+
 def test_queue_is_a_patient_minute_of_drain_and_the_heap_holds_it() -> None:
     machine = sizing.Machine(cores=4, memory_bytes=64 * GIB, gpus=0)
-    queue, heap_mb, _ = sizing.derive(machine, workers=4, texts_per_s=10.0, max_request_bytes=2**20)
+    queue, heap_mb, _ = sizing.derive(machine, workers=4, texts_per_s=10.0, request_bytes=REQUEST)
     assert queue == 4 * 10 * 60
-    assert heap_mb == sizing.BASE_HEAP_MB + queue
+    assert heap_mb == sizing.BASE_HEAP_MB + math.ceil(queue * REQUEST / MIB)
 
 
 def test_a_small_memory_cuts_the_queue_to_what_the_heap_holds() -> None:
+    """The heap gets what the workers and the JVM's non-heap memory leave, no more."""
     machine = sizing.Machine(cores=4, memory_bytes=2 * GIB, gpus=0)
-    queue, heap_mb, reasons = sizing.derive(machine, 4, 100.0, max_request_bytes=2**20)
-    assert heap_mb == 512  # a quarter of 2 GiB
-    assert queue == 512 - sizing.BASE_HEAP_MB
+    queue, heap_mb, reasons = sizing.derive(
+        machine, 4, 100.0, request_bytes=MIB, reserved_bytes=GIB
+    )
+    assert heap_mb == 2048 - 1024 - sizing.FRONTEND_NON_HEAP_BYTES // MIB
+    assert queue == heap_mb - sizing.BASE_HEAP_MB
     assert any("cut" in reason for reason in reasons)
+
+
+def test_the_heap_stays_under_the_compressed_pointer_limit() -> None:
+    machine = sizing.Machine(cores=64, memory_bytes=1024 * GIB, gpus=0)
+    queue, heap_mb, reasons = sizing.derive(machine, 64, 5000.0, request_bytes=REQUEST)
+    assert heap_mb == sizing.COMPRESSED_OOPS_MB < 32 * 1024
+    assert queue == int((heap_mb - sizing.BASE_HEAP_MB) / (REQUEST / MIB))
+    assert any("compressed-pointer" in reason for reason in reasons)
 
 
 def test_heap_flag_parsing() -> None:
     assert sizing.heap_mb_in("-Dx=y -Xmx2g") == 2048
     assert sizing.heap_mb_in("-Xmx512m -Xms256m") == 512
     assert sizing.heap_mb_in("-Xms256m") is None
+    assert sizing.heap_mb_in("-XX:MaxHeapSize=1073741824") == 1024
+    assert sizing.heap_mb_in("-Xmx1g -XX:MaxHeapSize=2g") == 2048, "the JVM takes the last"
+    assert sizing.heap_mb_in("-XX:MaxRAMPercentage=50.0", memory_bytes=4 * GIB) == 2048
+    assert sizing.heap_mb_in("-XX:MaxRAMPercentage=50") is None, "a share of unknown memory"
+    assert sizing.heap_stated("-XX:MaxRAMPercentage=50") and not sizing.heap_stated("-Xms1g")
 
 
 RATES = {1: 20.0, 2: 30.0, 4: 40.0, 8: 46.0, 16: 50.0, 32: 49.0, 64: 51.0}
@@ -140,7 +176,9 @@ def test_resolve_fills_what_the_shipped_config_leaves_out(
     assert (entry["minWorkers"], entry["maxWorkers"], resolved.torch_threads) == (8, 8, 1)
     assert entry["batchSize"] == 8
     assert resolved.properties["job_queue_size"] == str(8 * 46 * 60)
-    assert sizing.heap_mb_in(resolved.properties["vmargs"]) == sizing.BASE_HEAP_MB + 8 * 46 * 60
+    assert sizing.heap_mb_in(resolved.properties["vmargs"]) == sizing.BASE_HEAP_MB + math.ceil(
+        8 * 46 * 60 * REQUEST / MIB
+    )
     assert "-Dlog4j.configurationFile=" in resolved.properties["vmargs"]
     assert machine_of_8_cores == [(sizing.BATCH_SIZES, 1)]
 
@@ -262,7 +300,8 @@ def test_each_model_is_measured_on_its_own_archive_and_the_cores_shared(
     assert len(machine_of_8_cores) == 3, "each archive measured"
     assert resolved.properties["job_queue_size"] == str(3 * 46 * 60)
     heap = sizing.heap_mb_in(resolved.properties["vmargs"])
-    assert heap == sizing.BASE_HEAP_MB + 3 * 3 * 46 * 60
+    request = sizing.queued_request_bytes(int(resolved.properties["max_request_size"]))
+    assert heap == sizing.BASE_HEAP_MB + math.ceil(3 * 3 * 46 * 60 * request / MIB)
     assert not resolved.refused
 
 
@@ -276,7 +315,7 @@ def test_a_model_that_cannot_be_measured_is_refused_and_the_others_served(
     def failing(mar: str, *args: object) -> dict[int, float]:
         if mar.endswith("a-v1.mar"):
             raise ValueError("the model's config has no labels")
-        return measure(mar, *args)  # type: ignore[arg-type]
+        return measure(mar, *args)
 
     monkeypatch.setattr(sizing, "measured_rates", failing)
     resolved = sizing.resolve(two_models(tmp_path), gpus=0)
@@ -524,3 +563,170 @@ def test_a_batch_is_measured_on_the_gpu(tiny_model_dir: Path) -> None:
     assert load.batch_size == 16 and load.device_s > 0 and load.cpu_s > 0
     assert load.gpu_bytes > weights and load.context_bytes > 0
     assert load.busy_workers >= 1
+
+
+def resolve_stating(overrides: dict[str, str]) -> tuple[int, str]:
+    """The shipped config with ``overrides`` on the 8-core machine: (queue, vmargs)."""
+    resolved = sizing.resolve(effective_properties(overrides), gpus=0)
+    return int(resolved.properties["job_queue_size"]), resolved.properties["vmargs"]
+
+
+def test_a_stated_queue_gets_a_heap_that_holds_it(
+    machine_of_8_cores: list[tuple[tuple[int, ...], int]],
+) -> None:
+    queue, vmargs = resolve_stating({"job_queue_size": "5000"})
+    assert queue == 5000
+    assert sizing.heap_mb_in(vmargs) == sizing.BASE_HEAP_MB + math.ceil(5000 * REQUEST / MIB)
+
+
+def test_a_stated_queue_the_memory_cannot_hold_is_kept_and_the_heap_capped(
+    machine_of_8_cores: list[tuple[tuple[int, ...], int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sizing, "read_machine", lambda gpus: sizing.Machine(2, 2 * GIB, gpus))
+    resolved = sizing.resolve(effective_properties({"job_queue_size": "100000"}), gpus=0)
+    assert resolved.properties["job_queue_size"] == "100000"
+    heap = sizing.heap_mb_in(resolved.properties["vmargs"])
+    assert heap is not None and heap < 2048
+    assert any("fewer than the stated queue" in reason for reason in resolved.reasons)
+
+
+@pytest.mark.parametrize(
+    ("vmargs", "heap_mb"),
+    [
+        ("-Xmx1g", 1024),
+        ("-XX:MaxHeapSize=1073741824", 1024),
+        ("-XX:MaxRAMPercentage=0.5", int(128 * GIB * 0.005 // MIB)),
+    ],
+)
+def test_a_stated_heap_is_kept_and_the_queue_cut_to_what_it_holds(
+    machine_of_8_cores: list[tuple[tuple[int, ...], int]], vmargs: str, heap_mb: int
+) -> None:
+    """-Xmx, -XX:MaxHeapSize or MaxRAMPercentage: no -Xmx is added to override it, and the
+    patient minute (8 x 46 x 60 = 22,080) is cut to what that heap holds."""
+    queue, got = resolve_stating({"vmargs": vmargs})
+    assert got == vmargs
+    assert queue == int((heap_mb - sizing.BASE_HEAP_MB) / (REQUEST / MIB)) < 8 * 46 * 60
+
+
+def test_a_stated_heap_larger_than_the_minute_keeps_the_minute(
+    machine_of_8_cores: list[tuple[tuple[int, ...], int]],
+) -> None:
+    queue, vmargs = resolve_stating({"vmargs": "-Xmx8g"})
+    assert (queue, vmargs) == (8 * 46 * 60, "-Xmx8g")
+
+
+@pytest.mark.parametrize("texts_per_s", [124.0, 200.0])
+def test_the_shipped_pod_queues_a_patient_minute(
+    monkeypatch: pytest.MonkeyPatch, texts_per_s: float
+) -> None:
+    """deploy/k8s/deployment.yaml's container (2 CPUs, 1536 MiB) with the shipped archive: the
+    queue is a whole minute of the workers' rate (issue 49 measured 123.6 requests/s there),
+    and workers, heap and the JVM's non-heap memory fit in the limit."""
+    pod = sizing.Machine(cores=2, memory_bytes=1536 * MIB, gpus=0)
+    monkeypatch.setattr(sizing, "read_machine", lambda gpus: pod)
+    monkeypatch.setattr(sizing, "measured_rates", lambda *args: dict.fromkeys(args[2], texts_per_s))
+    resolved = sizing.resolve(effective_properties(), gpus=0)
+    (entry,) = json.loads(resolved.properties["models"])["bert"].values()
+    workers = entry["minWorkers"]
+    assert int(resolved.properties["job_queue_size"]) == int(workers * texts_per_s * 60)
+    heap = sizing.heap_mb_in(resolved.properties["vmargs"])
+    worker_mb = workers * (MAR_PATH.stat().st_size + sizing.WORKER_OVERHEAD_BYTES) / MIB
+    assert heap is not None
+    assert heap + worker_mb + sizing.FRONTEND_NON_HEAP_BYTES / MIB <= 1536
+
+
+def fake_host(root: Path, packages: int, cores: int, threads: int) -> Path:
+    """sysfs topology of ``packages`` x ``cores`` x ``threads`` logical CPUs, numbered as
+    Linux numbers them (each core's second thread after every core's first)."""
+    count = packages * cores * threads
+    for cpu in range(count):
+        folder = root / f"cpu{cpu}" / "topology"
+        folder.mkdir(parents=True)
+        first = cpu % (packages * cores)
+        (folder / "physical_package_id").write_text(f"{first // cores}\n")
+        (folder / "core_id").write_text(f"{first % cores}\n")
+    return root
+
+
+def test_physical_cores_count_hyperthreads_once(tmp_path: Path) -> None:
+    topology = fake_host(tmp_path, packages=2, cores=16, threads=2)
+    assert sizing.physical_cores(set(range(64)), topology) == 32
+    assert sizing.physical_cores({0, 32}, topology) == 1, "two threads of one core"
+    assert sizing.physical_cores({0, 16}, topology) == 2, "core 0 of each package"
+    assert sizing.physical_cores({0, 99}, topology) == 2, "no topology: a core of its own"
+
+
+@pytest.mark.parametrize(
+    ("quota", "workers"), [(None, 32), ("1600000 100000", 16), ("6400000 100000", 32)]
+)
+def test_a_64_thread_host(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, quota: str | None, workers: int
+) -> None:
+    """2 sockets x 16 cores x 2 threads, all 64 in the affinity, 256 GiB: a worker per
+    physical core (or per core of the cgroup quota), one thread each, the queue in requests a
+    minute of their drain, the heap holding it under the compressed-pointer limit."""
+    topology = fake_host(tmp_path / "cpu", packages=2, cores=16, threads=2)
+    cgroup = tmp_path / "cgroup"
+    cgroup.mkdir()
+    (cgroup / "memory.max").write_text(f"{256 * GIB}\n")
+    (cgroup / "cpu.max").write_text(f"{quota or 'max 100000'}\n")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+    read = functools.partial(sizing.read_machine, cgroup=cgroup, topology=topology)
+    monkeypatch.setattr(sizing, "read_machine", read)
+    monkeypatch.setattr(sizing, "measured_rates", lambda *args: dict.fromkeys(args[2], 50.0))
+    resolved = sizing.resolve(effective_properties(), gpus=0)
+    (entry,) = json.loads(resolved.properties["models"])["bert"].values()
+    assert (entry["minWorkers"], resolved.torch_threads) == (workers, 1)
+    queue = workers * 50 * 60
+    assert resolved.properties["job_queue_size"] == str(queue)
+    heap = sizing.heap_mb_in(resolved.properties["vmargs"])
+    assert heap == sizing.BASE_HEAP_MB + math.ceil(queue * REQUEST / MIB)
+    assert heap is not None and heap < sizing.COMPRESSED_OOPS_MB
+
+
+FAKE_HANDLER = {
+    "handler/__init__.py": "",
+    "handler/settings.py": (
+        "class HandlerSettings:\n"
+        "    max_length = 8\n"
+        "    @classmethod\n"
+        "    def from_mapping(cls, raw):\n"
+        "        return cls()\n"
+    ),
+    "handler/model.py": (
+        "class Loaded:\n"
+        "    max_batch_tokens = 0\n"
+        "def load_model(folder, settings, device):\n"
+        "    return Loaded()\n"
+    ),
+}
+
+
+def fake_archive(path: Path, seconds_per_batch: float) -> Path:
+    """A .mar whose handler code classifies a batch in ``seconds_per_batch``."""
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, text in FAKE_HANDLER.items():
+            archive.writestr(name, text)
+        archive.writestr(
+            "handler/inference.py",
+            "import time\n"
+            "def classify(loaded, texts, max_length, max_batch_tokens):\n"
+            f"    time.sleep({seconds_per_batch})\n",
+        )
+        archive.writestr("model/config.json", "{}")
+    return path
+
+
+def test_each_archive_is_measured_on_its_own_code_in_a_fresh_process(tmp_path: Path) -> None:
+    """Two archives measured one after the other from this process (which has imported the
+    checkout's handler) each run their own handler code: a slow one and a fast one."""
+    import handler.inference  # noqa: F401  the checkout's copy, as a test session has it
+
+    slow = fake_archive(tmp_path / "slow.mar", 0.05)
+    fast = fake_archive(tmp_path / "fast.mar", 0.002)
+    slow_rate = sizing.in_fresh_process("rates", slow, [[2], 1, 0])["2"]
+    fast_rate = sizing.in_fresh_process("rates", fast, [[2], 1, 0])["2"]
+    assert slow_rate < 2 / 0.05 * 1.1
+    assert fast_rate > 5 * slow_rate
+    with pytest.raises(RuntimeError, match="fresh process"):
+        sizing.measure_rates(slow, (2,), threads=1, gpus=0)

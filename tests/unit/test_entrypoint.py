@@ -1,0 +1,81 @@
+"""deploy/entrypoint.sh run with stand-ins for the image's python3.11 and torchserve: SIGTERM
+is honoured at once during the sizing step, and turned into a drain and `torchserve --stop`
+later."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+ENTRYPOINT = ROOT / "deploy" / "entrypoint.sh"
+# python3.11 -m bert_serve_server size --out FILE -- ...: a slow sizing that then prints 1
+FAKE_PYTHON = """#!/bin/sh
+if [ "$3" = "ready" ]; then
+    echo "ready $4" >> "$HOME/calls"
+    exit 0
+fi
+echo sizing >> "$HOME/calls"
+sleep "$SIZING_S"
+echo 1
+"""
+# torchserve --foreground runs until `torchserve --stop` kills it
+FAKE_TORCHSERVE = """#!/bin/sh
+if [ "$1" = "--stop" ]; then
+    echo stop >> "$HOME/calls"
+    kill -TERM "$(cat "$HOME/ts.pid")"
+    exit 0
+fi
+echo "serve OMP_NUM_THREADS=$OMP_NUM_THREADS" >> "$HOME/calls"
+sleep 60 &
+echo $! > "$HOME/ts.pid"
+wait
+"""
+
+
+def start(tmp_path: Path, sizing_s: float) -> subprocess.Popen[bytes]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("python3.11", FAKE_PYTHON), ("torchserve", FAKE_TORCHSERVE)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    env = {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "HOME": str(tmp_path),
+        "SIZING_S": str(sizing_s),
+    }
+    return subprocess.Popen(["sh", str(ENTRYPOINT), "--ts-config", "x"], env=env)
+
+
+def calls(tmp_path: Path) -> list[str]:
+    path = tmp_path / "calls"
+    return path.read_text().split("\n")[:-1] if path.is_file() else []
+
+
+def wait_for(tmp_path: Path, call: str) -> None:
+    deadline = time.monotonic() + 20
+    while not any(line.startswith(call) for line in calls(tmp_path)):
+        assert time.monotonic() < deadline, f"no {call!r} in {calls(tmp_path)}"
+        time.sleep(0.05)
+
+
+def test_sigterm_during_the_sizing_exits_at_once(tmp_path: Path) -> None:
+    process = start(tmp_path, sizing_s=30)
+    wait_for(tmp_path, "sizing")
+    sent = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=10) == 0
+    assert time.monotonic() - sent < 5, "the sizing step was not waited out"
+    assert calls(tmp_path) == ["sizing"], "TorchServe never started"
+
+
+def test_sigterm_while_serving_drains_then_stops_torchserve(tmp_path: Path) -> None:
+    process = start(tmp_path, sizing_s=0)
+    wait_for(tmp_path, "serve")
+    process.send_signal(signal.SIGTERM)
+    process.wait(timeout=20)
+    assert calls(tmp_path) == ["sizing", "serve OMP_NUM_THREADS=1", "ready --drain", "stop"]
