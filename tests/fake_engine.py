@@ -4,14 +4,15 @@ container engine works: ``python fake_engine.py STATE_DIR VERB ARGS...``.
 ``run`` starts a stub of the image in a process of its own, answering on the published host
 ports as the image does (``served``); ``inspect``, ``exec`` (the management API's model
 description, the readiness probe: not ready at first), ``kill``, ``stats``, ``logs`` and ``rm``
-act on it. The stub answers what it was sent, then exits 0 on SIGTERM and records that, as the
-image's entrypoint does.
+act on it. On SIGTERM the stub answers every connection it was sent (those still in the listen
+backlog too), then exits 0 and records that, as the image's entrypoint does.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -69,16 +70,56 @@ def handler(answer: Any) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class StubServer(ThreadingHTTPServer):
+    """One published port. Counts the connections it holds, from accept to the end of the
+    answer, so that a stop can wait for every connection it was sent, the listen backlog's
+    included."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__(("127.0.0.1", port), handler(served))
+        self.lock = threading.Lock()
+        self.open = 0
+
+    def get_request(self) -> tuple[Any, Any]:
+        # serve_forever calls this only when a connection waits, so accept does not block
+        with self.lock:
+            request = super().get_request()
+            self.open += 1
+        return request
+
+    def shutdown_request(self, request: Any) -> None:
+        super().shutdown_request(request)
+        with self.lock:
+            self.open -= 1
+
+    def idle(self) -> bool:
+        """No connection being answered and none waiting to be accepted."""
+        with self.lock:
+            return self.open == 0 and not select.select([self.socket], [], [], 0)[0]
+
+
+# The stop waits until every server has been idle for this long: what was sent before the
+# signal is answered, a connection still in the listen backlog included. The image test's
+# clients send nothing new once the signal is sent, so the only connections after it are
+# those a client had already begun (one event-loop turn, milliseconds); 0.5 s is over 100x that
+# even on a loaded 2-core machine. The wait itself is exact: it counts, it does not guess.
+QUIET_S = 0.5
+
+
 def serve(exit_file: Path, ports: list[int]) -> None:
-    """The stub image: one server per published port until SIGTERM, then exit 0."""
-    servers = [ThreadingHTTPServer(("127.0.0.1", port), handler(served)) for port in ports]
+    """The stub image: one server per published port until SIGTERM, then, as the entrypoint
+    drains, every connection it was sent answered, then exit 0."""
+    servers = [StubServer(port) for port in ports]
     for server in servers:
         threading.Thread(target=server.serve_forever, daemon=True).start()
     stopped = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())
     stopped.wait()
-    # as the entrypoint drains: what was sent before the signal is answered, then the stop
-    time.sleep(1.0)
+    quiet_since = time.monotonic()
+    while time.monotonic() - quiet_since < QUIET_S:
+        time.sleep(0.02)
+        if not all(server.idle() for server in servers):
+            quiet_since = time.monotonic()
     for server in servers:
         server.shutdown()
         server.server_close()
