@@ -107,7 +107,7 @@ class Plan:
 GPU_PLAN = Plan(
     "cuda", "bert-base", (1, 8, 32, 128, 256, 512), 0.25, 1.0, 6, 400, 2, 2, (1, 16, 64), 40
 )
-SMOKE_PLAN = Plan("cpu", "tiny", (1, 2), 0.1, 0.4, 2, 600, 1, 0.5, (1, 16), 10)
+SMOKE_PLAN = Plan("cpu", "tiny", (1, 2), 0.1, 0.4, 2, 3600, 1, 0.5, (1, 16), 10)
 GPU_COMMAND = ". .gpu-carry/device-setup.sh && python3 scripts/gpu_report.py --out $OUT/gpu"
 
 

@@ -20,7 +20,8 @@ TEXTS = [
     "Not for me.",
     "A long one: " + "the plot wanders and the acting holds it together " * 4,
 ]
-"""Lengths that fall in the 16- and 32-token buckets (the last truncated to 32)."""
+"""Texts of several lengths, each alone within the one bucket of ``scores`` (16 tokens, truncated
+there) and together in sub-batches of several rows (run eagerly)."""
 
 
 def test_buckets_are_powers_of_two_up_to_the_limits() -> None:
@@ -57,15 +58,15 @@ def test_cuda_graphs_are_refused_on_the_cpu_with_the_fix() -> None:
 def scores(model_dir: Path, device: str, capture: str) -> list[dict[str, float]]:
     settings = HandlerSettings(
         torch_threads=1,
-        max_length=32,
+        max_length=16,
         max_batch_tokens=64,
         capture=capture,
         capture_rows=1,
         device=device,
     )
     loaded = load_model(model_dir, settings, 0 if device == "cuda" else None)
-    singles = [classify(loaded, [text], 32, 64)[0][0].scores for text in TEXTS]
-    together = [p.scores for p in classify(loaded, TEXTS, 32, 64)[0]]
+    singles = [classify(loaded, [text], 16, 64)[0][0].scores for text in TEXTS]
+    together = [p.scores for p in classify(loaded, TEXTS, 16, 64)[0]]
     return singles + together
 
 
@@ -73,11 +74,17 @@ def largest_change(got: list[dict[str, float]], expected: list[dict[str, float]]
     return max(abs(a[k] - b[k]) for a, b in zip(got, expected, strict=True) for k in a)
 
 
-def test_compiled_forward_scores_equal_eager_on_the_cpu(tiny_model_dir: Path) -> None:
-    """torch.compile (inductor's code on the CPU) over the 16- and 32-token buckets of one row,
+def test_compiled_forward_scores_equal_eager_on_the_cpu(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch.compile (inductor's code on the CPU) over the one bucket of one row and 16 tokens,
     each text alone (captured) and all together (sub-batches of several rows: eager), against
-    the eager pass. About 30 s on a 2-core machine, most of it inductor compiling its kernels
-    for the two shapes: the one test of the captured path that runs without a GPU."""
+    the eager pass. About 25 s on an idle 2-core machine, nearly all of it inductor compiling
+    its kernels (in this process: its worker pool only adds start-up on 2 cores): the one test
+    of the captured path that runs without a GPU."""
+    import torch._inductor.config
+
+    monkeypatch.setattr(torch._inductor.config, "compile_threads", 1)
     eager = scores(tiny_model_dir, "cpu", "eager")
     compiled = scores(tiny_model_dir, "cpu", "compile")
     assert largest_change(compiled, eager) < 1e-5
