@@ -25,8 +25,9 @@ and the cores of the frontend, the workers and the load generator; ``lab.gpu_fin
 them into the bars and what stops each server. Writes ``results.json`` (rewritten after every
 run, so a cut-short call leaves what it measured) and ``gpu.png`` into ``--out``.
 
-Budget of the GPU call (one device call of at most 8 minutes = 480 s): ``device-setup.sh``
-about 30 s, so the report's own budget is ``GPU_PLAN.budget_s`` = 400 s, leaving 50 s.
+Budget of the GPU call (one device call of at most 8 minutes = 480 s): ``device-setup.sh`` and
+``scripts/gpu_device_extra.sh`` (the carried wheels installed, Java and LitServe unpacked) about
+30 s, so the report's own budget is ``GPU_PLAN.budget_s`` = 400 s, leaving 50 s.
 
 - model and archives: about 20 s (bert-base saved, four stored .mar files);
 - starts: two by the rule, each measuring the model at start, about 40 s each; three stated
@@ -50,6 +51,7 @@ bf16, tf32 and CUDA graphs without CUDA) are written as skipped with the reason.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 import tempfile
@@ -108,7 +110,10 @@ GPU_PLAN = Plan(
     "cuda", "bert-base", (1, 8, 32, 128, 256, 512), 0.25, 1.0, 6, 400, 2, 2, (1, 16, 64), 40
 )
 SMOKE_PLAN = Plan("cpu", "tiny", (1, 2), 0.1, 0.4, 2, 3600, 1, 0.5, (1, 16), 10)
-GPU_COMMAND = ". .gpu-carry/device-setup.sh && python3 scripts/gpu_report.py --out $OUT/gpu"
+GPU_COMMAND = (
+    ". .gpu-carry/device-setup.sh && . scripts/gpu_device_extra.sh && "
+    "python3 scripts/gpu_report.py --out $OUT/gpu"
+)
 
 
 def step(title: str) -> None:
@@ -230,7 +235,11 @@ def peer(report: Report) -> dict[str, Any]:
             report.loader, running.url, {}, report.corpus, plan.levels,
             (plan.warmup_s, plan.seconds), pids=pids,
         )  # fmt: skip
-    return {"config": config, "by_concurrency": levels}
+    uvicorn = {
+        "http": "httptools" if importlib.util.find_spec("httptools") else "h11",
+        "loop": "uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
+    }
+    return {"config": config, "uvicorn": uvicorn, "by_concurrency": levels}
 
 
 def lone_request(report: Report) -> dict[str, Any]:
