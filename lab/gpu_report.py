@@ -13,7 +13,7 @@ this order (the bars' runs first, so a run cut short by its budget keeps them):
    default (its workers per device, ``max_batch_size``, ``batch_timeout``; its own count of
    HTTP processes), at every load;
 4. ``lone_request``: a lone text's tokenize + forward in process, eager against the captured
-   forward (``handler.capture``: ``cuda_graphs``; ``compile`` when the budget leaves room), and
+   forward (``handler.capture``: ``cuda_graphs``; ``compile`` with ``--with-compile``), and
    served at 1 and 4 clients with ``capture: cuda_graphs`` (on a GPU only);
 5. ``bs1`` (batchSize 1) and ``tf32``: stated like the default (no measuring at start), at every
    load;
@@ -90,6 +90,9 @@ class Plan:
     start_s: float
     """Estimates, corrected by the first real run: a start measured by the rule (a stated one
     takes half), one rescaling takes a tenth."""
+    with_compile: bool = False
+    """The lone request also through ``torch.compile`` (``--with-compile``): inductor compiles
+    each bucket it meets, tens of seconds each, unbounded within the call's budget."""
 
     @property
     def gpus(self) -> int:
@@ -249,12 +252,11 @@ def lone_request(report: Report) -> dict[str, Any]:
     captures = ["eager", "cuda_graphs"] if plan.gpus else ["eager"]
     texts = report.corpus[:8]
     out: dict[str, Any] = {}
-    in_process = gpu_runs.lone_in_process(
+    if plan.with_compile:
+        captures.append("compile")
+    out["in_process"] = gpu_runs.lone_in_process(
         report.model_dir, gpu_id, captures, texts, plan.lone_seconds
     )
-    if report.left_s() > 2 * plan.start_s + plan.ladder_s:
-        in_process |= gpu_runs.lone_in_process(report.model_dir, gpu_id, ["compile"], texts, plan.lone_seconds)  # fmt: skip
-    out["in_process"] = in_process
     served: dict[str, Any] = {}
     choice = report.results.get("rule")
     if "cuda_graphs" not in report.stores:
@@ -374,8 +376,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--budget-s", type=float, help="the report's own seconds (default: the plan's)"
     )
+    parser.add_argument("--with-compile", action="store_true", help="the lone request compiled too")
     args = parser.parse_args(argv)
     plan = SMOKE_PLAN if args.smoke else GPU_PLAN
+    plan = replace(plan, with_compile=args.with_compile)
     if args.budget_s:
         plan = replace(plan, budget_s=args.budget_s)
     if plan.device == "cuda" and not plan.gpus:
