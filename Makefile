@@ -111,7 +111,7 @@ bench: $(MAR) | $(STAMP)
 ## gpu-report: on a GPU host, the default start, batchSize 1, bf16, tf32, workers per GPU swept
 ##        around the rule's choice, LitServe like ours, the lone request, the ceiling and fp32
 ##        against the CPU on a bert-base-shaped model -> docs/gpu/ (SMOKE=1: the CPU, a tiny
-##        model, every section in about a minute; docs/gpu/README.md runs it on a lent GPU)
+##        model, every section; docs/gpu/README.md runs it on a lent GPU)
 gpu-report: | $(STAMP)
 	$(PY) scripts/gpu_report.py $(if $(SMOKE),--smoke --out build/gpu-smoke,--out docs/gpu)
 

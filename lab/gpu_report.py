@@ -44,8 +44,12 @@ and always writes what it has. ``results.json``'s ``phases`` holds each run's re
 the first GPU call corrects these estimates.
 
 The smoke form (``--smoke``, CI) runs every section on the CPU with a tiny model (one layer of
-128), 2 levels, a sweep of +- 1, in about 45 s; runs the hardware lacks (bf16 without native
-bf16, tf32 and CUDA graphs without CUDA) are written as skipped with the reason.
+128), 1 and 2 clients, a sweep of +- 1; runs the hardware lacks (bf16 without native bf16,
+tf32 and CUDA graphs without CUDA) are written as skipped with the reason. Its time is mostly
+starts: two TorchServe starts, LitServe's, the rescalings and four fresh Python processes that
+import torch (the load processes, the ceiling's, the lone request's); ``seconds`` in its
+``results.json`` says how long it took. Its budget (``SMOKE_PLAN.budget_s``) is only a guard:
+nothing in it is skipped for time.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@
 set -euo pipefail
 out=.gpu-carry
 [ -d "$out/whl" ] || { echo "no $out/whl: run bash ../shared/gpu/make-carry.sh first"; exit 1; }
-names="litserve fastapi starlette pydantic pydantic-core annotated-types annotated-doc typing-inspection anyio uvicorn h11 click pyzmq opentelemetry-api"
+names="litserve fastapi starlette pydantic pydantic-core annotated-types annotated-doc typing-inspection typing-extensions anyio idna uvicorn h11 click pyzmq opentelemetry-api"
 pins=()
 for name in $names; do
     pins+=("$(grep -iE "^${name}==" requirements/server.lock)")
