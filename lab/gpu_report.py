@@ -60,6 +60,7 @@ import json
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -145,7 +146,8 @@ class Report:
 
     def run(self, name: str, estimate_s: float, body: Callable[[], dict[str, Any]]) -> None:
         """``body``'s section under ``name``, unless its estimate exceeds the budget left or
-        the hardware lacks what it needs (``body`` raises ``Skipped``)."""
+        the hardware lacks what it needs (``body`` raises ``Skipped``); a run that fails is
+        written as its error, and the next runs."""
         if estimate_s > self.left_s():
             self.results[name] = {
                 "skipped": f"budget: needs about {estimate_s:.0f} s, {self.left_s():.0f} s left"
@@ -157,6 +159,9 @@ class Report:
                 self.results[name] = body()
             except Skipped as why:
                 self.results[name] = {"skipped": str(why)}
+            except Exception as error:  # one failed run must not cost the call the others
+                traceback.print_exc()
+                self.results[name] = {"error": f"{type(error).__name__}: {error}"}
             self.results["phases"][name] = round(time.monotonic() - started, 1)
         self.write()
 

@@ -24,6 +24,7 @@ def test_the_smoke_run_writes_every_section(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-4000:]
     report = json.loads((tmp_path / "results.json").read_text())
     assert set(SECTIONS) <= set(report) and set(SECTIONS) <= set(report["phases"])
+    assert not [name for name in SECTIONS if "error" in report[name]], report
     assert not [name for name in SECTIONS if "budget" in report[name].get("skipped", "")]
     rule = report["rule"]
     sweep = report["sweep_fp32"]
