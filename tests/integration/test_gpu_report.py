@@ -19,7 +19,7 @@ def test_the_smoke_run_writes_every_section(tmp_path: Path) -> None:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=900,
     )
     assert result.returncode == 0, result.stderr[-4000:]
     report = json.loads((tmp_path / "results.json").read_text())
