@@ -17,9 +17,7 @@ STATE_DIR ?= .run
 TORCH ?=
 LOCK      := requirements/server.lock
 
-BENCH     := $(VENV)/.bench-installed
-
-.PHONY: install lock model compare-training first-answer package serve stop status metrics smoke test test-client unit check bench check-defaults models-share floor tune compare-precision chaos soak fuzz deploy-layout image image-test clean distclean FORCE
+.PHONY: install lock model compare-training first-answer package serve stop status metrics smoke test test-client unit check bench check-defaults gpu-report models-share floor tune compare-precision chaos soak fuzz deploy-layout image image-test clean distclean FORCE
 
 ## install: .venv with the server and dev extras at the versions of requirements/server.lock
 ##        (TORCH=cuda for the CUDA build of torch; the CPU build otherwise)
@@ -105,18 +103,21 @@ test: $(MAR)
 test-client:
 	bash scripts/test_client_pythons.sh
 
-$(BENCH): $(STAMP) pyproject.toml
-	$(PY) -m pip install --quiet -c $(VENV)/constraints.txt -e ".[server,dev,bench]"
-	touch $@
-
 ## bench: served vs batch size 1 vs in-process ceiling vs LitServe vs client list requests -> docs/bench/
 ##        (DEVICE=cpu or cuda: where workers and in-process runs compute; default cuda if present)
-bench: $(MAR) $(BENCH)
+bench: $(MAR) | $(STAMP)
 	$(PY) scripts/bench.py --out docs/bench $(if $(DEVICE),--device $(DEVICE))
+
+## gpu-report: on a GPU host, the default start, batchSize 1, bf16, tf32, workers per GPU swept
+##        around the rule's choice, LitServe like ours, the lone request, the ceiling and fp32
+##        against the CPU on a bert-base-shaped model -> docs/gpu/ (SMOKE=1: the CPU, a tiny
+##        model, every section; docs/gpu/README.md runs it on a lent GPU)
+gpu-report: | $(STAMP)
+	$(PY) scripts/gpu_report.py $(if $(SMOKE),--smoke --out build/gpu-smoke,--out docs/gpu)
 
 ## check-defaults: the shipped defaults on the default model and on stand-ins for faster and
 ##        slower hardware: patient clients never refused, stated deadlines pay -> docs/bench/defaults.json
-check-defaults: $(MAR) $(BENCH)
+check-defaults: $(MAR) | $(STAMP)
 	$(PY) scripts/check_defaults.py --out docs/bench
 
 ## models-share: two models on one server (32 clients each) against one alone -> docs/bench/models.json
@@ -125,12 +126,12 @@ models-share: $(MAR) | $(STAMP)
 
 ## floor: TorchServe and LitServe serving a constant, a free forward and the real model at 1
 ##        and 8 clients, and a lone request taken apart -> docs/bench/floor.json
-floor: $(MAR) $(BENCH)
+floor: $(MAR) | $(STAMP)
 	$(PY) scripts/floor.py --out docs/bench
 
 ## tune: batch size x delay x workers/threads at 1..64 clients: the config closest to the best
 ##       at every load, and what TorchServe's logging costs -> docs/tune/
-tune: $(MAR) $(BENCH)
+tune: $(MAR) | $(STAMP)
 	$(PY) scripts/tune.py --out docs/tune
 
 ## compare-precision: fp32 vs PRECISION (default bf16; tf32 or fp16 on CUDA) on TEXTS (one per
@@ -142,7 +143,7 @@ compare-precision: $(STAMP) $(MODEL_DIR)/config.json
 	  --out build/compare-precision.json
 
 ## chaos: faults and overload against a real server -> docs/chaos/chaos.json
-chaos: $(MAR) $(BENCH)
+chaos: $(MAR) | $(STAMP)
 	$(PY) scripts/chaos.py --out docs/chaos
 
 ## fuzz: schemathesis from docs/openapi.yaml against a real server, 5 minutes -> docs/fuzz/fuzz.json

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForSequenceClassification
 
+from handler.capture import Buckets, Captured, build_capture
 from handler.model_check import (
     PADDING_TOLERANCE,
     Attention,
@@ -48,6 +49,8 @@ class LoadedModel:
     """The tokenizer's model inputs include token type ids (BERT yes; RoBERTa, DistilBERT no)."""
     max_batch_tokens: int = 0
     """Padded tokens per forward pass: the setting, or measured at load (``measured_budget``)."""
+    captured: Captured | None = None
+    """The forward captured for bucketed shapes (``handler.capture``), where ``capture`` is on."""
 
 
 def select_device(preference: str, gpu_id: int | None) -> torch.device:
@@ -124,12 +127,17 @@ def load_model(model_dir: Path, settings: HandlerSettings, gpu_id: int | None) -
         uses_token_types="token_type_ids" in tokenizer.model_input_names,
         max_batch_tokens=settings.max_batch_tokens,
     )
-    if settings.max_batch_tokens:
-        return loaded
-    cap = settings.max_texts_per_request * settings.max_length
-    budget, why = measured_budget(loaded, settings.max_length, cap)
-    logger.info("%s", why)
-    return replace(loaded, max_batch_tokens=budget)
+    if not settings.max_batch_tokens:
+        cap = settings.max_texts_per_request * settings.max_length
+        budget, why = measured_budget(loaded, settings.max_length, cap)
+        logger.info("%s", why)
+        loaded = replace(loaded, max_batch_tokens=budget)
+    buckets = Buckets.up_to(settings.capture_rows, settings.max_length)
+    pad_id = tokenizer.pad_token_id
+    captured = build_capture(
+        settings.capture, model, device, buckets, pad_id, loaded.uses_token_types
+    )
+    return replace(loaded, captured=captured)
 
 
 def load_classifier(
@@ -162,7 +170,9 @@ def forward(
         inputs = {name: tensor.pin_memory() for name, tensor in inputs.items()}
     with torch.inference_mode():
         on_device = {name: t.to(device, non_blocking=on_cuda) for name, t in inputs.items()}
-        logits: torch.Tensor = loaded.model(**on_device).logits.float().cpu()
+        captured = None if loaded.captured is None else loaded.captured(on_device)
+        raw = loaded.model(**on_device).logits if captured is None else captured
+        logits: torch.Tensor = raw.float().cpu()
     return logits
 
 

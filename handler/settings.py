@@ -15,6 +15,7 @@ CHOICES = {
     "attention": ("auto", "sdpa", "eager"),
     "precision": PRECISION_CHOICES,
     "score_function": SCORE_FUNCTION_CHOICES,
+    "capture": ("eager", "compile", "cuda_graphs"),
 }
 
 
@@ -43,6 +44,10 @@ class HandlerSettings:
     explain_max_tokens: int = 128
     explain_internal_batch_size: int = 0
     """0: as many steps as ``max_batch_tokens`` holds for the text's length (at least 1)."""
+    capture: str = "eager"
+    """The forward captured for bucketed shapes (``handler.capture``): eager (none), compile, cuda_graphs."""
+    capture_rows: int = 4
+    """The most texts of a sub-batch that runs captured (rows buckets 1, 2, 4, ... up to it)."""
 
     def __post_init__(self) -> None:
         _require(self.max_length >= 8, f"max_length must be at least 8, got {self.max_length}")
@@ -59,6 +64,7 @@ class HandlerSettings:
         for name, choices in CHOICES.items():
             value = getattr(self, name)
             _require(value in choices, f"{name} must be one of {choices}, got {value!r}")
+        _require(self.capture_rows >= 1, f"capture_rows must be >= 1, got {self.capture_rows}")
         _require(self.torch_threads >= 0, f"torch_threads must be >= 0, got {self.torch_threads}")
         _require(
             len(set(self.labels)) == len(self.labels),

@@ -15,6 +15,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from handler.inference import classify
 from handler.model import LoadedModel, load_model
 from handler.precision import cpu_has_native_bf16
@@ -98,11 +100,12 @@ def ceiling(
     on_gpus: bool = False,
 ) -> dict[str, Any]:
     """In-process texts/s at each batch size, as the served layout computes: ``processes``
-    single-threaded processes at once (the workers; each on its own GPU with ``on_gpus``),
-    their texts/s summed. The best is the
+    single-threaded processes at once (the workers; with ``on_gpus``, dealt over the GPUs as
+    TorchServe deals its workers), their texts/s summed. The best is the
     ceiling a server could reach. One process with several torch threads is not used: its
     threads scale poorly on these small matrices and collapse when the machine is shared."""
     context = multiprocessing.get_context("spawn")
+    gpus = torch.cuda.device_count() if on_gpus else 0
     with ProcessPoolExecutor(processes, mp_context=context) as pool:
         jobs = [
             pool.submit(
@@ -111,7 +114,7 @@ def ceiling(
                 list(corpus),
                 batch_sizes,
                 seconds,
-                index if on_gpus else None,
+                index % gpus if gpus else None,
             )
             for index in range(processes)
         ]

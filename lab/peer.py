@@ -8,12 +8,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import requests
 from bert_serve_server.config import ROOT, free_port
 
@@ -77,10 +78,18 @@ class Peer:
     """The peer's processes (LitServe's API server and workers), to pause between turns:
     idle, they poll their queues and took a third of a core from the server being measured."""
 
+    def pids(self) -> list[int]:
+        """The peer's process and every process under it (API servers, inference workers)."""
+        try:
+            root = psutil.Process(self.process_group)
+            return [root.pid, *(child.pid for child in root.children(recursive=True))]
+        except psutil.Error:
+            return []
+
 
 @contextmanager
 def litserve_peer(
-    model_dir: Path, config: dict[str, float], ready_timeout: float = 120
+    model_dir: Path, config: Mapping[str, float | str], ready_timeout: float = 120
 ) -> Iterator[Peer]:
     """A healthy LitServe peer of ``config`` (``OUT_OF_THE_BOX`` or ``configured_like``) on a free 127.0.0.1
     port."""

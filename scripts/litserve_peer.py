@@ -5,7 +5,10 @@ same tokenization and forward code. By default it is what LitServe gives out of 
 worker, torch's own thread count, no batching); the flags configure it like bert-serve's
 default (``--workers 2 --torch-threads 1 --max-batch-size 16 --batch-timeout-ms 1``), LitServe's
 own dynamic batching included. ``--constant 1`` answers a constant without loading the model:
-LitServe's own floor, beside TorchServe's (``lab.floor``). Installed with the ``bench`` extra.
+LitServe's own floor, beside TorchServe's (``lab.floor``). ``--accelerator cuda`` puts
+``--workers`` workers on each GPU (LitServe's ``workers_per_device``), each with the handler's
+``--precision``; ``--api-servers 0`` leaves LitServe's HTTP processes at its own default (as
+many as its workers). Installed with the ``dev`` extra.
 
     python scripts/litserve_peer.py --model-dir build/bert-sentiment --port 8100
 """
@@ -31,16 +34,19 @@ class SentimentAPI(ls.LitAPI):  # type: ignore[misc]
         max_batch_size: int,
         batch_timeout_s: float,
         constant: bool = False,
+        precision: str = "fp32",
     ) -> None:
         super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout_s)
         self.model_dir = model_dir
         self.constant = constant
-        self.settings = HandlerSettings(torch_threads=torch_threads)
+        self.settings = HandlerSettings(torch_threads=torch_threads, precision=precision)
 
     def setup(self, device: str) -> None:
+        """``device`` is LitServe's: ``cpu`` or ``cuda:N``."""
         if self.constant:
             return
-        self.loaded = load_model(self.model_dir, self.settings, gpu_id=None)
+        gpu_id = int(device.partition(":")[2] or 0) if device.startswith("cuda") else None
+        self.loaded = load_model(self.model_dir, self.settings, gpu_id=gpu_id)
 
     def decode_request(self, request: dict) -> str:  # type: ignore[type-arg]  # LitServe reads this plain dict annotation
         return str(request["text"])
@@ -80,6 +86,11 @@ def main() -> None:
     parser.add_argument("--max-batch-size", type=int, default=1)
     parser.add_argument("--batch-timeout-ms", type=float, default=0.0)
     parser.add_argument("--constant", type=int, default=0, help="1: answer a constant")
+    parser.add_argument("--accelerator", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--precision", default="fp32", help="the handler's precision setting")
+    parser.add_argument(
+        "--api-servers", type=int, default=1, help="HTTP processes; 0: LitServe's default"
+    )
     args = parser.parse_args()
     api = SentimentAPI(
         args.model_dir,
@@ -87,12 +98,15 @@ def main() -> None:
         args.max_batch_size,
         args.batch_timeout_ms / 1000,
         bool(args.constant),
+        args.precision,
     )
-    server = ls.LitServer(api, accelerator="cpu", workers_per_device=args.workers, timeout=60)
+    server = ls.LitServer(
+        api, accelerator=args.accelerator, workers_per_device=args.workers, timeout=60
+    )
     server.run(
         host="127.0.0.1",
         port=args.port,
-        num_api_servers=1,
+        num_api_servers=args.api_servers or None,
         generate_client_file=False,
         log_level="warning",
     )

@@ -302,7 +302,7 @@ def run(d: Durations) -> dict[str, Any]:
             server_processes(server),
         )
         result_all = run_levels(ours, corpus, d.spike_s, d.spike_forms)
-    litserve: dict[str, Any] = {"skipped": "litserve is not installed (the bench extra)"}
+    litserve: dict[str, Any] = {"skipped": "litserve is not installed (the dev extra)"}
     if not d.spike_peer:
         litserve = {"skipped": "not asked for (--no-peer)"}
     elif importlib.util.find_spec("litserve") is not None:
