@@ -185,6 +185,7 @@ def resolve(
     models = [model for model in models if model.key not in refused]
     if not on_gpu:
         machine = replace(machine, gpus=0)  # every model on the CPU: sized as on a CPU machine
+    workers_sized = {model.key for model in models if "minWorkers" not in model.entry}
     reasons: list[str] = [*machine.source, *stated.lines(), *planned]
     threads = stated_threads or 1
     if models and not on_gpu:
@@ -220,8 +221,28 @@ def resolve(
     resolved["models"] = json.dumps(models_entry)
     if refused:
         resolved = without_models(resolved, refused)
-    measured = {key: {"texts_per_s": rate} for key, rate in rates.items() if rate is not None}
+    measured = measured_of(sized, rates, workers_sized, on_gpu)
     return Resolved(resolved, threads, tuple(reasons), refused, loads, measured)
+
+
+def measured_of(
+    models: list[Served],
+    rates: dict[str, float | None],
+    workers_sized: set[str],
+    on_gpu: frozenset[str],
+) -> dict[str, dict[str, Any]]:
+    """What was measured of each model: its rate at its batch size, and a worker's memory
+    where the start sized its workers (both as measured once, nothing measured again)."""
+    measured: dict[str, dict[str, Any]] = {}
+    for model in models:
+        got: dict[str, Any] = {}
+        if rates.get(model.key) is not None:
+            got["texts_per_s"] = rates[model.key]
+        if model.key in workers_sized:
+            got["worker_bytes"], got["worker_bytes_source"] = worker_host_bytes(model, on_gpu)
+        if got:
+            measured[model.key] = got
+    return measured
 
 
 def with_plan_of(
