@@ -183,7 +183,9 @@ def test_a_small_heap_is_refused_by_the_command_line_in_one_line(
 ) -> None:
     config = tmp_path / "config.properties"
     config.write_text(properties_text(store(tmp_path) | {"vmargs": "-Xmx256m"}))
-    assert size_cli.main(["--out", str(tmp_path / "out"), "--", "--ts-config", str(config)], {}) == 1
+    assert (
+        size_cli.main(["--out", str(tmp_path / "out"), "--", "--ts-config", str(config)], {}) == 1
+    )
     assert capsys.readouterr().err.startswith("sizing: a heap of 256 MiB is stated")
 
 
@@ -221,7 +223,9 @@ def test_a_config_without_models_is_a_clear_error(
 ) -> None:
     config = tmp_path / "config.properties"
     config.write_text(f"model_store={tmp_path}\n")
-    assert size_cli.main(["--out", str(tmp_path / "out"), "--", "--ts-config", str(config)], {}) == 1
+    assert (
+        size_cli.main(["--out", str(tmp_path / "out"), "--", "--ts-config", str(config)], {}) == 1
+    )
     assert "the config has no models= entry" in capsys.readouterr().err
     with pytest.raises(served.SizingError, match="no models="):
         sizing.resolve(read_properties(config), gpus=0)
