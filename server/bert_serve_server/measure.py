@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -88,10 +89,12 @@ def holds_a_model(mar: Path) -> bool:
         return "model/config.json" in archive.namelist()
 
 
-def load_archive(mar: Path, threads: int, gpus: int) -> tuple[Any, Any]:
+def load_archive(mar: Path, threads: int, gpus: int, as_a_worker: bool = False) -> tuple[Any, Any]:
     """(loaded model, handler settings) of the .mar's own model, handler code and settings,
-    in this process with ``threads`` torch threads (on GPU 0 where there is one). This process
-    must not have imported ``handler`` yet: ``in_fresh_process`` runs it in a fresh one."""
+    in this process with ``threads`` torch threads (on GPU 0 where there is one); with
+    ``as_a_worker``, also what a TorchServe worker imports besides (its service loop and the
+    archive's whole handler), for its memory. This process must not have imported ``handler``
+    yet: ``in_fresh_process`` runs it in a fresh one."""
     import torch
 
     with tempfile.TemporaryDirectory(prefix="bert-serve-sizing-") as unpacked:
@@ -110,12 +113,30 @@ def load_archive(mar: Path, threads: int, gpus: int) -> tuple[Any, Any]:
                     "measure each archive in a fresh process (in_fresh_process)"
                 )
 
+            if as_a_worker:
+                import_worker_modules()
             settings = HandlerSettings.from_mapping(archive_handler_config(mar))
             torch.set_num_threads(threads)
             loaded = load_model(Path(unpacked, "model"), settings, 0 if gpus else None)
         finally:
             sys.path.remove(unpacked)
     return loaded, settings
+
+
+def import_worker_modules() -> None:
+    """What a TorchServe worker imports besides the model: its service loop and every module
+    of the archive's handler package (the explanation's libraries included)."""
+    import importlib
+    import pkgutil
+
+    import handler
+
+    try:
+        importlib.import_module("ts.model_service_worker")
+    except ImportError:  # TorchServe is not installed here: its modules are not counted
+        pass
+    for module in pkgutil.iter_modules(handler.__path__):
+        importlib.import_module(f"handler.{module.name}")
 
 
 def process_memory() -> tuple[int, int, int]:
@@ -164,14 +185,21 @@ def measure_rates(
     return samples
 
 
-def measure_memory(mar: Path, batch_size: int = max(BATCH_SIZES)) -> WorkerMemory:
-    """One worker's memory: ``mar``'s model loaded in this process (one torch thread) and a
-    batch of ``batch_size`` of the longest sample texts classified."""
-    loaded, settings = load_archive(mar, 1, 0)
+def measure_memory(mar: Path, threads: int, batch_size: int = max(BATCH_SIZES)) -> WorkerMemory:
+    """One worker's memory: ``mar``'s model loaded in this process with ``threads`` torch
+    threads as a worker loads it (``load_archive(as_a_worker=True)``), and a batch of
+    ``batch_size`` texts as long as the handler reads (``max_length`` tokens) classified, then
+    the sample texts at every batch size."""
+    loaded, settings = load_archive(mar, threads, 0, as_a_worker=True)
     from handler.inference import classify
 
-    texts = sorted(sample_texts(SAMPLE_COUNT), key=len)[-batch_size:]
-    classify(loaded, texts, settings.max_length, loaded.max_batch_tokens)
+    longest = " ".join(SAMPLE_WORDS * (1 + settings.max_length // len(SAMPLE_WORDS)))
+    classify(loaded, [longest] * batch_size, settings.max_length, loaded.max_batch_tokens)
+    texts = sample_texts(SAMPLE_COUNT)
+    for size in BATCH_SIZES:  # batches of every shape, as traffic brings them
+        for start in range(0, len(texts), size):
+            window = texts[start : start + size]
+            classify(loaded, window, settings.max_length, loaded.max_batch_tokens)
     peak, uss, pss = process_memory()
     return WorkerMemory(peak, uss, pss)
 
@@ -235,7 +263,7 @@ what, mar, args = sys.argv[1], Path(sys.argv[2]), json.loads(sys.argv[3])
 if what == "rates":
     print(json.dumps(measure.measure_rates(mar, tuple(args[0]), args[1], args[2])))
 elif what == "memory":
-    print(json.dumps(asdict(measure.measure_memory(mar))))
+    print(json.dumps(asdict(measure.measure_memory(mar, args[0]))))
 else:
     loaded, settings = measure.load_archive(mar, 1, 1)
     print(json.dumps(asdict(measure.measure_device_load(loaded, settings, args[0]))))
@@ -279,8 +307,10 @@ def measured_rates(
 
 @functools.cache
 def measured_memory(mar: str, mtime_ns: int) -> WorkerMemory:
-    """``measure_memory`` once per archive version, in a fresh process."""
-    return WorkerMemory(**in_fresh_process("memory", Path(mar), []))
+    """``measure_memory`` once per archive version, in a fresh process, with as many torch
+    threads as this process may use (a worker never gets more)."""
+    threads = len(os.sched_getaffinity(0))
+    return WorkerMemory(**in_fresh_process("memory", Path(mar), [threads]))
 
 
 @functools.cache
