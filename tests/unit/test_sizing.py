@@ -621,8 +621,8 @@ def test_a_stated_heap_is_kept_and_the_queue_cut_to_what_it_holds(
 def test_a_stated_heap_larger_than_the_minute_keeps_the_minute(
     machine_of_8_cores: list[tuple[tuple[int, ...], int]],
 ) -> None:
-    queue, vmargs = resolve_stating({"vmargs": "-Xmx8g"})
-    assert (queue, vmargs) == (8 * 46 * 60, "-Xmx8g")
+    queue, vmargs = resolve_stating({"vmargs": "-Xmx24g"})
+    assert (queue, vmargs) == (8 * 46 * 60, "-Xmx24g")
 
 
 def sized_pod(
