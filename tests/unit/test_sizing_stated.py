@@ -314,3 +314,15 @@ def test_a_pid_file_is_trusted_only_for_a_torchserve_process(tmp_path: Path) -> 
     (proc / "42").mkdir(parents=True)
     (proc / "42" / "cmdline").write_bytes(b"java\0-cp\0x\0org.pytorch.serve.ModelServer\0")
     assert is_frontend(42, proc) and not is_frontend(43, proc)
+
+
+def test_a_local_start_refuses_ts_config_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``make serve`` writes and names its sized config; TorchServe would read TS_CONFIG_FILE
+    in its place, so the start refuses it and says why."""
+    from bert_serve_server.control import Server, ServerError, check_startable
+
+    monkeypatch.setenv("TS_CONFIG_FILE", str(tmp_path / "other.properties"))
+    with pytest.raises(ServerError, match="TS_CONFIG_FILE is set"):
+        check_startable(Server(tmp_path, {}))
