@@ -7,9 +7,14 @@ Read in the order a start runs (``python -m bert_serve_server start``, ``make se
 - ``archive``, ``package``: a Hugging Face folder and handler/ packed as a .mar, and the
   ``package`` command (``make package``);
 - ``sizing``: workers, threads, ``batchSize``, the queue bound and the heap from the machine
-  the server starts on (the image's entrypoint runs it as ``python -m bert_serve_server size``);
-- ``control``: one TorchServe in its own state folder: start, wait until READY, stop, keys,
-  logs, its workers; ``ctl``: the command line over it (``start``, ``stop``, ``status``, ...);
+  the server starts on, one plan with its reasons; its stages: ``machine`` (the CPUs paid for,
+  cores, memory), ``stated`` (``BERT_SERVE_*`` variables), ``plan`` (a saved plan), ``measure``
+  (one worker measured in a child process), ``rules`` (pure), ``served`` (the models and their
+  workers); ``size_cli``: the image's step, ``python -m bert_serve_server size``;
+- ``control``: start one TorchServe in its own state folder, wait until READY, stop;
+  ``server``: an instance's view (addresses, keys, pid, workers), ``start_log`` its logs read
+  on a failed start, ``process_memory`` its processes' memory; ``ctl``: the command line over
+  it (``start``, ``stop``, ``status``, ...);
 - ``layout``: the container / KServe layout of the model store and config;
 - ``ready``: the pod's probe, ready only when every worker of every model is READY
   (``python -m bert_serve_server ready``, deploy/k8s/deployment.yaml);

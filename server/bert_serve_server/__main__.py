@@ -2,7 +2,7 @@
 
     start | stop | status | key | url | predict-url | models   one TorchServe (``ctl``)
     package --model-dir DIR [...]                              a .mar (``package``)
-    size --out FILE -- TORCHSERVE_ARGS                         the image's sizing step (``sizing``)
+    size --out FILE [--plan-out|--plan PLAN] -- TORCHSERVE_ARGS  the sizing step (``size_cli``)
     ready [--live] [--config FILE]                             the pod's probe (``ready``)
 
 Each command imports only its own module: ``size`` runs in the image, where ``handler/`` and
@@ -22,9 +22,9 @@ def main(argv: list[str] | None = None) -> int:
 
         return package.main(rest)
     if command == "size":
-        from bert_serve_server import sizing
+        from bert_serve_server import size_cli
 
-        return sizing.main(rest)
+        return size_cli.main(rest)
     if command == "ready":
         from bert_serve_server import ready
 

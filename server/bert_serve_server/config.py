@@ -19,17 +19,107 @@ LOG_CONFIG_FLAG = "-Dlog4j.configurationFile="
 
 
 def read_properties(path: Path) -> dict[str, str]:
-    properties: dict[str, str] = {}
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if line and not line.startswith("#") and "=" in line:
-            key, value = line.split("=", 1)
-            properties[key.strip()] = value.strip()
-    return properties
+    """A config.properties as TorchServe's ``java.util.Properties`` reads it
+    (``parse_properties``)."""
+    return parse_properties(path.read_text(encoding="latin-1"))
+
+
+def logical_lines(text: str) -> list[str]:
+    """Java's logical lines: comments (``#``, ``!``) and blank lines dropped, a line ending in
+    an odd number of backslashes continued on the next, whose leading blanks are skipped."""
+    lines: list[str] = []
+    pending: str | None = None
+    for raw in text.splitlines():
+        line = raw.lstrip(" \t\f")
+        if pending is None and (not line or line[0] in "#!"):
+            continue
+        trailing = len(line) - len(line.rstrip("\\"))
+        continued = trailing % 2 == 1
+        if continued:
+            line = line[:-1]
+        pending = line if pending is None else pending + line
+        if not continued:
+            lines.append(pending)
+            pending = None
+    if pending is not None:
+        lines.append(pending)
+    return lines
+
+
+ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
+
+
+def unescape(text: str) -> str:
+    """Java's escapes: ``\\t \\n \\r \\f``, ``\\uXXXX``, and a backslash before any other
+    character standing for that character."""
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        char = text[i]
+        if char != "\\" or i + 1 == len(text):
+            out.append(char if char != "\\" else "")
+            i += 1
+            continue
+        following = text[i + 1]
+        if following == "u":
+            digits = text[i + 2 : i + 6]
+            if len(digits) < 4 or any(c not in "0123456789abcdefABCDEF" for c in digits):
+                raise ValueError(f"malformed \\uxxxx escape in {text!r}")
+            out.append(chr(int(digits, 16)))
+            i += 6
+            continue
+        out.append(ESCAPES.get(following, following))
+        i += 2
+    # a character past U+FFFF comes as two escapes (a surrogate pair): joined as Java does
+    return "".join(out).encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
+def split_key(line: str) -> tuple[str, str]:
+    """(key, value) of a logical line: the key ends at the first unescaped ``=``, ``:`` or
+    blank; blanks and one ``=`` or ``:`` after it are skipped."""
+    i = 0
+    while i < len(line) and line[i] not in "=: \t\f":
+        i += 2 if line[i] == "\\" else 1
+    key, rest = line[:i], line[i:].lstrip(" \t\f")
+    if rest[:1] in ("=", ":"):
+        rest = rest[1:].lstrip(" \t\f")
+    return unescape(key), unescape(rest)
+
+
+def parse_properties(text: str) -> dict[str, str]:
+    """``text`` as ``java.util.Properties.load`` reads it: continuation lines, ``=``, ``:`` or
+    a blank between key and value, escapes; the last value of a key wins. Trailing blanks are
+    part of a value in Java, and kept."""
+    return dict(split_key(line) for line in logical_lines(text))
+
+
+def escape(text: str, key: bool = False) -> str:
+    """``text`` written so that ``parse_properties`` (and Java) read it back unchanged."""
+    out = text.replace("\\", "\\\\")
+    for char, name in (("\n", "n"), ("\r", "r"), ("\t", "t"), ("\f", "f")):
+        out = out.replace(char, "\\" + name)
+    if key:
+        for char in "=: #!":
+            out = out.replace(char, "\\" + char)
+    elif out[:1] in (" ", "#", "!"):
+        out = "\\" + out
+    return "".join(
+        char if " " <= char <= "~" else "".join(f"\\u{unit:04x}" for unit in utf16_units(char))
+        for char in out
+    )
+
+
+def utf16_units(char: str) -> list[int]:
+    """The UTF-16 code units of one character (a surrogate pair past U+FFFF), as Java's
+    ``\\uXXXX`` escapes spell it."""
+    data = char.encode("utf-16-be")
+    return [int.from_bytes(data[i : i + 2], "big") for i in range(0, len(data), 2)]
 
 
 def properties_text(properties: dict[str, str]) -> str:
-    return "".join(f"{key}={value}\n" for key, value in properties.items())
+    return "".join(
+        f"{escape(key, key=True)}={escape(value)}\n" for key, value in properties.items()
+    )
 
 
 def effective_properties(
@@ -80,7 +170,7 @@ def local_port_overrides() -> dict[str, str]:
 
 def read_models(config: Path = BASE_CONFIG) -> dict[str, dict[str, dict[str, Any]]]:
     """The ``models=`` entry of a config.properties, parsed: {model: {version: settings}}."""
-    return dict(json.loads(read_properties(config)["models"]))
+    return dict(json.loads(read_properties(config).get("models", "{}")))
 
 
 def configured_model(config: Path = BASE_CONFIG) -> dict[str, Any]:

@@ -1,37 +1,29 @@
-"""One TorchServe instance that lives in its own state folder.
+"""Starting and stopping one TorchServe instance that lives in its own state folder
+(``bert_serve_server.server.Server``: its view of an instance, re-exported here).
 
-Each instance keeps everything in its state folder: the effective config.properties
-(``config/config.properties`` plus overrides such as test ports), logs, the token key file
-and TorchServe's pid file (TorchServe puts it in the temp folder, so each instance gets its
-own TMPDIR). Stopping uses ``torchserve --stop`` with that same TMPDIR, so it only ever
-stops the instance it started.
-
-The server's workers are its concern too, in one place for every tool and test: their pids
-(from the management API), killing one (only a process this frontend started), waiting for
-the frontend to replace it, and their memory, always in MB (10**6 bytes).
+A start writes the instance's effective config.properties (``config/config.properties`` plus
+overrides such as test ports) sized for this machine (``bert_serve_server.sizing``, with what
+``BERT_SERVE_*`` variables state), launches TorchServe with its own TMPDIR and waits until
+every worker is READY. Stopping uses ``torchserve --stop`` with that same TMPDIR, so it only
+ever stops the instance it started.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import psutil
 import requests
 
-from bert_serve_server import sizing
+from bert_serve_server import sizing, start_log
 from bert_serve_server.config import (
     BASE_CONFIG,
     ROOT,
@@ -42,282 +34,39 @@ from bert_serve_server.config import (
     read_properties,
 )
 from bert_serve_server.models import served_models, without
+from bert_serve_server.plan import PlanError
+from bert_serve_server.process_memory import MB, Memory, WorkerMemory, rss_mb
+from bert_serve_server.rules import StatedError
+from bert_serve_server.served import SizingError
+from bert_serve_server.server import (
+    REPLACE_LIMIT_S,
+    FrontendExited,
+    Server,
+    ServerError,
+    Worker,
+    WorkerLoadFailed,
+)
+from bert_serve_server.size_cli import TS_CONFIG_ENV
+from bert_serve_server.start_log import (
+    failed_models,
+    read_from,
+    worker_load_error,
+    worker_load_errors,
+)
+from bert_serve_server.stated import StatedValueError, read_stated
+
+__all__ = [
+    "MB", "REPLACE_LIMIT_S", "FrontendExited", "Memory", "Server", "ServerError", "Worker",
+    "WorkerLoadFailed", "WorkerMemory", "log_tail", "rss_mb", "worker_load_error",
+    "worker_load_errors",
+]  # fmt: skip
 
 DEFAULT_STATE_DIR = ROOT / ".run"
-MB = 10**6
-REPLACE_LIMIT_S = 60.0
 THREADS_ENV = "OMP_NUM_THREADS"
 """How a worker's torch learns its thread count (``bert_serve_server.sizing``); a caller's own wins."""
 
 
-class ServerError(RuntimeError):
-    pass
-
-
-class FrontendExited(ServerError):
-    """The frontend died before it was ready: on free ports picked a moment earlier, most
-    likely a port taken in between (a busy machine's outgoing connections use the same
-    range), so ``start_on_free_ports`` tries again on new ones."""
-
-
-class WorkerLoadFailed(ServerError):
-    """Workers died loading their model: ``models`` says which (``NAME:VERSION``) and why."""
-
-    def __init__(self, message: str, models: dict[str, str]) -> None:
-        super().__init__(message)
-        self.models = models
-
-
 START_ATTEMPTS = 3
-LOG_TAIL_LINES = 8
-
-
-@dataclass(frozen=True)
-class Worker:
-    """One model worker as the management API lists it."""
-
-    id: str
-    pid: int
-    status: str
-
-    @property
-    def ready(self) -> bool:
-        return self.status == "READY"
-
-
-@dataclass(frozen=True)
-class WorkerMemory:
-    pid: int
-    rss_mb: float | None
-    uss_mb: float | None
-    """What this worker alone holds (unique set size)."""
-
-
-@dataclass(frozen=True)
-class Memory:
-    """Resident memory in MB (10**6 bytes); None for a process that is gone."""
-
-    frontend_rss_mb: float | None
-    workers: dict[str, WorkerMemory]
-    """By worker id (stable across a worker's restarts, unlike its pid)."""
-
-    @property
-    def workers_rss_mb(self) -> float:
-        return round(sum(worker.rss_mb or 0.0 for worker in self.workers.values()), 1)
-
-
-def rss_mb(pid: int | None) -> float | None:
-    """A process's resident memory in MB; None if there is no such process."""
-    try:
-        return round(psutil.Process(pid).memory_info().rss / MB, 1) if pid else None
-    except psutil.Error:
-        return None
-
-
-def worker_memory(worker: Worker) -> WorkerMemory:
-    try:
-        info = psutil.Process(worker.pid).memory_full_info()
-    except psutil.Error:
-        return WorkerMemory(worker.pid, None, None)
-    return WorkerMemory(worker.pid, round(info.rss / MB, 1), round(info.uss / MB, 1))
-
-
-@dataclass(frozen=True)
-class Server:
-    state_dir: Path
-    properties: dict[str, str]
-    env: Mapping[str, str] = field(default_factory=dict)
-    """Variables set for this server's frontend and workers over the caller's own (an A/B of
-    an environment setting: ``scripts/compare_mars.py --before-env``)."""
-
-    @property
-    def inference_url(self) -> str:
-        return self.properties["inference_address"].replace("0.0.0.0", "127.0.0.1")
-
-    def model_names(self) -> list[str]:
-        """The names this instance serves, as its config's ``models=`` lists them."""
-        return list(served_models(self.properties))
-
-    def versions(self, name: str) -> list[str]:
-        return list(served_models(self.properties)[name])
-
-    def default_version(self, name: str) -> str:
-        """The version its config makes the default (the first it loads)."""
-        versions = served_models(self.properties)[name]
-        marked = [v for v, entry in versions.items() if entry.get("defaultVersion")]
-        return (marked or list(versions))[0]
-
-    @property
-    def model_name(self) -> str:
-        """The first model it serves (``bert`` for ``make serve`` without MODELS)."""
-        return self.model_names()[0]
-
-    @property
-    def predict_url(self) -> str:
-        return self.predict_url_for(self.model_name)
-
-    def predict_url_for(self, name: str, version: str | None = None) -> str:
-        suffix = f"/{version}" if version else ""
-        return f"{self.inference_url}/predictions/{name}{suffix}"
-
-    @property
-    def management_url(self) -> str:
-        return self.properties["management_address"]
-
-    @property
-    def metrics_url(self) -> str:
-        return self.properties["metrics_address"]
-
-    @property
-    def sizing_file(self) -> Path:
-        """The config before ``bert_serve_server.sizing`` filled it in, and what it chose and why."""
-        return self.state_dir / "sizing.json"
-
-    def sizing(self) -> dict[str, Any]:
-        return dict(json.loads(self.sizing_file.read_text()))
-
-    @property
-    def tmp_dir(self) -> Path:
-        return self.state_dir / "tmp"
-
-    @property
-    def model_log(self) -> Path:
-        """The workers' log: the handler's lines, including its per-batch ``batch_size=...``."""
-        return self.state_dir / "logs" / "model_log.log"
-
-    @property
-    def access_log(self) -> Path:
-        """The frontend's line per request, ending in its status and its time in the frontend
-        (ms, from the request read to the answer written: TorchServe's ``Session``)."""
-        return self.state_dir / "logs" / "access_log.log"
-
-    def key(self, kind: str) -> str | None:
-        """A token from key_file.json ('inference', 'management' or 'API'); None if auth is off."""
-        key_file = self.state_dir / "key_file.json"
-        if not key_file.is_file():
-            return None
-        return str(json.loads(key_file.read_text())[kind]["key"])
-
-    def headers(self, kind: str = "inference") -> dict[str, str]:
-        key = self.key(kind)
-        return {"Authorization": f"Bearer {key}"} if key else {}
-
-    def pid(self) -> int | None:
-        """The frontend's pid while it runs."""
-        pid_file = self.tmp_dir / ".model_server.pid"
-        try:
-            pid = int(pid_file.read_text().split()[0])
-            os.kill(pid, 0)
-        except (OSError, ValueError, IndexError):
-            return None
-        return pid
-
-    def describe(self, name: str, version: str | None = None) -> list[dict[str, Any]]:
-        """The management API's description of a model: its default version, ``version``, or
-        every version ("all")."""
-        suffix = f"/{version}" if version else ""
-        response = requests.get(
-            f"{self.management_url}/models/{name}{suffix}",
-            headers=self.headers("management"),
-            timeout=30,
-        )
-        response.raise_for_status()
-        return [dict(entry) for entry in response.json()]
-
-    def model(self, name: str | None = None) -> dict[str, Any]:
-        """A model's default version as the management API describes it (batch settings,
-        workers, ...); the first model unless ``name``."""
-        return self.describe(name or self.model_name)[0]
-
-    def workers(self) -> list[Worker]:
-        """Every served model's workers, all versions; [] while the management API does not
-        answer (starting, stopping), so a caller polling for a state simply polls again."""
-        try:
-            listed = [
-                worker
-                for name in self.model_names()
-                for entry in self.describe(name, "all")
-                for worker in entry.get("workers", [])
-            ]
-            return [Worker(str(w["id"]), int(w["pid"]), str(w["status"])) for w in listed]
-        except (requests.RequestException, ValueError, KeyError, IndexError, TypeError):
-            return []
-
-    def archives(self) -> list[Path]:
-        """The .mar files it loads at start."""
-        store = Path(self.properties["model_store"])
-        return [store / name for name in self.properties.get("load_models", "").split(",") if name]
-
-    def worker_pid(self) -> int | None:
-        """The pid of the first READY worker; None while none is READY."""
-        ready = [worker.pid for worker in self.workers() if worker.ready]
-        return ready[0] if ready else None
-
-    def workers_ready(self) -> bool:
-        """Every served model version has workers, all READY."""
-        try:
-            for name, versions in served_models(self.properties).items():
-                described = self.describe(name, "all")
-                if len(described) < len(versions):
-                    return False
-                for entry in described:
-                    listed = entry.get("workers", [])
-                    if not listed or any(w["status"] != "READY" for w in listed):
-                        return False
-        except (requests.RequestException, ValueError, KeyError, TypeError):
-            return False
-        return True
-
-    def is_worker(self, pid: int) -> bool:
-        """True if ``pid`` is a process this server's frontend started (so safe to signal)."""
-        frontend = self.pid()
-        if frontend is None:
-            return False
-        try:
-            return pid in {child.pid for child in psutil.Process(frontend).children(recursive=True)}
-        except psutil.Error:
-            return False
-
-    def kill_worker(self, pid: int, sig: signal.Signals = signal.SIGKILL) -> None:
-        """Send ``sig`` (SIGKILL unless told) to the worker ``pid``, that pid only, after
-        checking that this frontend started it."""
-        if not self.is_worker(pid):
-            raise ServerError(f"pid {pid} is not a worker of this server; not signalled")
-        os.kill(pid, sig)
-
-    def wait_replaced(
-        self, killed: int, before: Collection[int], timeout: float = REPLACE_LIMIT_S
-    ) -> tuple[int, float]:
-        """(the new worker's pid, seconds waited) once as many workers as ``before`` (the
-        pids before the kill) are READY again and ``killed`` is not among them."""
-        started = time.monotonic()
-        while time.monotonic() - started < timeout:
-            workers = self.workers()
-            pids = {worker.pid for worker in workers}
-            replaced = len(workers) == len(before) and killed not in pids
-            if replaced and all(worker.ready for worker in workers):
-                return min(pids - set(before)), time.monotonic() - started
-            time.sleep(0.1)
-        raise TimeoutError(f"worker {killed} not replaced within {timeout:.0f} s")
-
-    def memory(self) -> Memory:
-        """The frontend's RSS and each worker's RSS and USS, in MB."""
-        workers = {worker.id: worker_memory(worker) for worker in self.workers()}
-        return Memory(rss_mb(self.pid()), workers)
-
-    def environment(self) -> dict[str, str]:
-        """The frontend's environment, which its workers inherit: the caller's, with this
-        server's ``env`` over it; its state folder decides where temporary files and logs go."""
-        return (
-            dict(os.environ)
-            | dict(self.env)
-            | {
-                "TMPDIR": str(self.tmp_dir),
-                "TEMP": str(self.tmp_dir),
-                "LOG_LOCATION": str(self.state_dir / "logs"),
-                "METRICS_LOCATION": str(self.state_dir / "logs"),
-            }
-        )
 
 
 def torchserve_command() -> str:
@@ -336,6 +85,11 @@ def check_startable(server: Server) -> None:
     """Refuse a second instance in one folder, a missing Java and a missing .mar, with the fix."""
     if server.pid() is not None:
         raise ServerError(f"TorchServe already runs from {server.state_dir} (pid {server.pid()})")
+    if os.environ.get(TS_CONFIG_ENV):
+        raise ServerError(
+            f"{TS_CONFIG_ENV} is set: TorchServe would read {os.environ[TS_CONFIG_ENV]} in place "
+            "of the config this start sizes and writes; unset it"
+        )
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         raise ServerError(
             "Java 17 is required by TorchServe's frontend: install a JDK (apt-get install openjdk-17-jdk-headless)"
@@ -411,8 +165,12 @@ def launch_sized(
     state_dir: Path, source: dict[str, str], env: Mapping[str, str] | None
 ) -> tuple[Server, sizing.Resolved]:
     """Size ``source`` for this machine (``bert_serve_server.sizing``) and launch it; models that sizing
-    refused are named on stderr, and when none is left nothing is launched."""
-    resolved = sizing.resolve(source)
+    refused are named on stderr, and when none is left nothing is launched. What ``BERT_SERVE_*``
+    variables state (``bert_serve_server.stated``, a plan included) is taken as stated."""
+    try:
+        resolved = sizing.resolve(source, stated=read_stated(os.environ))
+    except (SizingError, StatedError, StatedValueError, PlanError) as error:
+        raise ServerError(str(error)) from None
     refusals = "; ".join(f"model {key} refused: {why}" for key, why in resolved.refused.items())
     if not served_models(resolved.properties):
         raise ServerError(f"no model left to serve: {refusals}")
@@ -522,48 +280,6 @@ def curl_example(server: Server) -> str:
     )
 
 
-WORKER_DIED = "Backend worker process died."
-ERROR_LINE = re.compile(r" - (\w[\w.]*(?:Error|Exception|Refused): .*)$")
-
-
-def worker_load_error(log_text: str) -> str | None:
-    """Once a worker died in ``log_text`` (the model log of a start), the first error line of
-    its traceback (the handler's own reason, not the "500 - Unknown exception" TorchServe
-    re-raises), or a plain "a worker died"; None while no worker died."""
-    lines = log_text.splitlines()
-    if not any(line.endswith(WORKER_DIED) for line in lines):
-        return None
-    errors = [match.group(1) for match in map(ERROR_LINE.search, lines) if match]
-    return errors[0] if errors else "a worker died while loading the model"
-
-
-WORKER_TAG = re.compile(r" W-\d+-(\S+)-std(?:out|err) ")
-"""The worker's tag in a model log line: ``W-<port>-<name>_<version>-stdout``."""
-
-
-def worker_load_errors(log_text: str) -> dict[str, str]:
-    """``worker_load_error`` for each worker tag's lines (``<name>_<version>``)."""
-    by_tag: dict[str, list[str]] = {}
-    for line in log_text.splitlines():
-        match = WORKER_TAG.search(line)
-        by_tag.setdefault(match.group(1) if match else "", []).append(line)
-    return {
-        tag: error
-        for tag, lines in by_tag.items()
-        if (error := worker_load_error("\n".join(lines))) is not None
-    }
-
-
-def failed_models(server: Server, errors: dict[str, str]) -> dict[str, str]:
-    """The worker tags of ``errors`` as the ``NAME:VERSION`` they serve."""
-    keys = {
-        f"{name}_{version}": f"{name}:{version}"
-        for name in server.model_names()
-        for version in server.versions(name)
-    }
-    return {keys.get(tag, tag): error for tag, error in errors.items()}
-
-
 def wait_ready(server: Server, timeout: float, log_start: int | None = None) -> None:
     """Poll /ping and the workers until READY, failing fast if the frontend died or a worker
     died loading the model (it would fail the same way on every restart). ``log_start``: the
@@ -580,7 +296,8 @@ def wait_ready(server: Server, timeout: float, log_start: int | None = None) -> 
                 f"its last lines: {log_tail(server)}"
             )
         if log.is_file() and (errors := worker_load_errors(read_from(log, log_start))):
-            failed = failed_models(server, errors)
+            served = {name: server.versions(name) for name in server.model_names()}
+            failed = failed_models(served, errors)
             if len(server.model_names()) == 1 and len(server.versions(server.model_name)) == 1:
                 (error,) = failed.values()
                 raise WorkerLoadFailed(
@@ -601,20 +318,8 @@ def wait_ready(server: Server, timeout: float, log_start: int | None = None) -> 
 
 
 def log_tail(server: Server) -> str:
-    """The frontend's last console and log lines, for an error message that outlives a
-    temporary state folder."""
-    lines: list[str] = []
-    for name in ("console.log", "ts_log.log"):
-        path = server.state_dir / "logs" / name
-        if path.is_file():
-            lines += path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
-    return " | ".join(line.strip() for line in lines if line.strip()) or "(no log lines)"
-
-
-def read_from(path: Path, offset: int) -> str:
-    with path.open("rb") as file:
-        file.seek(offset)
-        return file.read().decode(errors="replace")
+    """The frontend's last console and log lines (``start_log.log_tail``)."""
+    return start_log.log_tail(server.state_dir)
 
 
 def stop(server: Server, timeout: float = 60) -> None:

@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 import requests
-from bert_serve_server import sizing
+from bert_serve_server import rules, sizing
 from bert_serve_server.config import configured_model
+from bert_serve_server.served import archive_limits
 
 from tests.conftest import MAR_PATH, ROOT
 from tests.integration.conftest import model_log
@@ -108,9 +109,9 @@ def expected_workers(server: Any) -> tuple[sizing.Machine, int]:
     measured on a GPU."""
     machine = sizing.read_machine(sizing.serving_gpus(server.properties))
     load = server.sizing()["in_force"].get("device_loads", {}).get("bert:1.0")
-    if load is None:  # on the CPU
+    if load is None:  # on the CPU, with a worker's memory as the start measured it
         machine = replace(machine, gpus=0)
-        worker_bytes = MAR_PATH.stat().st_size + sizing.WORKER_OVERHEAD_BYTES
+        worker_bytes = server.sizing()["in_force"]["measured"]["bert:1.0"]["worker_bytes"]
         return machine, sizing.workers_for(machine, worker_bytes)[0]
     device_load = sizing.DeviceLoad(**load)
     return machine, sizing.workers_for(machine, sizing.GPU_WORKER_HOST_BYTES, device_load)[0]
@@ -171,7 +172,7 @@ def test_make_status_prints_the_defaults_chosen_on_this_machine(server) -> None:
             r"^job_queue_size (\d+); torch threads per worker (\d+)$", printed, re.MULTILINE
         ).groups(),
     )
-    heap_mb = sizing.heap_mb_in(re.search(r"^vmargs (.*)$", printed, re.MULTILINE)[1])
+    heap_mb = rules.heap_mib_in(re.search(r"^vmargs (.*)$", printed, re.MULTILINE)[1])
     rates_line = re.search(r"why: batchSize \d+: .*\((.*)\)$", printed, re.MULTILINE)[1]
     rates = {int(size): float(rate) for rate, size in re.findall(r"([\d.]+) at (\d+)", rates_line)}
     assert sorted(rates) == list(sizing.BATCH_SIZES)
@@ -179,11 +180,12 @@ def test_make_status_prints_the_defaults_chosen_on_this_machine(server) -> None:
     machine, workers = expected_workers(server)
     batch_size, _ = sizing.batch_size_for(rates)
     max_request = int(server.properties["max_request_size"])
-    request_bytes = sizing.queued_request_bytes(max_request, sizing.archive_max_chars(MAR_PATH))
-    worker_bytes = MAR_PATH.stat().st_size + sizing.WORKER_OVERHEAD_BYTES
-    expected_queue, expected_heap, _ = sizing.derive(
-        machine, workers, rates[batch_size], request_bytes, reserved_bytes=workers * worker_bytes
+    request_bytes = rules.queued_request_bytes(max_request, *archive_limits(MAR_PATH))
+    worker_bytes = server.sizing()["in_force"]["measured"]["bert:1.0"]["worker_bytes"]
+    given = rules.QueueInputs(
+        workers, rates[batch_size], request_bytes, reserved_bytes=workers * worker_bytes
     )
+    expected_queue, expected_heap, _ = rules.derive(machine, given)
     assert (int(entry["minWorkers"]), int(entry["maxWorkers"]), threads) == (
         workers,
         workers,

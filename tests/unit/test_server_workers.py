@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from bert_serve_server import server as server_module
 from bert_serve_server.control import Server, ServerError
 
 from tests.stub_http import stub_server
@@ -38,7 +39,11 @@ def listing() -> Listing:
 
 
 @pytest.fixture
-def server(tmp_path: Path, listing: Listing) -> Iterator[Server]:
+def server(tmp_path: Path, listing: Listing, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
+    """This test process stands in for the frontend: its pid is in the pid file, and taken
+    for TorchServe's (the real check reads /proc/<pid>/cmdline: test_sizing_stated.py)."""
+    monkeypatch.setattr(server_module, "is_frontend", lambda pid: pid == os.getpid())
+
     def management(path: str, client_port: int) -> tuple[int, bytes]:
         workers = listing.next()
         if workers is None:

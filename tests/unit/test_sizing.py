@@ -14,10 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from bert_serve_server import sizing
+from bert_serve_server import machine as host
+from bert_serve_server import measure, rules, served, sizing
 from bert_serve_server.config import effective_properties
-
-from tests.conftest import MAR_PATH
+from bert_serve_server.machine import Machine
 
 GIB = 2**30
 MIB = 2**20
@@ -26,88 +26,101 @@ MIB = 2**20
 def test_cgroup_v2_and_v1_quotas(tmp_path: Path) -> None:
     (tmp_path / "cpu.max").write_text("250000 100000\n")
     (tmp_path / "memory.max").write_text(f"{3 * GIB}\n")
-    assert sizing.cgroup_cores(tmp_path) == 2.5
-    assert sizing.cgroup_memory(tmp_path) == 3 * GIB
+    assert host.cgroup_cores(tmp_path) == 2.5
+    assert host.cgroup_memory(tmp_path) == 3 * GIB
     (tmp_path / "cpu.max").write_text("max 100000\n")
     (tmp_path / "memory.max").write_text("max\n")
-    assert sizing.cgroup_cores(tmp_path) is None
-    assert sizing.cgroup_memory(tmp_path) is None
+    assert host.cgroup_cores(tmp_path) is None
+    assert host.cgroup_memory(tmp_path) is None
     v1 = tmp_path / "v1"
     (v1 / "cpu").mkdir(parents=True)
     (v1 / "cpu" / "cpu.cfs_quota_us").write_text("400000\n")
     (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
-    assert sizing.cgroup_cores(v1) == 4.0
+    assert host.cgroup_cores(v1) == 4.0
     (v1 / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
-    assert sizing.cgroup_cores(v1) is None
-    assert sizing.cgroup_memory(v1) is None
+    assert host.cgroup_cores(v1) is None
+    assert host.cgroup_memory(v1) is None
 
 
 @pytest.mark.parametrize(
     ("machine", "workers", "threads"),
     [
-        (sizing.Machine(cores=32, memory_bytes=128 * GIB, gpus=0), 32, 1),
-        (sizing.Machine(cores=2.5, memory_bytes=8 * GIB, gpus=0), 2, 1),
-        (sizing.Machine(cores=0.5, memory_bytes=8 * GIB, gpus=0), 1, 1),
+        (Machine(cores=32, memory_bytes=128 * GIB, gpus=0), 32, 1),
+        (Machine(cores=2.5, memory_bytes=8 * GIB, gpus=0), 2, 1),
+        (Machine(cores=0.5, memory_bytes=8 * GIB, gpus=0), 1, 1),
         # 32 workers of 1 GiB cannot fit in half of 8 GiB: 4 do
-        (sizing.Machine(cores=32, memory_bytes=8 * GIB, gpus=0), 4, 8),
+        (Machine(cores=32, memory_bytes=8 * GIB, gpus=0), 4, 8),
     ],
 )
 def test_workers_and_threads_follow_cores_and_memory(
-    machine: sizing.Machine, workers: int, threads: int
+    machine: Machine, workers: int, threads: int
 ) -> None:
-    got, reasons = sizing.workers_for(machine, worker_bytes=GIB)
-    assert (got, sizing.threads_for(machine, got)) == (workers, threads)
+    got, reasons = rules.workers_for(machine, worker_bytes=GIB)
+    assert (got, rules.threads_for(machine, got)) == (workers, threads)
     assert reasons
 
 
-REQUEST = sizing.queued_request_bytes(2**20)
-"""A queued request as the shipped limits hold it: the longest text the handler accepts."""
+REQUEST = rules.queued_request_bytes(2**20)
+"""A queued request as the shipped limits hold it: a body of max_request_size (1 MiB), which a
+list of texts can fill, and the request's own objects."""
+WORKER = measure.WorkerMemory(peak_bytes=640 * MIB, uss_bytes=600 * MIB, pss_bytes=620 * MIB)
+"""A worker as a start would measure the shipped model's (deploy/image-test.json: 635 MiB PSS)."""
 
 
-def test_a_queued_request_is_budgeted_as_the_longest_text_the_handler_accepts() -> None:
+def test_a_queued_request_is_budgeted_as_the_largest_body_lists_included() -> None:
+    """A list of 64 texts of 10,000 characters, JSON-escaped at worst, is far more than one
+    text: the frontend's max_request_size bounds it, and a request is budgeted that body."""
     from handler.settings import HandlerSettings
 
-    assert sizing.DEFAULT_MAX_CHARS == HandlerSettings().max_chars
-    assert REQUEST == 10_000 * 4 + sizing.REQUEST_OVERHEAD_BYTES
-    assert sizing.queued_request_bytes(8192) == 8192, "never more than the frontend admits"
-    assert sizing.queued_request_bytes(2**20, max_chars=100) == 400 + sizing.REQUEST_OVERHEAD_BYTES
+    handler = HandlerSettings()
+    assert rules.DEFAULT_MAX_CHARS == handler.max_chars
+    assert rules.DEFAULT_MAX_TEXTS == handler.max_texts_per_request
+    largest = rules.handler_body_bytes()
+    assert largest == 64 * 10_000 * 6 + rules.REQUEST_OVERHEAD_BYTES
+    assert REQUEST == 2**20 + rules.REQUEST_OVERHEAD_BYTES
+    assert rules.queued_request_bytes(2**30) == largest + rules.REQUEST_OVERHEAD_BYTES
+    assert rules.queued_request_bytes(2**30, max_chars=100, max_texts=1) == (
+        600 + 2 * rules.REQUEST_OVERHEAD_BYTES
+    )
+
+
+def inputs(workers: int, texts_per_s: float, request_bytes: int, **more: int) -> rules.QueueInputs:
+    return rules.QueueInputs(workers, texts_per_s, request_bytes, **more)  # type: ignore[arg-type]
 
 
 def test_queue_is_a_patient_minute_of_drain_and_the_heap_holds_it() -> None:
-    machine = sizing.Machine(cores=4, memory_bytes=64 * GIB, gpus=0)
-    queue, heap_mb, _ = sizing.derive(machine, workers=4, texts_per_s=10.0, request_bytes=REQUEST)
+    machine = Machine(cores=4, memory_bytes=64 * GIB, gpus=0)
+    queue, heap_mb, _ = rules.derive(machine, inputs(4, 10.0, REQUEST))
     assert queue == 4 * 10 * 60
-    assert heap_mb == sizing.BASE_HEAP_MB + math.ceil(queue * REQUEST / MIB)
+    assert heap_mb == rules.BASE_HEAP_MIB + math.ceil(queue * REQUEST / MIB)
 
 
 def test_a_small_memory_cuts_the_queue_to_what_the_heap_holds() -> None:
     """The heap gets what the workers and the JVM's non-heap memory leave, no more."""
-    machine = sizing.Machine(cores=4, memory_bytes=2 * GIB, gpus=0)
-    queue, heap_mb, reasons = sizing.derive(
-        machine, 4, 100.0, request_bytes=MIB, reserved_bytes=GIB
-    )
-    assert heap_mb == 2048 - 1024 - sizing.FRONTEND_NON_HEAP_BYTES // MIB
-    assert queue == heap_mb - sizing.BASE_HEAP_MB
+    machine = Machine(cores=4, memory_bytes=2 * GIB, gpus=0)
+    queue, heap_mb, reasons = rules.derive(machine, inputs(4, 100.0, MIB, reserved_bytes=GIB))
+    assert heap_mb == 2048 - 1024 - rules.FRONTEND_NON_HEAP_BYTES // MIB
+    assert queue == heap_mb - rules.BASE_HEAP_MIB
     assert any("cut" in reason for reason in reasons)
 
 
 def test_the_heap_stays_under_the_compressed_pointer_limit() -> None:
-    machine = sizing.Machine(cores=64, memory_bytes=1024 * GIB, gpus=0)
-    queue, heap_mb, reasons = sizing.derive(machine, 64, 5000.0, request_bytes=REQUEST)
-    assert heap_mb == sizing.COMPRESSED_OOPS_MB < 32 * 1024
-    assert queue == int((heap_mb - sizing.BASE_HEAP_MB) / (REQUEST / MIB))
+    machine = Machine(cores=64, memory_bytes=1024 * GIB, gpus=0)
+    queue, heap_mb, reasons = rules.derive(machine, inputs(64, 5000.0, REQUEST))
+    assert heap_mb == rules.COMPRESSED_OOPS_MIB < 32 * 1024
+    assert queue == int((heap_mb - rules.BASE_HEAP_MIB) / (REQUEST / MIB))
     assert any("compressed-pointer" in reason for reason in reasons)
 
 
 def test_heap_flag_parsing() -> None:
-    assert sizing.heap_mb_in("-Dx=y -Xmx2g") == 2048
-    assert sizing.heap_mb_in("-Xmx512m -Xms256m") == 512
-    assert sizing.heap_mb_in("-Xms256m") is None
-    assert sizing.heap_mb_in("-XX:MaxHeapSize=1073741824") == 1024
-    assert sizing.heap_mb_in("-Xmx1g -XX:MaxHeapSize=2g") == 2048, "the JVM takes the last"
-    assert sizing.heap_mb_in("-XX:MaxRAMPercentage=50.0", memory_bytes=4 * GIB) == 2048
-    assert sizing.heap_mb_in("-XX:MaxRAMPercentage=50") is None, "a share of unknown memory"
-    assert sizing.heap_stated("-XX:MaxRAMPercentage=50") and not sizing.heap_stated("-Xms1g")
+    assert rules.heap_mib_in("-Dx=y -Xmx2g") == 2048
+    assert rules.heap_mib_in("-Xmx512m -Xms256m") == 512
+    assert rules.heap_mib_in("-Xms256m") is None
+    assert rules.heap_mib_in("-XX:MaxHeapSize=1073741824") == 1024
+    assert rules.heap_mib_in("-Xmx1g -XX:MaxHeapSize=2g") == 2048, "the JVM takes the last"
+    assert rules.heap_mib_in("-XX:MaxRAMPercentage=50.0", memory_bytes=4 * GIB) == 2048
+    assert rules.heap_mib_in("-XX:MaxRAMPercentage=50") is None, "a share of unknown memory"
+    assert rules.heap_stated("-XX:MaxRAMPercentage=50") and not rules.heap_stated("-Xms1g")
 
 
 RATES = {1: 20.0, 2: 30.0, 4: 40.0, 8: 46.0, 16: 50.0, 32: 49.0, 64: 51.0}
@@ -126,13 +139,13 @@ def machine_of_8_cores(monkeypatch: pytest.MonkeyPatch) -> list[tuple[tuple[int,
         measured.append((batch_sizes, threads))
         return {size: RATES[size] for size in batch_sizes}
 
-    monkeypatch.setattr(sizing, "read_machine", lambda gpus: sizing.Machine(8, 128 * GIB, gpus))
+    monkeypatch.setattr(sizing, "read_machine", lambda gpus: Machine(8, 128 * GIB, gpus))
     monkeypatch.setattr(sizing, "measured_rates", rates)
+    monkeypatch.setattr(served, "measured_memory", lambda mar, mtime_ns: WORKER)
     return measured
 
 
-MIB = 2**20
-SERVED_LOAD = sizing.DeviceLoad(
+SERVED_LOAD = rules.DeviceLoad(
     batch_size=8, device_s=0.010, cpu_s=0.015, gpu_bytes=GIB, context_bytes=512 * MIB
 )
 """A batch on the GPU as a start would measure it: 10 ms there, 15 ms of CPU around it."""
@@ -146,25 +159,25 @@ def gpu_loads(
     the batch size of each device measurement."""
     measured: list[int] = []
 
-    def load(mar: str, mtime_ns: int, batch_size: int) -> sizing.DeviceLoad:
+    def load(mar: str, mtime_ns: int, batch_size: int) -> rules.DeviceLoad:
         measured.append(batch_size)
         return SERVED_LOAD
 
-    monkeypatch.setattr(sizing, "gpu_count", lambda: 2)
+    monkeypatch.setattr(host, "gpu_count", lambda: 2)
     monkeypatch.setattr(
         sizing,
         "read_machine",
-        lambda gpus: sizing.Machine(8, 128 * GIB, gpus, 80 * GIB * (gpus > 0)),
+        lambda gpus: Machine(8, 128 * GIB, gpus, 80 * GIB * (gpus > 0)),
     )
     monkeypatch.setattr(sizing, "measured_device_load", load)
     return measured
 
 
 def test_batch_size_is_the_smallest_near_the_best_rate() -> None:
-    assert sizing.batch_size_for(RATES)[0] == 8
-    assert sizing.batch_size_for({2: 9.5, 4: 9.0, 8: 8.0})[0] == 2, "batching does not pay"
-    assert 1 not in sizing.BATCH_SIZES, "serving's cost per batch is not measured in-process"
-    assert sizing.batch_size_for({1: 10.0, 8: 60.0, 64: 200.0})[0] == 64, "a GPU-like curve"
+    assert rules.batch_size_for(RATES)[0] == 8
+    assert rules.batch_size_for({2: 9.5, 4: 9.0, 8: 8.0})[0] == 2, "batching does not pay"
+    assert 1 not in rules.BATCH_SIZES, "serving's cost per batch is not measured in-process"
+    assert rules.batch_size_for({1: 10.0, 8: 60.0, 64: 200.0})[0] == 64, "a GPU-like curve"
 
 
 def test_resolve_fills_what_the_shipped_config_leaves_out(
@@ -176,11 +189,11 @@ def test_resolve_fills_what_the_shipped_config_leaves_out(
     assert (entry["minWorkers"], entry["maxWorkers"], resolved.torch_threads) == (8, 8, 1)
     assert entry["batchSize"] == 8
     assert resolved.properties["job_queue_size"] == str(8 * 46 * 60)
-    assert sizing.heap_mb_in(resolved.properties["vmargs"]) == sizing.BASE_HEAP_MB + math.ceil(
+    assert rules.heap_mib_in(resolved.properties["vmargs"]) == rules.BASE_HEAP_MIB + math.ceil(
         8 * 46 * 60 * REQUEST / MIB
     )
     assert "-Dlog4j.configurationFile=" in resolved.properties["vmargs"]
-    assert machine_of_8_cores == [(sizing.BATCH_SIZES, 1)]
+    assert machine_of_8_cores == [(rules.BATCH_SIZES, 1)]
 
 
 def test_a_stated_batch_size_is_measured_alone(
@@ -235,33 +248,33 @@ def test_an_archive_without_a_model_is_not_measured(
         archive.writestr("handler.py", "")
     resolved = sizing.resolve(effective_properties({"model_store": str(tmp_path)}), gpus=0)
     assert "job_queue_size" not in resolved.properties
-    assert sizing.heap_mb_in(resolved.properties["vmargs"]) is None
+    assert rules.heap_mib_in(resolved.properties["vmargs"]) is None
     assert machine_of_8_cores == []
 
 
 @pytest.mark.parametrize(
     ("machine", "models", "workers"),
     [
-        (sizing.Machine(cores=2, memory_bytes=64 * GIB, gpus=0), 2, [1, 1]),
-        (sizing.Machine(cores=9, memory_bytes=64 * GIB, gpus=0), 2, [5, 4]),
-        (sizing.Machine(cores=16, memory_bytes=64 * GIB, gpus=0), 3, [6, 5, 5]),
+        (Machine(cores=2, memory_bytes=64 * GIB, gpus=0), 2, [1, 1]),
+        (Machine(cores=9, memory_bytes=64 * GIB, gpus=0), 2, [5, 4]),
+        (Machine(cores=16, memory_bytes=64 * GIB, gpus=0), 3, [6, 5, 5]),
         # 8 workers of 1 GiB cannot fit in half of 6 GiB: 3 do, taken from the largest first
-        (sizing.Machine(cores=8, memory_bytes=6 * GIB, gpus=0), 2, [2, 1]),
+        (Machine(cores=8, memory_bytes=6 * GIB, gpus=0), 2, [2, 1]),
     ],
 )
 def test_models_share_the_cores_and_never_oversubscribe(
-    machine: sizing.Machine, models: int, workers: list[int]
+    machine: Machine, models: int, workers: list[int]
 ) -> None:
     """Workers x threads stays within the cores: the cores are shared among the models."""
-    got, reasons = sizing.shared_workers(machine, [GIB] * models)
+    got, reasons = rules.shared_workers(machine, [GIB] * models)
     assert got == workers and reasons
     if not machine.gpus:
-        assert sum(got) * sizing.threads_for(machine, sum(got)) <= machine.cores
+        assert sum(got) * rules.threads_for(machine, sum(got)) <= machine.cores
 
 
 def test_more_models_than_cores_still_serve_each_and_say_so() -> None:
-    machine = sizing.Machine(cores=2, memory_bytes=64 * GIB, gpus=0)
-    got, reasons = sizing.shared_workers(machine, [GIB] * 3)
+    machine = Machine(cores=2, memory_bytes=64 * GIB, gpus=0)
+    got, reasons = rules.shared_workers(machine, [GIB] * 3)
     assert got == [1, 1, 1]
     assert any("share cores" in reason for reason in reasons)
 
@@ -299,9 +312,9 @@ def test_each_model_is_measured_on_its_own_archive_and_the_cores_shared(
     assert {e["batchSize"] for vs in models.values() for e in vs.values()} == {8}
     assert len(machine_of_8_cores) == 3, "each archive measured"
     assert resolved.properties["job_queue_size"] == str(3 * 46 * 60)
-    heap = sizing.heap_mb_in(resolved.properties["vmargs"])
-    request = sizing.queued_request_bytes(int(resolved.properties["max_request_size"]))
-    assert heap == sizing.BASE_HEAP_MB + math.ceil(3 * 3 * 46 * 60 * request / MIB)
+    heap = rules.heap_mib_in(resolved.properties["vmargs"])
+    request = rules.queued_request_bytes(int(resolved.properties["max_request_size"]))
+    assert heap == rules.BASE_HEAP_MIB + math.ceil(3 * 3 * 46 * 60 * request / MIB)
     assert not resolved.refused
 
 
@@ -325,12 +338,12 @@ def test_a_model_that_cannot_be_measured_is_refused_and_the_others_served(
     assert resolved.properties["load_models"] == "a-v2.mar,b.mar"
 
 
-def gpu_load(device_ms: float, cpu_ms: float, gpu_gib: float = 1.0) -> sizing.DeviceLoad:
-    return sizing.DeviceLoad(16, device_ms / 1e3, cpu_ms / 1e3, int(gpu_gib * GIB), 512 * MIB)
+def gpu_load(device_ms: float, cpu_ms: float, gpu_gib: float = 1.0) -> rules.DeviceLoad:
+    return rules.DeviceLoad(16, device_ms / 1e3, cpu_ms / 1e3, int(gpu_gib * GIB), 512 * MIB)
 
 
-def h100_host(cores: float = 16, gpus: int = 1, memory: int = 128 * GIB) -> sizing.Machine:
-    return sizing.Machine(cores, memory, gpus, gpu_memory_bytes=80 * GIB)
+def h100_host(cores: float = 16, gpus: int = 1, memory: int = 128 * GIB) -> Machine:
+    return Machine(cores, memory, gpus, gpu_memory_bytes=80 * GIB)
 
 
 @pytest.mark.parametrize(
@@ -368,19 +381,19 @@ def test_workers_per_gpu_cover_one_workers_cycle(
     ],
 )
 def test_gpu_workers_follow_the_device_load_within_cores_and_memories(
-    machine: sizing.Machine, loads: list[sizing.DeviceLoad], workers: list[int], why: str
+    machine: Machine, loads: list[rules.DeviceLoad], workers: list[int], why: str
 ) -> None:
-    got, reasons = sizing.shared_workers(
-        machine, [sizing.GPU_WORKER_HOST_BYTES] * len(loads), loads=loads
+    got, reasons = rules.shared_workers(
+        machine, [rules.GPU_WORKER_HOST_BYTES] * len(loads), loads=loads
     )
     assert got == workers, reasons
     assert any(why in reason for reason in reasons), reasons
-    assert sum(got) <= max(1, machine.cores - sizing.FRONTEND_CORES)
+    assert sum(got) <= max(1, machine.cores - rules.FRONTEND_CORES)
 
 
 def test_workers_the_config_states_take_their_cores_from_the_gpu_workers() -> None:
-    got, reasons = sizing.shared_workers(
-        h100_host(cores=8), [sizing.GPU_WORKER_HOST_BYTES], stated=4, loads=[gpu_load(10, 25)]
+    got, reasons = rules.shared_workers(
+        h100_host(cores=8), [rules.GPU_WORKER_HOST_BYTES], stated=4, loads=[gpu_load(10, 25)]
     )
     assert got == [3] and any("4 to the config's workers" in reason for reason in reasons)
 
@@ -417,17 +430,14 @@ def test_the_start_sizes_gpu_workers_from_the_measured_load(
 def test_a_gpu_worker_is_budgeted_the_host_memory_measured_on_a_gpu(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """1,216 MiB each (docs/bench/h100/results.json), not the .mar + 300 MiB of a CPU
-    worker: in half of 4 GiB, one GPU worker fits where six CPU workers of this .mar would."""
+    """1,216 MiB each (docs/bench/h100/results.json), not a CPU worker's measured memory: in
+    half of 4 GiB, one GPU worker fits where three CPU workers of 640 MiB would."""
     archive(tmp_path / "bert.mar", {})
-    monkeypatch.setattr(
-        sizing, "read_machine", lambda gpus: sizing.Machine(8, 4 * GIB, gpus, 80 * GIB)
-    )
+    monkeypatch.setattr(sizing, "read_machine", lambda gpus: Machine(8, 4 * GIB, gpus, 80 * GIB))
     resolved = sizing.resolve(effective_properties({"model_store": str(tmp_path)}))
     (entry,) = json.loads(resolved.properties["models"])["bert"].values()
     assert entry["minWorkers"] == 1
-    cpu_bytes = (tmp_path / "bert.mar").stat().st_size + sizing.WORKER_OVERHEAD_BYTES
-    assert sizing.workers_for(sizing.Machine(8, 4 * GIB, 0), cpu_bytes)[0] == 6
+    assert rules.workers_for(Machine(8, 4 * GIB, 0), WORKER.peak_bytes)[0] == 3
 
 
 def test_a_model_on_device_cpu_is_sized_as_a_cpu_model(
@@ -512,7 +522,7 @@ def device_busy(workers: int, cpu_s: float, device_s: float, seconds: float = 1.
 def test_the_measurement_splits_a_batch_into_its_device_and_cpu_time() -> None:
     """The stand-in's pass is the device's time; the CPU it burns is the worker's (more where
     other processes hold this machine's cores: the worker waits for them just the same)."""
-    device_s, cpu_s = sizing.device_and_cpu_seconds(stand_in_batch(0.015, 0.030), seconds=0.3)
+    device_s, cpu_s = measure.device_and_cpu_seconds(stand_in_batch(0.015, 0.030), seconds=0.3)
     assert 0.030 <= device_s < 0.045
     assert cpu_s >= 0.014
 
@@ -520,10 +530,10 @@ def test_the_measurement_splits_a_batch_into_its_device_and_cpu_time() -> None:
 def test_the_rule_keeps_a_stand_in_device_busy() -> None:
     """Measured as the start measures a GPU, a stand-in device of 30 ms a pass beside 15 ms of
     a worker's own: two workers keep it busy, one leaves it idle a third of the time."""
-    device_s, cpu_s = sizing.device_and_cpu_seconds(
+    device_s, cpu_s = measure.device_and_cpu_seconds(
         stand_in_batch(0.015, 0.030, burn=False), seconds=0.3
     )
-    workers = sizing.DeviceLoad(8, device_s, cpu_s, GIB, 0).busy_workers
+    workers = rules.DeviceLoad(8, device_s, cpu_s, GIB, 0).busy_workers
     assert workers == 2, (device_s, cpu_s)
     assert device_busy(workers, cpu_s, device_s) >= 0.9
     assert device_busy(workers - 1, cpu_s, device_s) < 0.75
@@ -550,7 +560,7 @@ def test_the_rule_is_the_fewest_workers_that_keep_the_device_busy(cpu_per_device
     assert simulated_busy(workers - 1, load.cpu_s, load.device_s) < 0.99
 
 
-@pytest.mark.skipif(not sizing.gpu_count(), reason="needs a CUDA GPU")
+@pytest.mark.skipif(not host.gpu_count(), reason="needs a CUDA GPU")
 def test_a_batch_is_measured_on_the_gpu(tiny_model_dir: Path) -> None:
     """The real measurement: the pass's time, the CPU's around it, the worker's GPU memory."""
     from handler.model import load_model
@@ -558,7 +568,7 @@ def test_a_batch_is_measured_on_the_gpu(tiny_model_dir: Path) -> None:
 
     settings = HandlerSettings()
     loaded = load_model(tiny_model_dir, settings, 0)
-    load = sizing.measure_device_load(loaded, settings, 16)
+    load = measure.measure_device_load(loaded, settings, 16)
     weights = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
     assert load.batch_size == 16 and load.device_s > 0 and load.cpu_s > 0
     assert load.gpu_bytes > weights and load.context_bytes > 0
@@ -576,16 +586,16 @@ def test_a_stated_queue_gets_a_heap_that_holds_it(
 ) -> None:
     queue, vmargs = resolve_stating({"job_queue_size": "5000"})
     assert queue == 5000
-    assert sizing.heap_mb_in(vmargs) == sizing.BASE_HEAP_MB + math.ceil(5000 * REQUEST / MIB)
+    assert rules.heap_mib_in(vmargs) == rules.BASE_HEAP_MIB + math.ceil(5000 * REQUEST / MIB)
 
 
 def test_a_stated_queue_the_memory_cannot_hold_is_kept_and_the_heap_capped(
     machine_of_8_cores: list[tuple[tuple[int, ...], int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sizing, "read_machine", lambda gpus: sizing.Machine(2, 2 * GIB, gpus))
+    monkeypatch.setattr(sizing, "read_machine", lambda gpus: Machine(2, 2 * GIB, gpus))
     resolved = sizing.resolve(effective_properties({"job_queue_size": "100000"}), gpus=0)
     assert resolved.properties["job_queue_size"] == "100000"
-    heap = sizing.heap_mb_in(resolved.properties["vmargs"])
+    heap = rules.heap_mib_in(resolved.properties["vmargs"])
     assert heap is not None and heap < 2048
     assert any("fewer than the stated queue" in reason for reason in resolved.reasons)
 
@@ -605,34 +615,55 @@ def test_a_stated_heap_is_kept_and_the_queue_cut_to_what_it_holds(
     patient minute (8 x 46 x 60 = 22,080) is cut to what that heap holds."""
     queue, got = resolve_stating({"vmargs": vmargs})
     assert got == vmargs
-    assert queue == int((heap_mb - sizing.BASE_HEAP_MB) / (REQUEST / MIB)) < 8 * 46 * 60
+    assert queue == int((heap_mb - rules.BASE_HEAP_MIB) / (REQUEST / MIB)) < 8 * 46 * 60
 
 
 def test_a_stated_heap_larger_than_the_minute_keeps_the_minute(
     machine_of_8_cores: list[tuple[tuple[int, ...], int]],
 ) -> None:
-    queue, vmargs = resolve_stating({"vmargs": "-Xmx8g"})
-    assert (queue, vmargs) == (8 * 46 * 60, "-Xmx8g")
+    queue, vmargs = resolve_stating({"vmargs": "-Xmx24g"})
+    assert (queue, vmargs) == (8 * 46 * 60, "-Xmx24g")
+
+
+def sized_pod(
+    monkeypatch: pytest.MonkeyPatch, pod: Machine, texts_per_s: float
+) -> tuple[int, int, int]:
+    """The shipped config on ``pod`` whose worker measures ``WORKER``: (workers, queue, heap MiB)."""
+    monkeypatch.setattr(sizing, "read_machine", lambda gpus: pod)
+    monkeypatch.setattr(sizing, "measured_rates", lambda *args: dict.fromkeys(args[2], texts_per_s))
+    monkeypatch.setattr(served, "measured_memory", lambda mar, mtime_ns: WORKER)
+    resolved = sizing.resolve(effective_properties(), gpus=0)
+    (entry,) = json.loads(resolved.properties["models"])["bert"].values()
+    heap = rules.heap_mib_in(resolved.properties["vmargs"])
+    assert heap is not None
+    return entry["minWorkers"], int(resolved.properties["job_queue_size"]), heap
 
 
 @pytest.mark.parametrize("texts_per_s", [124.0, 200.0])
-def test_the_shipped_pod_queues_a_patient_minute(
+def test_the_shipped_pod_fits_its_limit_and_queues_the_image_tests_clients(
     monkeypatch: pytest.MonkeyPatch, texts_per_s: float
 ) -> None:
-    """deploy/k8s/deployment.yaml's container (2 CPUs, 1536 MiB) with the shipped archive: the
-    queue is a whole minute of the workers' rate (issue 49 measured 123.6 requests/s there),
-    and workers, heap and the JVM's non-heap memory fit in the limit."""
-    pod = sizing.Machine(cores=2, memory_bytes=1536 * MIB, gpus=0)
-    monkeypatch.setattr(sizing, "read_machine", lambda gpus: pod)
-    monkeypatch.setattr(sizing, "measured_rates", lambda *args: dict.fromkeys(args[2], texts_per_s))
-    resolved = sizing.resolve(effective_properties(), gpus=0)
-    (entry,) = json.loads(resolved.properties["models"])["bert"].values()
-    workers = entry["minWorkers"]
-    assert int(resolved.properties["job_queue_size"]) == int(workers * texts_per_s * 60)
-    heap = sizing.heap_mb_in(resolved.properties["vmargs"])
-    worker_mb = workers * (MAR_PATH.stat().st_size + sizing.WORKER_OVERHEAD_BYTES) / MIB
-    assert heap is not None
-    assert heap + worker_mb + sizing.FRONTEND_NON_HEAP_BYTES / MIB <= 1536
+    """deploy/k8s/deployment.yaml's container (2 CPUs, 1536 MiB) with the shipped archive and a
+    worker as measured: 1 worker (a second does not fit in half), workers, heap and the JVM's
+    non-heap memory within the limit, and a queue of 1 MiB requests that still holds the
+    image test's 256 patient clients."""
+    pod = Machine(cores=2, memory_bytes=1536 * MIB, gpus=0)
+    workers, queue, heap = sized_pod(monkeypatch, pod, texts_per_s)
+    assert workers == 1
+    assert heap + workers * WORKER.peak_bytes / MIB + rules.FRONTEND_NON_HEAP_BYTES / MIB <= 1536
+    assert 256 <= queue <= int(workers * texts_per_s * 60)
+    assert (heap - rules.BASE_HEAP_MIB) * MIB >= queue * REQUEST
+
+
+def test_an_8_core_4_gib_pod_fits_its_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """8 cores and 4 GiB: the workers are cut to what half the memory holds at the memory a
+    worker measured (not 8, nor the 5 a .mar + 300 MiB estimate gave), and workers, heap and
+    the JVM's non-heap memory fit in the limit."""
+    pod = Machine(cores=8, memory_bytes=4 * GIB, gpus=0)
+    workers, queue, heap = sized_pod(monkeypatch, pod, 100.0)
+    assert workers == 3
+    assert heap + workers * WORKER.peak_bytes / MIB + rules.FRONTEND_NON_HEAP_BYTES / MIB <= 4096
+    assert (heap - rules.BASE_HEAP_MIB) * MIB >= queue * REQUEST
 
 
 def fake_host(root: Path, packages: int, cores: int, threads: int) -> Path:
@@ -650,38 +681,39 @@ def fake_host(root: Path, packages: int, cores: int, threads: int) -> Path:
 
 def test_physical_cores_count_hyperthreads_once(tmp_path: Path) -> None:
     topology = fake_host(tmp_path, packages=2, cores=16, threads=2)
-    assert sizing.physical_cores(set(range(64)), topology) == 32
-    assert sizing.physical_cores({0, 32}, topology) == 1, "two threads of one core"
-    assert sizing.physical_cores({0, 16}, topology) == 2, "core 0 of each package"
-    assert sizing.physical_cores({0, 99}, topology) == 2, "no topology: a core of its own"
+    assert host.physical_cores(set(range(64)), topology) == 32
+    assert host.physical_cores({0, 32}, topology) == 1, "two threads of one core"
+    assert host.physical_cores({0, 16}, topology) == 2, "core 0 of each package"
+    assert host.physical_cores({0, 99}, topology) == 2, "no topology: a core of its own"
 
 
 @pytest.mark.parametrize(
-    ("quota", "workers"), [(None, 32), ("1600000 100000", 16), ("6400000 100000", 32)]
+    ("quota", "workers", "threads"),
+    [(None, 32, 2), ("1600000 100000", 16, 1), ("6400000 100000", 32, 2)],
 )
 def test_a_64_thread_host(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, quota: str | None, workers: int
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, quota: str | None, workers: int, threads: int
 ) -> None:
     """2 sockets x 16 cores x 2 threads, all 64 in the affinity, 256 GiB: a worker per
-    physical core (or per core of the cgroup quota), one thread each, the queue in requests a
-    minute of their drain, the heap holding it under the compressed-pointer limit."""
+    physical core (or per core of the cgroup quota), the CPUs paid for shared as threads, the
+    queue in requests what the heap holds under the compressed-pointer limit."""
     topology = fake_host(tmp_path / "cpu", packages=2, cores=16, threads=2)
     cgroup = tmp_path / "cgroup"
     cgroup.mkdir()
     (cgroup / "memory.max").write_text(f"{256 * GIB}\n")
     (cgroup / "cpu.max").write_text(f"{quota or 'max 100000'}\n")
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
-    read = functools.partial(sizing.read_machine, cgroup=cgroup, topology=topology)
+    read = functools.partial(host.read_machine, cgroup=cgroup, topology=topology)
     monkeypatch.setattr(sizing, "read_machine", read)
     monkeypatch.setattr(sizing, "measured_rates", lambda *args: dict.fromkeys(args[2], 50.0))
+    monkeypatch.setattr(served, "measured_memory", lambda mar, mtime_ns: WORKER)
     resolved = sizing.resolve(effective_properties(), gpus=0)
     (entry,) = json.loads(resolved.properties["models"])["bert"].values()
-    assert (entry["minWorkers"], resolved.torch_threads) == (workers, 1)
-    queue = workers * 50 * 60
-    assert resolved.properties["job_queue_size"] == str(queue)
-    heap = sizing.heap_mb_in(resolved.properties["vmargs"])
-    assert heap == sizing.BASE_HEAP_MB + math.ceil(queue * REQUEST / MIB)
-    assert heap is not None and heap < sizing.COMPRESSED_OOPS_MB
+    assert (entry["minWorkers"], resolved.torch_threads) == (workers, threads)
+    heap = rules.heap_mib_in(resolved.properties["vmargs"])
+    assert heap == rules.COMPRESSED_OOPS_MIB
+    queue = int((heap - rules.BASE_HEAP_MIB) / (REQUEST / MIB))
+    assert resolved.properties["job_queue_size"] == str(queue) and queue < workers * 50 * 60
 
 
 FAKE_HANDLER = {
@@ -722,11 +754,12 @@ def test_each_archive_is_measured_on_its_own_code_in_a_fresh_process(tmp_path: P
     checkout's handler) each run their own handler code: a slow one and a fast one."""
     import handler.inference  # noqa: F401  the checkout's copy, as a test session has it
 
-    slow = fake_archive(tmp_path / "slow.mar", 0.05)
-    fast = fake_archive(tmp_path / "fast.mar", 0.002)
-    slow_rate = sizing.in_fresh_process("rates", slow, [[2], 1, 0])["2"]
-    fast_rate = sizing.in_fresh_process("rates", fast, [[2], 1, 0])["2"]
-    assert slow_rate < 2 / 0.05 * 1.1
-    assert fast_rate > 5 * slow_rate
+    slow = fake_archive(tmp_path / "slow.mar", 0.005)
+    fast = fake_archive(tmp_path / "fast.mar", 0.0002)
+    slow_rates = measure.in_fresh_process("rates", slow, [[32], 1, 0])["32"]
+    fast_rates = measure.in_fresh_process("rates", fast, [[32], 1, 0])["32"]
+    assert len(slow_rates) == len(fast_rates) == measure.ROUNDS
+    assert max(slow_rates) < 32 / 0.005 * 1.1
+    assert min(fast_rates) > 5 * max(slow_rates)
     with pytest.raises(RuntimeError, match="fresh process"):
-        sizing.measure_rates(slow, (2,), threads=1, gpus=0)
+        measure.measure_rates(slow, (32,), threads=1, gpus=0)
