@@ -158,13 +158,15 @@ soak: $(MAR) | $(STAMP)
 deploy-layout: $(if $(strip $(MODELS)),,$(MAR)) | $(STAMP)
 	$(PY) scripts/deploy_layout.py --out build/kserve $(if $(strip $(MODELS)),--models "$(MODELS)")
 
-## image: the container image (deploy/Dockerfile) with podman or docker; prints its size and parts
+## image: the container image (deploy/Dockerfile) and the proxy's (deploy/proxy/, PROXY_IMAGE=...)
+##        with podman or docker; prints their sizes and the server image's parts
 ##        (IMAGE=name:tag, BASE_IMAGE=..., TORCH=cuda for the GPU variant, TORCH_INDEX=...,
 ##        MODELS="sentiment=DIR toxicity=DIR2" for a model store of several models)
 IMAGE ?= bert-serve:0.1.0
+PROXY_IMAGE ?= bert-serve-proxy:0.1.0
 IMAGE_TEST_OUT ?= build/image/image-test.json
 image: $(if $(strip $(MODELS)),,$(MAR)) | $(STAMP)
-	IMAGE=$(IMAGE) VENV_PYTHON=$(PY) MODELS="$(MODELS)" bash scripts/image.sh
+	IMAGE=$(IMAGE) PROXY_IMAGE=$(PROXY_IMAGE) VENV_PYTHON=$(PY) MODELS="$(MODELS)" bash scripts/image.sh
 
 ## image-test: run that image: READY, the README's requests, /metrics, memory, SIGTERM -> build/image/
 image-test: | $(STAMP)
