@@ -19,7 +19,7 @@ LOCK      := requirements/server.lock
 
 BENCH     := $(VENV)/.bench-installed
 
-.PHONY: install lock model compare-training first-answer package serve stop status metrics smoke test test-client unit check bench check-defaults models-share floor tune compare-precision chaos soak fuzz deploy-layout image image-test clean distclean FORCE
+.PHONY: install lock model compare-training first-answer package serve stop status metrics smoke test test-client unit check bench check-defaults models-share floor tune compare-precision chaos soak fuzz deploy-layout image image-test pod-test clean distclean FORCE
 
 ## install: .venv with the server and dev extras at the versions of requirements/server.lock
 ##        (TORCH=cuda for the CUDA build of torch; the CPU build otherwise)
@@ -171,6 +171,13 @@ image: $(if $(strip $(MODELS)),,$(MAR)) | $(STAMP)
 ## image-test: run that image: READY, the README's requests, /metrics, memory, SIGTERM -> build/image/
 image-test: | $(STAMP)
 	$(PY) scripts/image_test.py --image $(IMAGE) --out $(IMAGE_TEST_OUT)
+
+## pod-test: the Deployment as one pod (podman kube play: both containers, limits, Secret,
+##        ConfigMap, read-only roots), through the proxy: patient clients, a killed frontend,
+##        SIGTERM under new connections with 1 and 2 workers -> build/image/pod-test.json
+POD_TEST_OUT ?= build/image/pod-test.json
+pod-test: | $(STAMP)
+	$(PY) scripts/pod_test.py --image $(IMAGE) --proxy-image $(PROXY_IMAGE) --out $(POD_TEST_OUT)
 
 ## unit: the fast layer, no server (every test not marked integration)
 unit: $(STAMP)
