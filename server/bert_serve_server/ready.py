@@ -11,10 +11,11 @@ serves (what ready and started mean: ``bert_serve_server.readiness``):
     python -m bert_serve_server ready --live [--config PATH]     # liveness: /ping answers
     python -m bert_serve_server ready --drain [--wait-port 8000] [--deadline S]
 
-``--drain`` is the pod's preStop and what deploy/entrypoint.sh runs on SIGTERM before
+``--drain`` is what deploy/entrypoint.sh runs on SIGTERM before
 ``torchserve --stop`` (which drops the requests TorchServe holds): it marks the pod not ready,
 waits while something in the pod still listens on ``--wait-port`` (the proxy, which keeps
-accepting for its own preStop's window and then finishes what it took), then waits until every
+accepting for its stop delay) and then while connections to it are open (it finishes what it
+took), then waits until every
 request TorchServe accepted has been answered, polling with a growing pause, within
 ``--deadline`` seconds from its start.
 
@@ -104,6 +105,34 @@ def listening(port: int) -> bool:
         return False
 
 
+ESTABLISHED = "01"
+"""A TCP socket's state in /proc/net/tcp when connected."""
+
+
+def established_on(port: int, tables: str) -> int:
+    """Connections in the ESTABLISHED state whose local port is ``port``, in the text of
+    /proc/net/tcp and /proc/net/tcp6 (the pod's network namespace: the proxy's, too)."""
+    count = 0
+    for line in tables.splitlines():
+        fields = line.split()
+        if len(fields) > 3 and ":" in fields[1] and fields[3] == ESTABLISHED:
+            try:
+                count += int(fields[1].rsplit(":", 1)[1], 16) == port
+            except ValueError:
+                continue
+    return count
+
+
+def tcp_tables() -> str:
+    texts = []
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            texts.append(Path(name).read_text())
+        except OSError:
+            continue
+    return "\n".join(texts)
+
+
 FIRST_PAUSE_S = 0.05
 LONGEST_PAUSE_S = 1.0
 """The drain's polls: a pause that doubles from a tenth of a short batch to a second."""
@@ -122,15 +151,25 @@ def poll(done: Callable[[], str | None], deadline: float) -> str | None:
 
 
 def drain(properties: dict[str, str], deadline_s: float, wait_port: int | None = None) -> list[str]:
-    """Mark the pod not ready; wait until nothing listens on ``wait_port`` (the proxy has
-    stopped accepting) if given; then until every request the frontend accepted has been
-    answered (``readiness.unanswered``), all within ``deadline_s``."""
+    """Mark the pod not ready; if ``wait_port`` is given (the proxy's), wait until nothing
+    listens there (the proxy has stopped accepting) and no connection to it is open (it has
+    answered all it accepted, with TorchServe's answers); then until every request the
+    frontend accepted has been answered (``readiness.unanswered``), all within ``deadline_s``."""
     draining_marker().touch()
     deadline = time.monotonic() + deadline_s
     if wait_port is not None:
         why = poll(
             lambda: f"port {wait_port} still accepts" if listening(wait_port) else None, deadline
         )
+        if why is None:
+            why = poll(
+                lambda: (
+                    f"{open_} connection(s) to port {wait_port} still open"
+                    if (open_ := established_on(wait_port, tcp_tables()))
+                    else None
+                ),
+                deadline,
+            )
         if why:
             return [f"{why} after {deadline_s:g} s"]
     metrics = local(properties.get("metrics_address", "http://127.0.0.1:8082"))

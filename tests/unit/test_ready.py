@@ -265,3 +265,21 @@ def test_drain_of_a_gone_frontend_ends_at_once(
     started = time.monotonic()
     assert ready.main(["--drain", "--config", str(path)]) == 1
     assert time.monotonic() - started < 5
+
+
+TCP = """\
+  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 00000000:1F40 00000000:0000 0A 00000000:00000000 00:00000000 00000000   101        0 1 1
+   1: 0100007F:1F40 0100007F:D431 01 00000000:00000000 00:00000000 00000000   101        0 2 1
+   2: 0100007F:1F90 0100007F:9C40 01 00000000:00000000 00:00000000 00000000 10001        0 3 1
+   3: 0100007F:1F40 0100007F:D432 06 00000000:00000000 00:00000000 00000000   101        0 4 1
+"""
+
+
+def test_established_on_counts_the_connected_sockets_of_a_local_port() -> None:
+    """/proc/net/tcp's shape: the proxy (8000 = 0x1F40) listening (0A), one client connected
+    (01), one in TIME_WAIT (06); TorchServe's 8080 (0x1F90) with one."""
+    assert ready.established_on(8000, TCP) == 1
+    assert ready.established_on(8080, TCP) == 1
+    assert ready.established_on(9000, TCP) == 0
+    assert ready.established_on(8000, "garbage\n") == 0
