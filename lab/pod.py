@@ -104,16 +104,15 @@ def kube_documents(
             if ref:
                 ref["name"] = f"{ref['name']}-{tag}"
     if extra_config is not None:
-        forced = {
+        forced_name = f"bert-serve-config-{tag}"
+        forced: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "ConfigMap",
-            "metadata": {"name": f"bert-serve-config-{tag}"},
+            "metadata": {"name": forced_name},
             "data": {"config.properties": extra_config},
         }
         documents.append(forced)
-        spec["volumes"].append(
-            {"name": "forced-config", "configMap": {"name": forced["metadata"]["name"]}}
-        )
+        spec["volumes"].append({"name": "forced-config", "configMap": {"name": forced_name}})
         (torchserve,) = [c for c in spec["containers"] if c["name"] == "torchserve"]
         torchserve.setdefault("volumeMounts", []).append(
             {"name": "forced-config", "mountPath": "/etc/bert-serve", "readOnly": True}
