@@ -138,7 +138,7 @@ def containers_conf(infra_image: str | None) -> str:
     podman cannot make its own (no catatonit)."""
     text = "[containers]\ndefault_ulimits = [" + ", ".join(f'"{u}"' for u in ULIMITS) + "]\n"
     if infra_image:
-        text += f'[engine]\ninfra_image = "{infra_image}"\ninfra_command = ["/pause"]\n'
+        text += f'[engine]\ninfra_image = "{infra_image}"\ninfra_command = "/pause"\n'
     return text
 
 
@@ -171,7 +171,7 @@ class Pod:
 
     @property
     def name(self) -> str:
-        return f"bert-serve-{self.tag}-pod"
+        return f"bert-serve-{self.tag}-pod-0"
 
     def container(self, name: str) -> str:
         return f"{self.name}-{name}"
@@ -224,7 +224,7 @@ class Pod:
         return result.stdout + result.stderr
 
     def remove(self) -> None:
-        self.run("pod", "rm", "--force", self.name, check=False, timeout=180)
+        self.run("pod", "rm", "--force", "--time", "0", self.name, check=False, timeout=180)
         self.run("secret", "rm", secret_name(self.tag), check=False)
 
     @property
