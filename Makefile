@@ -17,7 +17,7 @@ STATE_DIR ?= .run
 TORCH ?=
 LOCK      := requirements/server.lock
 
-.PHONY: install lock model compare-training first-answer package serve stop status metrics smoke test test-client unit check bench check-defaults gpu-report models-share floor tune compare-precision chaos soak fuzz deploy-layout image image-test clean distclean FORCE
+.PHONY: install lock model compare-training first-answer package serve stop status metrics smoke test test-client unit check bench check-defaults gpu-report models-share floor tune compare-precision chaos soak fuzz deploy-layout image image-test pod-test clean distclean FORCE
 
 ## install: .venv with the server and dev extras at the versions of requirements/server.lock
 ##        (TORCH=cuda for the CUDA build of torch; the CPU build otherwise)
@@ -159,17 +159,26 @@ soak: $(MAR) | $(STAMP)
 deploy-layout: $(if $(strip $(MODELS)),,$(MAR)) | $(STAMP)
 	$(PY) scripts/deploy_layout.py --out build/kserve $(if $(strip $(MODELS)),--models "$(MODELS)")
 
-## image: the container image (deploy/Dockerfile) with podman or docker; prints its size and parts
+## image: the container image (deploy/Dockerfile) and the proxy's (deploy/proxy/, PROXY_IMAGE=...)
+##        with podman or docker; prints their sizes and the server image's parts
 ##        (IMAGE=name:tag, BASE_IMAGE=..., TORCH=cuda for the GPU variant, TORCH_INDEX=...,
 ##        MODELS="sentiment=DIR toxicity=DIR2" for a model store of several models)
 IMAGE ?= bert-serve:0.1.0
+PROXY_IMAGE ?= bert-serve-proxy:0.1.0
 IMAGE_TEST_OUT ?= build/image/image-test.json
 image: $(if $(strip $(MODELS)),,$(MAR)) | $(STAMP)
-	IMAGE=$(IMAGE) VENV_PYTHON=$(PY) MODELS="$(MODELS)" bash scripts/image.sh
+	IMAGE=$(IMAGE) PROXY_IMAGE=$(PROXY_IMAGE) VENV_PYTHON=$(PY) MODELS="$(MODELS)" bash scripts/image.sh
 
 ## image-test: run that image: READY, the README's requests, /metrics, memory, SIGTERM -> build/image/
 image-test: | $(STAMP)
 	$(PY) scripts/image_test.py --image $(IMAGE) --out $(IMAGE_TEST_OUT)
+
+## pod-test: the Deployment as one pod (podman kube play: both containers, limits, Secret,
+##        ConfigMap, read-only roots), through the proxy: patient clients, a killed frontend,
+##        SIGTERM under new connections with 1 and 2 workers -> build/image/pod-test.json
+POD_TEST_OUT ?= build/image/pod-test.json
+pod-test: | $(STAMP)
+	$(PY) scripts/pod_test.py --image $(IMAGE) --proxy-image $(PROXY_IMAGE) --out $(POD_TEST_OUT)
 
 ## unit: the fast layer, no server (every test not marked integration)
 unit: $(STAMP)

@@ -1,15 +1,21 @@
 #!/bin/sh
 # The image's entrypoint: TorchServe in the foreground, arguments as for `torchserve`.
 # SIGTERM is trapped before anything else runs. During the sizing step the trap stops that step
-# and the container exits at once; once TorchServe runs, it drains the queue, then runs
-# `torchserve --stop --foreground`: SIGTERM to the Java frontend, which stops its workers, and
-# a wait of up to 60 s for it to exit. (As PID 1, TorchServe's Python launcher would ignore SIGTERM: it has no
-# handler.) A shell runs a trap only once its foreground command ends, so each step runs in
-# the background and the shell waits for it.
+# and the container exits at once; once TorchServe runs, it drains (every accepted request
+# answered), then runs `torchserve --stop --foreground`: SIGTERM to the Java frontend, which
+# stops its workers, within a stop budget. (As PID 1, TorchServe's Python launcher would ignore
+# SIGTERM: it has no handler.) A shell runs a trap only once its foreground command ends, so
+# each step runs in the background and the shell waits for it. The container exits non-zero
+# when the frontend ends without that stop.
 # Workers, the queue bound and the heap follow this container's CPU and memory limits:
 # the installed server package (python -m bert_serve_server size) writes the config with them
 # filled in to the home folder and prints the torch threads per worker; TorchServe takes the
 # last --ts-config.
+# The home folder holds all the server writes (the root may be read-only): the sized config,
+# TorchServe's pid file and unpacked archives (TMPDIR, TEMP) and its logs (logs/); it is the
+# state folder `python3.11 -m bert_serve_server status` reads (BERT_SERVE_STATE_DIR).
+export TMPDIR="$HOME/tmp" TEMP="$HOME/tmp"
+mkdir -p "$TMPDIR" || exit 1
 step=""
 stopping=""
 trap 'stopping=1; [ -n "$step" ] && kill -TERM "$step" 2>/dev/null' TERM INT
@@ -28,10 +34,14 @@ fi
 threads=$(cat "$HOME/threads")
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$threads}"
 # Before the stop, what TorchServe accepted is answered (python -m bert_serve_server ready
-# --drain: not ready from then on, and a wait until the queues are empty, at most 75 s of the
-# pod's 90 s grace period); `torchserve --stop` alone drops it.
+# --drain: not ready from then on; a wait while the proxy beside it still listens on
+# BERT_SERVE_DRAIN_WAIT_PORT, if set, as it keeps accepting for its stop delay; then until every
+# accepted request is answered, at most 70 s); `torchserve --stop` alone drops it. The stop then
+# gets BERT_SERVE_STOP_S (15 s: 3 times the 4.6 s make image-test measured); the pod's grace
+# period (90 s) covers both and the exec's start (deploy/README.md).
 rm -f "$HOME/draining"
-trap 'python3.11 -m bert_serve_server ready --drain; torchserve --stop --foreground' TERM INT
+stop_s="${BERT_SERVE_STOP_S:-15}"
+trap 'stopping=1; python3.11 -m bert_serve_server ready --drain ${BERT_SERVE_DRAIN_WAIT_PORT:+--wait-port "$BERT_SERVE_DRAIN_WAIT_PORT"}; timeout "$stop_s" torchserve --stop --foreground' TERM INT
 [ -n "$stopping" ] && exit 0
 torchserve --foreground --ncs "$@" --ts-config "$sized" &
 launcher=$!
@@ -40,5 +50,12 @@ status=$?
 if [ "$status" -gt 128 ]; then
     wait "$launcher"
     status=$?
+fi
+# TorchServe's launcher exits 0 whatever ended the Java frontend (ts/model_server.py ignores
+# its status): a frontend that ends without this stop (a JVM that died, a port already taken,
+# an OutOfMemoryError) is a failure, and the container says so.
+if [ -z "$stopping" ]; then
+    echo "bert-serve: TorchServe's frontend exited without a stop being asked (launcher status $status): exiting 1" >&2
+    exit 1
 fi
 exit "$status"

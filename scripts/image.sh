@@ -4,6 +4,8 @@
 # scripts/deploy_layout.py, the entrypoint, and a wheelhouse from `pip download` with the
 # server package's wheel (server/).
 #   IMAGE       the tag (default bert-serve:0.1.0)
+#   PROXY_IMAGE the proxy's tag (default bert-serve-proxy:0.1.0): deploy/proxy/, Debian's nginx
+#               on the same base, built after the server's image
 #   BASE_IMAGE  default debian:bookworm-slim; when it is neither present nor pullable (no
 #               registry), a debootstrap'd bookworm minbase (scripts/image_base.sh) is used
 #   DEBIAN_MIRROR the Debian archive probed first, and the one a debootstrap'd base is made
@@ -71,6 +73,12 @@ wheels_sha=$( (ls "$context/wheels"; cat server/pyproject.toml \
     $(find server/bert_serve_server -name '*.py' | LC_ALL=C sort)) | sha256sum | cut -d' ' -f1)
 "${engine[@]}" build "${format[@]}" --network host --build-arg "BASE_IMAGE=$base" \
     --build-arg "WHEELS_SHA256=$wheels_sha" -f deploy/Dockerfile -t "$image" "$context"
+
+proxy_image="${PROXY_IMAGE:-bert-serve-proxy:0.1.0}"
+"${engine[@]}" build "${format[@]}" --network host --build-arg "BASE_IMAGE=$base" \
+    -f deploy/proxy/Dockerfile -t "$proxy_image" deploy/proxy \
+    || { echo "image: the proxy's image $proxy_image was not built" >&2; exit 1; }
+echo "== $proxy_image: $("${engine[@]}" image inspect --format '{{.Size}}' "$proxy_image" | numfmt --to=si)B"
 
 echo "== $image: $("${engine[@]}" image inspect --format '{{.Size}}' "$image" | numfmt --to=si)B, on $base"
 "${engine[@]}" history --format '{{.Size}}\t{{.CreatedBy}}' "$image" | cut -c1-150

@@ -7,11 +7,17 @@
     python -m bert_serve_server status
     python -m bert_serve_server key inference      # for $(...) in curl commands
     python -m bert_serve_server url | predict-url [--model NAME] | models
+
+Every command but ``start --models`` runs from the server package alone, as installed in the
+image (no ``handler/`` there): ``status``, ``stop``, ``url``, ``predict-url``, ``models`` and
+``key`` read the state folder, which in the image is the home folder the entrypoint writes
+(``BERT_SERVE_STATE_DIR``, set by deploy/Dockerfile).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -26,13 +32,33 @@ from bert_serve_server.control import (
     stop,
 )
 from bert_serve_server.models import package_models, parse_models
-from handler.settings import PRECISION_CHOICES
 
 COMMANDS = ["start", "stop", "status", "key", "url", "predict-url", "models"]
+STATE_DIR_ENV = "BERT_SERVE_STATE_DIR"
+"""The state folder when ``--state-dir`` is not given: the image sets its home folder."""
+
+
+def default_state_dir() -> Path:
+    return Path(os.environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR)
+
+
+def precision_problem(precision: str | None) -> str | None:
+    """Why ``--precision`` is refused; the choices are the handler's (``handler.settings``),
+    imported here so that the commands the image runs never import the handler."""
+    if precision is None:
+        return None
+    from handler.settings import PRECISION_CHOICES
+
+    if precision in PRECISION_CHOICES:
+        return None
+    return f"--precision {precision}: choose from {', '.join(PRECISION_CHOICES)}"
 
 
 def start(state_dir: Path, args: argparse.Namespace) -> int:
     overrides = None
+    if problem := precision_problem(args.precision):
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     if args.models:
         try:
             specs = parse_models(args.models)
@@ -58,7 +84,11 @@ def start(state_dir: Path, args: argparse.Namespace) -> int:
 
 
 def print_sizing(server: Server) -> None:
-    """The values that follow the machine, as in force, and why (``bert_serve_server.sizing``)."""
+    """The values that follow the machine, as in force, and why (``bert_serve_server.sizing``).
+    The image's entrypoint records no sizing.json: its sizing step printed the same at start."""
+    if not server.sizing_file.is_file():
+        print(f"sizing: not recorded in {server.state_dir} (the start's own output has it)")
+        return
     chosen = server.sizing()["in_force"]
     for name, versions in chosen["models"].items():
         for version, entry in versions.items():
@@ -106,17 +136,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "kind", nargs="?", default="inference", help="with key: inference, management or API"
     )
-    parser.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR)
+    parser.add_argument(
+        "--state-dir", type=Path, default=None, help=f"default: ${STATE_DIR_ENV} or .run"
+    )
     parser.add_argument(
         "--models", help='start: "NAME[:VERSION]=DIR ..." to serve (default: model_store/bert.mar)'
     )
     parser.add_argument(
         "--model-config", type=Path, help="start --models: the handler config of every model"
     )
-    parser.add_argument("--precision", choices=PRECISION_CHOICES, help="start --models")
+    parser.add_argument("--precision", help="start --models: the handler's precision choices")
     parser.add_argument("--model", help="predict-url: which model (default: the first)")
     args = parser.parse_args(argv)
-    state_dir = args.state_dir.resolve()
+    state_dir = (args.state_dir or default_state_dir()).resolve()
     try:
         if args.command == "start":
             return start(state_dir, args)

@@ -18,6 +18,7 @@ mode and ``make serve`` without it repackages the config as written.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from bert_serve_server.archive import (
@@ -32,10 +33,15 @@ from bert_serve_server.archive import (
 )
 from bert_serve_server.config import MODEL_NAME, MODEL_VERSION, ROOT
 from bert_serve_server.models import NAME_PATTERN
-from handler.settings import PRECISION_CHOICES
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Packing copies the handler from the checkout: without it (the image) say so, not a trace.
+    try:
+        from handler.settings import PRECISION_CHOICES
+    except ModuleNotFoundError as error:
+        print(f"error: package needs the checkout's handler/ ({error})", file=sys.stderr)
+        return 2
     parser = argparse.ArgumentParser(
         prog="python -m bert_serve_server package",
         description=__doc__,

@@ -1,19 +1,23 @@
-"""``python -m bert_serve_server ready``: the pod's probe (deploy/k8s/deployment.yaml).
+"""``python -m bert_serve_server ready``: the pod's probes and drain (deploy/k8s/deployment.yaml).
 
 TorchServe's ``/ping`` answers Healthy once the frontend has started its workers, before any
 model is loaded and while a failing worker retries; a pod that said ready then would take
 traffic it can only queue. This command asks TorchServe's management API (its public API for
-worker status, on 127.0.0.1 inside the pod) for every version of every model the config
-serves, and exits 0 only when each version has workers and every one of them is READY:
+worker status, on 127.0.0.1 inside the pod) about every version of every model the config
+serves (what ready and started mean: ``bert_serve_server.readiness``):
 
-    python -m bert_serve_server ready [--config PATH]          # readiness and startup
-    python -m bert_serve_server ready --live [--config PATH]   # liveness: /ping answers
-    python -m bert_serve_server ready --drain [--config PATH]  # on SIGTERM, before the stop
+    python -m bert_serve_server ready [--config PATH]            # readiness: >= 1 READY worker each
+    python -m bert_serve_server ready --startup [--config PATH]  # startup: every worker READY
+    python -m bert_serve_server ready --live [--config PATH]     # liveness: /ping answers
+    python -m bert_serve_server ready --drain [--wait-port 8000] [--deadline S]
 
-``--drain`` is what deploy/entrypoint.sh runs on SIGTERM before ``torchserve --stop`` (which
-drops the requests TorchServe holds): it marks the pod not ready, then sends each model a
-request of its own behind whatever is queued and waits for its answer, until the queues are
-empty (``pendingRequests`` of the management API), within ``--deadline`` seconds.
+``--drain`` is what deploy/entrypoint.sh runs on SIGTERM before
+``torchserve --stop`` (which drops the requests TorchServe holds): it marks the pod not ready,
+waits while something in the pod still listens on ``--wait-port`` (the proxy, which keeps
+accepting for its stop delay) and then while connections to it are open (it finishes what it
+took), then waits until every
+request TorchServe accepted has been answered, polling with a growing pause, within
+``--deadline`` seconds from its start.
 
 It reads the config TorchServe runs (the entrypoint's sized copy, ``$HOME/config.properties``,
 by default) for the addresses and the models, and imports nothing but the standard library and
@@ -25,15 +29,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
+import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bert_serve_server import readiness
 from bert_serve_server.config import read_properties
 
 TIMEOUT_S = 3.0
+DRAIN_DEADLINE_S = 70.0
+"""The drain's bound from SIGTERM: the proxy's stop delay (10 s, deploy/k8s/deployment.yaml)
+plus the longest answer (the model's responseTimeout, 60 s, config/model-config.yaml): a
+request accepted at the end of that delay is answered, or timed out by TorchServe, by then."""
 
 
 def sized_config() -> Path:
@@ -54,79 +66,135 @@ def get_json(url: str) -> tuple[int, Any]:
         return error.code, None
 
 
-def not_ready(properties: dict[str, str]) -> list[str]:
-    """Why the models the config serves are not all READY; empty when they are."""
-    management = local(properties.get("management_address", "http://127.0.0.1:8081"))
+def served(properties: dict[str, str]) -> dict[str, list[str]]:
     models: dict[str, dict[str, Any]] = json.loads(properties.get("models", "{}"))
-    problems = []
-    for name, versions in models.items():
-        try:
-            status, described = get_json(f"{management}/models/{name}/all")
-        except (OSError, ValueError) as error:
-            return [f"the management API at {management} does not answer: {error}"]
-        if status != 200 or not isinstance(described, list):
-            problems.append(f"model {name}: the management API answered {status}")
-            continue
-        found = {str(entry.get("modelVersion")): entry.get("workers") or [] for entry in described}
-        for version in versions:
-            workers = found.get(str(version))
-            if not workers:
-                problems.append(f"model {name} {version}: no workers")
-                continue
-            states = [worker.get("status") for worker in workers]
-            if any(state != "READY" for state in states):
-                problems.append(f"model {name} {version}: workers {states}")
-    if not models:
-        problems.append("the config serves no model")
-    return problems
+    return {name: list(versions) for name, versions in models.items()}
+
+
+def describe_all(properties: dict[str, str]) -> dict[str, list[dict[str, Any]] | None]:
+    """The management API's ``/models/NAME/all`` for each served model (None where it
+    answered no list); OSError when it does not answer at all."""
+    management = local(properties.get("management_address", "http://127.0.0.1:8081"))
+    described: dict[str, list[dict[str, Any]] | None] = {}
+    for name in served(properties):
+        status, body = get_json(f"{management}/models/{name}/all")
+        described[name] = body if status == 200 and isinstance(body, list) else None
+    return described
+
+
+def not_ready(properties: dict[str, str], every_worker: bool = False) -> list[str]:
+    """Why the served models are not ready (``every_worker``: not started); empty when they are."""
+    try:
+        described = describe_all(properties)
+    except (OSError, ValueError) as error:
+        management = local(properties.get("management_address", "http://127.0.0.1:8081"))
+        return [f"the management API at {management} does not answer: {error}"]
+    return readiness.unready(served(properties), described, every_worker)
 
 
 def draining_marker() -> Path:
     return sized_config().with_name("draining")
 
 
-def pending(properties: dict[str, str]) -> int:
-    """Requests queued for every version of every model (the management API's count)."""
-    management = local(properties.get("management_address", "http://127.0.0.1:8081"))
-    total = 0
-    for name in json.loads(properties.get("models", "{}")):
-        _, described = get_json(f"{management}/models/{name}/all")
-        for entry in described or []:
-            total += int((entry.get("jobQueueStatus") or {}).get("pendingRequests", 0))
-    return total
+def listening(port: int) -> bool:
+    """Something in the pod (its network namespace) accepts connections on 127.0.0.1:port."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT_S):
+            return True
+    except OSError:
+        return False
 
 
-def drain(properties: dict[str, str], deadline_s: float) -> list[str]:
-    """Mark the pod not ready, then send each model one request behind what is queued and wait
-    for its answer, until nothing is queued: what was accepted before has been taken by a
-    worker and, the queue being served in order, answered with or before it."""
-    import time
+ESTABLISHED = "01"
+"""A TCP socket's state in /proc/net/tcp when connected."""
 
-    draining_marker().touch()
-    inference = local(properties.get("inference_address", "http://127.0.0.1:8080"))
-    names = list(json.loads(properties.get("models", "{}")))
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        for name in names:
-            request = urllib.request.Request(
-                f"{inference}/predictions/{name}",
-                data=b"drain",
-                headers={"Content-Type": "text/plain"},
-            )
+
+def established_on(port: int, tables: str) -> int:
+    """Connections in the ESTABLISHED state whose local port is ``port``, in the text of
+    /proc/net/tcp and /proc/net/tcp6 (the pod's network namespace: the proxy's, too)."""
+    count = 0
+    for line in tables.splitlines():
+        fields = line.split()
+        if len(fields) > 3 and ":" in fields[1] and fields[3] == ESTABLISHED:
             try:
-                left = max(1.0, deadline - time.monotonic())
-                with urllib.request.urlopen(request, timeout=left) as response:
-                    response.read()
-            except urllib.error.HTTPError:
-                pass  # an answer all the same
-            except OSError as error:
-                return [f"{inference} does not answer: {error}"]
+                count += int(fields[1].rsplit(":", 1)[1], 16) == port
+            except ValueError:
+                continue
+    return count
+
+
+def tcp_tables() -> str:
+    texts = []
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
-            if pending(properties) == 0:
-                return []
+            texts.append(Path(name).read_text())
+        except OSError:
+            continue
+    return "\n".join(texts)
+
+
+FIRST_PAUSE_S = 0.05
+LONGEST_PAUSE_S = 1.0
+"""The drain's polls: a pause that doubles from a tenth of a short batch to a second."""
+
+
+def poll(done: Callable[[], str | None], deadline: float) -> str | None:
+    """Call ``done`` (None when done, else why not) with a doubling pause until it is done or
+    ``deadline`` (monotonic) passes; the last reason when it does."""
+    pause = FIRST_PAUSE_S
+    while True:
+        why = done()
+        if why is None or time.monotonic() + pause > deadline:
+            return why
+        time.sleep(pause)
+        pause = min(2 * pause, LONGEST_PAUSE_S)
+
+
+def drain(properties: dict[str, str], deadline_s: float, wait_port: int | None = None) -> list[str]:
+    """Mark the pod not ready; if ``wait_port`` is given (the proxy's), wait until nothing
+    listens there (the proxy has stopped accepting) and no connection to it is open (it has
+    answered all it accepted, with TorchServe's answers); then until every request the
+    frontend accepted has been answered (``readiness.unanswered``), all within ``deadline_s``."""
+    draining_marker().touch()
+    deadline = time.monotonic() + deadline_s
+    if wait_port is not None:
+        why = poll(
+            lambda: f"port {wait_port} still accepts" if listening(wait_port) else None, deadline
+        )
+        if why is None:
+            why = poll(
+                lambda: (
+                    f"{open_} connection(s) to port {wait_port} still open"
+                    if (open_ := established_on(wait_port, tcp_tables()))
+                    else None
+                ),
+                deadline,
+            )
+        if why:
+            return [f"{why} after {deadline_s:g} s"]
+    metrics = local(properties.get("metrics_address", "http://127.0.0.1:8082"))
+    names = list(served(properties))
+
+    def left() -> str | None:
+        try:
+            with urllib.request.urlopen(f"{metrics}/metrics", timeout=TIMEOUT_S) as response:
+                text = response.read().decode(errors="replace")
+        except urllib.error.HTTPError as error:
+            return f"the metrics API answered {error.code}"
         except (OSError, ValueError) as error:
-            return [f"the management API does not answer: {error}"]
-    return [f"requests still queued after {deadline_s:g} s"]
+            raise Gone(str(error)) from error
+        unanswered = readiness.unanswered(text, names)
+        return f"requests not answered yet: {unanswered}" if unanswered else None
+
+    try:
+        why = poll(left, deadline)
+    except Gone as error:
+        return [f"TorchServe does not answer ({error}): nothing left to drain there"]
+    return [f"{why} after {deadline_s:g} s"] if why else []
+
+
+class Gone(Exception):
+    """TorchServe's listeners refuse: the frontend is gone, and with it what it held."""
 
 
 def not_alive(properties: dict[str, str]) -> list[str]:
@@ -144,8 +212,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--config", type=Path, default=None)
     parser.add_argument("--live", action="store_true", help="only check that /ping answers")
-    parser.add_argument("--drain", action="store_true", help="wait out what is queued")
-    parser.add_argument("--deadline", type=float, default=75.0, help="--drain's bound, in s")
+    parser.add_argument("--startup", action="store_true", help="every worker READY, not one each")
+    parser.add_argument("--drain", action="store_true", help="wait until all is answered")
+    parser.add_argument(
+        "--wait-port", type=int, default=None, help="--drain: first wait until nothing listens here"
+    )
+    parser.add_argument(
+        "--deadline", type=float, default=DRAIN_DEADLINE_S, help="--drain's bound, in s"
+    )
     args = parser.parse_args(argv)
     config = args.config or sized_config()
     try:
@@ -154,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"not ready: {config} cannot be read ({error.strerror})", file=sys.stderr)
         return 1
     if args.drain:
-        problems = drain(properties, args.deadline)
+        problems = drain(properties, args.deadline, args.wait_port)
         for problem in problems:
             print(f"drain: {problem}", file=sys.stderr)
         return 1 if problems else 0
@@ -163,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     elif draining_marker().exists():
         problems = ["draining: the server is stopping"]
     else:
-        problems = not_ready(properties)
+        problems = not_ready(properties, every_worker=args.startup)
     for problem in problems:
         print(f"not {'alive' if args.live else 'ready'}: {problem}", file=sys.stderr)
     return 1 if problems else 0

@@ -26,6 +26,7 @@ from typing import Any
 import psutil
 import requests
 
+from bert_serve_server import readiness
 from bert_serve_server.models import served_models
 from bert_serve_server.process_memory import Memory, rss_mb, worker_memory
 
@@ -205,19 +206,14 @@ class Server:
         return ready[0] if ready else None
 
     def workers_ready(self) -> bool:
-        """Every served model version has workers, all READY."""
+        """Started: every served model version has workers, all READY (``readiness.unready``,
+        the startup probe's definition)."""
+        models = served_models(self.properties)
         try:
-            for name, versions in served_models(self.properties).items():
-                described = self.describe(name, "all")
-                if len(described) < len(versions):
-                    return False
-                for entry in described:
-                    listed = entry.get("workers", [])
-                    if not listed or any(w["status"] != "READY" for w in listed):
-                        return False
+            described = {name: self.describe(name, "all") for name in models}
         except (requests.RequestException, ValueError, KeyError, TypeError):
             return False
-        return True
+        return not readiness.unready(models, described, every_worker=True)
 
     def is_worker(self, pid: int) -> bool:
         """True if ``pid`` is a process this server's frontend started (so safe to signal)."""

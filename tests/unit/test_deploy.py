@@ -128,8 +128,8 @@ READY_COMMAND = ["python3.11", "-m", "bert_serve_server", "ready"]
 def test_probes_ask_every_worker_and_inference_stays_on_the_loopback(
     container: dict[str, Any], layout_config: dict[str, str]
 ) -> None:
-    """Startup and readiness run the ready command (every worker READY, not /ping alone),
-    liveness its --live form; TorchServe serves inference on the pod's loopback, where the
+    """Startup runs the ready command's --startup form (every worker READY, not /ping alone),
+    readiness the command (a READY worker per version), liveness its --live form; TorchServe serves inference on the pod's loopback, where the
     proxy sends it (the sizing step reads the address from the environment); metrics stay on
     the pod's IP for Prometheus."""
     from bert_serve_server import sizing
@@ -140,14 +140,14 @@ def test_probes_ask_every_worker_and_inference_stays_on_the_loopback(
     inference = port(layout_config["inference_address"])
     assert env[sizing.INFERENCE_ADDRESS_ENV] == f"http://127.0.0.1:{inference}"
     assert proxy.POD_UPSTREAM == f"server 127.0.0.1:{inference};"
-    for probe in ("startupProbe", "readinessProbe"):
-        assert container[probe]["exec"]["command"] == READY_COMMAND, probe
+    assert container["startupProbe"]["exec"]["command"] == [*READY_COMMAND, "--startup"]
+    assert container["readinessProbe"]["exec"]["command"] == READY_COMMAND
     assert container["livenessProbe"]["exec"]["command"] == [*READY_COMMAND, "--live"]
     for probe in ("readinessProbe", "livenessProbe"):
         assert pod_container("proxy")[probe]["tcpSocket"]["port"] == "proxy", probe
     assert layout_config["disable_token_authorization"] == "true"
-    annotations = by_kind("Deployment")["spec"]["template"]["metadata"]["annotations"]
-    assert int(annotations["prometheus.io/port"]) == port(layout_config["metrics_address"])
+    template = by_kind("Deployment")["spec"]["template"]
+    assert "annotations" not in template["metadata"], "the Operator's PodMonitor, not these"
 
 
 def test_the_pod_is_guaranteed_and_outlives_its_longest_answer() -> None:
@@ -243,10 +243,8 @@ def test_dockerfile_copies_what_the_layout_contains(
 def test_entrypoint_stops_torchserve_on_sigterm() -> None:
     """PID 1 turns SIGTERM into `torchserve --stop` and runs TorchServe in the foreground."""
     script = (DEPLOY / "entrypoint.sh").read_text()
-    assert (
-        "trap 'python3.11 -m bert_serve_server ready --drain; torchserve --stop --foreground' TERM"
-        in script
-    )
+    assert "python3.11 -m bert_serve_server ready --drain" in script
+    assert 'timeout "$stop_s" torchserve --stop --foreground\' TERM INT' in script
     assert "torchserve --foreground --ncs" in script
     assert (DEPLOY / "entrypoint.sh").stat().st_mode & 0o111, "executable"
 
@@ -307,7 +305,8 @@ def test_kserve_runtime_matches_the_layout_and_deployment(
     assert [*served["command"], *served["args"]] == json.loads(
         dockerfile_instruction("ENTRYPOINT")[0]
     ), "the runtime runs the image's own entrypoint"
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+    assert served["startupProbe"] == container["startupProbe"], "startup: the same command"
+    for probe in ("readinessProbe", "livenessProbe"):
         assert served[probe]["httpGet"] == {"path": "/ping", "port": inference}, probe
         timing = {key: value for key, value in container[probe].items() if key != "exec"}
         assert {key: value for key, value in served[probe].items() if key != "httpGet"} == timing

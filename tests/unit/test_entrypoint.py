@@ -16,7 +16,8 @@ ENTRYPOINT = ROOT / "deploy" / "entrypoint.sh"
 # python3.11 -m bert_serve_server size --out FILE -- ...: a slow sizing that then prints 1
 FAKE_PYTHON = """#!/bin/sh
 if [ "$3" = "ready" ]; then
-    echo "ready $4" >> "$HOME/calls"
+    shift 3
+    echo "ready $*" >> "$HOME/calls"
     exit 0
 fi
 echo sizing >> "$HOME/calls"
@@ -30,14 +31,15 @@ if [ "$1" = "--stop" ]; then
     kill -TERM "$(cat "$HOME/ts.pid")"
     exit 0
 fi
-echo "serve OMP_NUM_THREADS=$OMP_NUM_THREADS" >> "$HOME/calls"
+echo "serve OMP_NUM_THREADS=$OMP_NUM_THREADS TMPDIR=$TMPDIR" >> "$HOME/calls"
+[ -n "$FRONTEND_DIES" ] && exit 0  # the launcher's status whatever ended the frontend
 sleep 60 &
 echo $! > "$HOME/ts.pid"
 wait
 """
 
 
-def start(tmp_path: Path, sizing_s: float) -> subprocess.Popen[bytes]:
+def start(tmp_path: Path, sizing_s: float, **env: str) -> subprocess.Popen[bytes]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, text in (("python3.11", FAKE_PYTHON), ("torchserve", FAKE_TORCHSERVE)):
@@ -47,6 +49,7 @@ def start(tmp_path: Path, sizing_s: float) -> subprocess.Popen[bytes]:
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
         "HOME": str(tmp_path),
         "SIZING_S": str(sizing_s),
+        **env,
     }
     return subprocess.Popen(["sh", str(ENTRYPOINT), "--ts-config", "x"], env=env)
 
@@ -78,4 +81,45 @@ def test_sigterm_while_serving_drains_then_stops_torchserve(tmp_path: Path) -> N
     wait_for(tmp_path, "serve")
     process.send_signal(signal.SIGTERM)
     process.wait(timeout=20)
-    assert calls(tmp_path) == ["sizing", "serve OMP_NUM_THREADS=1", "ready --drain", "stop"]
+    assert calls(tmp_path) == [
+        "sizing",
+        f"serve OMP_NUM_THREADS=1 TMPDIR={tmp_path}/tmp",
+        "ready --drain",
+        "stop",
+    ]
+    assert (tmp_path / "tmp").is_dir()
+
+
+def test_the_drain_waits_for_the_proxys_port_when_told(tmp_path: Path) -> None:
+    process = start(tmp_path, sizing_s=0, BERT_SERVE_DRAIN_WAIT_PORT="8000")
+    wait_for(tmp_path, "serve")
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=20) == 0
+    assert "ready --drain --wait-port 8000" in calls(tmp_path)
+
+
+def test_a_frontend_that_ends_unasked_exits_non_zero(tmp_path: Path) -> None:
+    """TorchServe's launcher exits 0 when the Java frontend dies or cannot bind its port: the
+    container must not read as Completed."""
+    process = start(tmp_path, sizing_s=0, FRONTEND_DIES="1")
+    assert process.wait(timeout=20) == 1
+    assert calls(tmp_path)[-1].startswith("serve"), "no drain or stop was run"
+
+
+def test_the_stop_is_bounded_by_its_budget(tmp_path: Path) -> None:
+    """A `torchserve --stop` that hangs is cut at BERT_SERVE_STOP_S, inside the grace period."""
+    process = start(tmp_path, sizing_s=0, BERT_SERVE_STOP_S="1")
+    wait_for(tmp_path, "serve")
+    stub = tmp_path / "bin" / "torchserve"
+    stub.write_text(
+        stub.read_text().replace(
+            'kill -TERM "$(cat "$HOME/ts.pid")"',
+            "trap 'echo stop-cut >> \"$HOME/calls\"; exit 1' TERM; sleep 30 & wait",
+        )
+    )
+    sent = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    wait_for(tmp_path, "stop-cut")
+    assert time.monotonic() - sent < 5
+    process.kill()
+    process.wait(timeout=10)

@@ -1,0 +1,417 @@
+"""The whole Deployment run as one pod (``make pod-test``): ``podman kube play`` of
+deploy/k8s/deployment.yaml as written (both containers, their limits, the proxy's ConfigMap as
+the kustomization generates it, the key from a Secret, read-only roots, the emptyDirs), through
+the proxy with the key, and the bars of deploy/README.md ("Stopping"):
+
+- 256 patient clients for 15 s: every answer a 200, none refused;
+- the frontend killed: the TorchServe container exits non-zero (and is restarted, as the
+  Deployment's pods are), then is ready again;
+- SIGTERM to the pod while clients keep opening new connections for ``NEW_CONNECTIONS_S``:
+  none refused, none reset, every accepted request answered; all containers exit 0 within the
+  grace period;
+- the same SIGTERM with 2 workers forced (a config stating them, added as the last
+  ``--ts-config``, which the entrypoint's sizing and TorchServe take).
+
+What podman needs that a cluster has: an infra ("pause") image, built here from the same base
+when Debian's catatonit is absent; ``default_ulimits`` that fit this machine
+(``containers.conf``, in a file of the run's own); and the Secret as a podman secret whose
+content is a JSON map of base64 values (podman 4.3 reads ``secretKeyRef`` so). Names carry the
+run's tag, so runs beside each other do not meet. Pure steps (``kube_documents``,
+``secret_content``, ``containers_conf``) are tested in tests/unit/test_pod.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import secrets
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+from bert_serve_server.config import ROOT, free_port
+
+from lab.image import BURST_BODIES, PATIENT_CLIENTS, PATIENT_S, PATIENT_TIMEOUT_S, grace_period_s
+from lab.load import ClosedLoop, Job, Outcome, statuses
+
+K8S = ROOT / "deploy" / "k8s"
+DEPLOYMENT = K8S / "deployment.yaml"
+KUSTOMIZATION = K8S / "kustomization.yaml"
+READY_TIMEOUT_S = 300.0
+NEW_CONNECTION_CLIENTS = 16
+NEW_CONNECTIONS_S = 6.0
+"""How long clients keep opening new connections after SIGTERM: more than the bar's 5 s, less
+than the proxy's stop delay (10 s), so every one of them must be accepted."""
+SIGTERM_AFTER_S = 2.0
+ULIMITS = ("nofile=1024:1024", "nproc=1024:1024")
+"""What lab/image.py's runs use on this machine: within its hard limits."""
+PAUSE = '#!/bin/sh\ntrap "exit 0" TERM INT\nwhile :; do sleep 3600 & wait $!; done\n'
+EXITED_UNASKED = "exited without a stop being asked"
+"""deploy/entrypoint.sh's line before it exits 1."""
+
+
+class PodTestFailed(AssertionError):
+    """The pod did not behave as it should; the message says how."""
+
+
+def configmap(name_suffix: str = "") -> dict[str, Any]:
+    """The proxy's ConfigMap as kustomization.yaml's configMapGenerator makes it (without the
+    content hash kustomize appends to the name, which it also writes into the Deployment)."""
+    (generator,) = yaml.safe_load(KUSTOMIZATION.read_text())["configMapGenerator"]
+    data = {Path(name).name: (K8S / name).read_text() for name in generator["files"]}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": generator["name"] + name_suffix},
+        "data": data,
+    }
+
+
+def kube_documents(
+    tag: str,
+    images: dict[str, str],
+    host_ports: dict[str, int],
+    extra_config: str | None = None,
+) -> list[dict[str, Any]]:
+    """deployment.yaml as podman kube plays it here: one replica, names with ``tag``, the
+    containers' images from ``images`` (by container name), ``host_ports`` (by port name) on
+    127.0.0.1, and with ``extra_config`` a config.properties mounted from a ConfigMap and
+    named last on TorchServe's command line. Everything else as written."""
+    deployment = yaml.safe_load(DEPLOYMENT.read_text())
+    deployment["metadata"]["name"] = f"bert-serve-{tag}"
+    deployment["spec"]["replicas"] = 1
+    spec = deployment["spec"]["template"]["spec"]
+    documents = []
+    proxy_map = configmap(f"-{tag}")
+    for volume in spec["volumes"]:
+        if "configMap" in volume:
+            volume["configMap"]["name"] = proxy_map["metadata"]["name"]
+    documents.append(proxy_map)
+    for container in spec["containers"]:
+        container["image"] = images[container["name"]]
+        for port in container.get("ports", []):
+            if port.get("name") in host_ports:
+                port["hostPort"] = host_ports[port["name"]]
+                port["hostIP"] = "127.0.0.1"
+        for entry in container.get("env", []):
+            ref = entry.get("valueFrom", {}).get("secretKeyRef")
+            if ref:
+                ref["name"] = f"{ref['name']}-{tag}"
+    if extra_config is not None:
+        forced_name = f"bert-serve-config-{tag}"
+        forced: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": forced_name},
+            "data": {"config.properties": extra_config},
+        }
+        documents.append(forced)
+        spec["volumes"].append({"name": "forced-config", "configMap": {"name": forced_name}})
+        (torchserve,) = [c for c in spec["containers"] if c["name"] == "torchserve"]
+        torchserve.setdefault("volumeMounts", []).append(
+            {"name": "forced-config", "mountPath": "/etc/bert-serve", "readOnly": True}
+        )
+        torchserve["args"] = [
+            "--model-store",
+            "/mnt/models/model-store",
+            "--ts-config",
+            "/etc/bert-serve/config.properties",
+        ]
+    return [*documents, deployment]
+
+
+def secret_content(values: dict[str, str]) -> str:
+    """A podman secret's content that podman 4.3's kube play reads as a Secret's data."""
+    return json.dumps(
+        {key: base64.b64encode(value.encode()).decode() for key, value in values.items()}
+    )
+
+
+def containers_conf(infra_image: str | None) -> str:
+    """containers.conf for the run: ulimits that fit this machine, and the infra image where
+    podman cannot make its own (no catatonit)."""
+    text = "[containers]\ndefault_ulimits = [" + ", ".join(f'"{u}"' for u in ULIMITS) + "]\n"
+    if infra_image:
+        text += f'[engine]\ninfra_image = "{infra_image}"\ninfra_command = "/pause"\n'
+    return text
+
+
+def secret_name(tag: str) -> str:
+    ref = next(
+        entry["valueFrom"]["secretKeyRef"]
+        for container in yaml.safe_load(DEPLOYMENT.read_text())["spec"]["template"]["spec"][
+            "containers"
+        ]
+        for entry in container.get("env", [])
+        if "valueFrom" in entry
+    )
+    return f"{ref['name']}-{tag}"
+
+
+@dataclass
+class Pod:
+    """One ``podman kube play`` of the Deployment, its files in ``state``."""
+
+    engine: list[str]
+    tag: str
+    state: Path
+    images: dict[str, str]
+    extra_config: str | None = None
+    key: str = field(default_factory=lambda: secrets.token_hex(32))
+    ports: dict[str, int] = field(
+        default_factory=lambda: {"proxy": free_port(), "metrics": free_port()}
+    )
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return f"bert-serve-{self.tag}-pod-0"
+
+    def container(self, name: str) -> str:
+        return f"{self.name}-{name}"
+
+    def run(self, *args: str, timeout: float = 120, check: bool = True) -> str:
+        result = subprocess.run(
+            [*self.engine, *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=self.env or None,
+        )
+        if check and result.returncode != 0:
+            raise PodTestFailed(f"{' '.join(args[:3])} failed: {result.stderr.strip()[-2000:]}")
+        return result.stdout
+
+    def play(self) -> None:
+        self.state.mkdir(parents=True, exist_ok=True)
+        manifest = self.state / "pod.yaml"
+        manifest.write_text(
+            yaml.safe_dump_all(kube_documents(self.tag, self.images, self.ports, self.extra_config))
+        )
+        secret = self.state / "secret.json"
+        secret.write_text(secret_content({"key": self.key}))
+        self.run("secret", "rm", secret_name(self.tag), check=False)
+        self.run("secret", "create", secret_name(self.tag), str(secret))
+        self.run("kube", "play", "--replace", str(manifest), timeout=300)
+
+    def exec_ok(self, container: str, *command: str) -> bool:
+        result = subprocess.run(
+            [*self.engine, "exec", self.container(container), *command],
+            capture_output=True,
+            timeout=30,
+            env=self.env or None,
+        )
+        return result.returncode == 0
+
+    def state_of(self, container: str, field_name: str) -> str:
+        return self.run(
+            "inspect", "--format", f"{{{{.State.{field_name}}}}}", self.container(container)
+        ).strip()
+
+    def logs(self, container: str) -> str:
+        result = subprocess.run(
+            [*self.engine, "logs", self.container(container)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        return result.stdout + result.stderr
+
+    def remove(self) -> None:
+        self.run("pod", "rm", "--force", "--time", "0", self.name, check=False, timeout=180)
+        self.run("secret", "rm", secret_name(self.tag), check=False)
+
+    @property
+    def predict(self) -> str:
+        return f"http://127.0.0.1:{self.ports['proxy']}/predictions/bert"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key}"}
+
+
+def wait_ready(pod: Pod, timeout_s: float = READY_TIMEOUT_S) -> float:
+    """Seconds until the startup probe's command says every worker READY."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        if pod.exec_ok("torchserve", "python3.11", "-m", "bert_serve_server", "ready", "--startup"):
+            return round(time.monotonic() - started, 1)
+        time.sleep(2)
+    raise PodTestFailed(f"not ready within {timeout_s:.0f} s:\n{pod.logs('torchserve')[-4000:]}")
+
+
+def patient(pod: Pod) -> dict[str, Any]:
+    loop = ClosedLoop(
+        pod.predict,
+        pod.headers,
+        lambda n: Job(BURST_BODIES[0], "application/json"),
+        PATIENT_CLIENTS,
+        seconds=PATIENT_S,
+        request_timeout_s=PATIENT_TIMEOUT_S,
+    ).run()
+    counted = statuses(loop.outcomes)
+    if set(counted) != {"200"}:
+        raise PodTestFailed(f"patient clients through the proxy got {counted}")
+    return {"clients": PATIENT_CLIENTS, "seconds": PATIENT_S, "statuses": counted}
+
+
+async def new_connections(url: str, headers: dict[str, str], seconds: float) -> list[Outcome]:
+    """``NEW_CONNECTION_CLIENTS`` clients, each request on a connection of its own, for
+    ``seconds``: what a Service still sends a terminating pod."""
+    outcomes: list[Outcome] = []
+    deadline = time.monotonic() + seconds
+    connector = aiohttp.TCPConnector(force_close=True)
+    timeout = aiohttp.ClientTimeout(total=PATIENT_TIMEOUT_S)
+    job = Job(BURST_BODIES[0], "application/json")
+
+    async def client(session: aiohttp.ClientSession) -> None:
+        from lab.load import send
+
+        while time.monotonic() < deadline:
+            outcomes.append(await send(session, url, headers, job))
+
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        await asyncio.gather(*(client(session) for _ in range(NEW_CONNECTION_CLIENTS)))
+    return outcomes
+
+
+def stop_under_new_connections(pod: Pod, grace_s: int) -> dict[str, Any]:
+    """SIGTERM to the pod (``podman pod stop`` with the grace period, as kubelet) after
+    ``SIGTERM_AFTER_S`` of clients opening new connections, which go on for
+    ``NEW_CONNECTIONS_S`` after it. The stop runs in a thread: the clients' loop never waits."""
+
+    async def run() -> tuple[list[Outcome], float]:
+        load = asyncio.create_task(
+            new_connections(pod.predict, pod.headers, SIGTERM_AFTER_S + NEW_CONNECTIONS_S)
+        )
+        await asyncio.sleep(SIGTERM_AFTER_S)
+        sent = time.monotonic()
+        stop = asyncio.to_thread(
+            pod.run, "pod", "stop", "-t", str(grace_s), pod.name, timeout=grace_s + 60
+        )
+        outcomes, _ = await asyncio.gather(load, stop)
+        return outcomes, round(time.monotonic() - sent, 1)
+
+    outcomes, stop_s = asyncio.run(run())
+    counted = statuses(outcomes)
+    exits = {name: pod.state_of(name, "ExitCode") for name in ("torchserve", "proxy")}
+    result = {"statuses": counted, "stop_s": stop_s, "exit_codes": exits}
+    if set(counted) != {"200"} or any(code != "0" for code in exits.values()) or stop_s > grace_s:
+        raise PodTestFailed(f"the stop under new connections: {result}")
+    return result
+
+
+def kill_frontend(pod: Pod) -> dict[str, Any]:
+    """SIGKILL to the Java frontend (its pid file, in the home folder): the container exits
+    non-zero (the entrypoint says so in its log) and, as a Deployment's pod, is restarted and
+    becomes ready again."""
+    killed = pod.exec_ok(
+        "torchserve", "sh", "-c", 'kill -KILL "$(cat "$HOME/tmp/.model_server.pid")"'
+    )
+    deadline = time.monotonic() + 60
+    while killed and time.monotonic() < deadline:
+        if EXITED_UNASKED in pod.logs("torchserve"):
+            break
+        time.sleep(1)
+    else:
+        raise PodTestFailed(f"the killed frontend did not end the container: killed={killed}")
+    restarts = int(
+        pod.run("inspect", "--format", "{{.RestartCount}}", pod.container("torchserve")).strip()
+        or 0
+    )
+    return {
+        "exit": "1 (the entrypoint's line)",
+        "restarts": restarts,
+        "ready_again_s": wait_ready(pod),
+    }
+
+
+def forced_workers_config(workers: int) -> str:
+    """The image's baked config with every model's workers stated."""
+    from bert_serve_server.config import BASE_CONFIG, properties_text, read_properties
+    from bert_serve_server.layout import container_properties
+
+    properties = container_properties(read_properties(BASE_CONFIG))
+    models = json.loads(properties["models"])
+    for versions in models.values():
+        for entry in versions.values():
+            entry |= {"minWorkers": workers, "maxWorkers": workers}
+    return properties_text(properties | {"models": json.dumps(models)})
+
+
+def catatonit_present() -> bool:
+    return any(
+        Path(folder, "catatonit").exists()
+        for folder in ("/usr/libexec/podman", "/usr/bin", "/usr/local/libexec/podman")
+    )
+
+
+def pause_image(engine: list[str], base: str, tag: str, state: Path) -> str:
+    """An infra image from ``base``: a shell that waits and exits on SIGTERM (what podman
+    makes itself from Debian's catatonit where that is installed)."""
+    name = f"localhost/bert-serve-pause:{tag}"
+    context = state / "pause"
+    context.mkdir(parents=True, exist_ok=True)
+    (context / "pause").write_text(PAUSE)
+    (context / "Containerfile").write_text(
+        f'FROM {base}\nCOPY pause /pause\nRUN chmod 755 /pause\nENTRYPOINT ["/pause"]\n'
+    )
+    subprocess.run(
+        [*engine, "build", "--network", "none", "-t", name, str(context)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    return name
+
+
+def engine_env(engine: list[str], base: str, tag: str, state: Path) -> dict[str, str]:
+    """The environment podman runs with: this run's containers.conf."""
+    import os
+
+    infra = None if catatonit_present() else pause_image(engine, base, tag, state)
+    conf = state / "containers.conf"
+    conf.write_text(containers_conf(infra))
+    return dict(os.environ) | {"CONTAINERS_CONF": str(conf)}
+
+
+def run_pod_test(
+    engine: list[str],
+    images: dict[str, str],
+    tag: str,
+    state: Path,
+    say: Callable[[str], None],
+    base: str,
+) -> dict[str, Any]:
+    grace_s = grace_period_s(DEPLOYMENT)
+    record: dict[str, Any] = {"images": images, "grace_s": grace_s}
+    env = engine_env(engine, base, tag, state)
+    pod = Pod(engine, tag, state / "one-worker", images, env=env)
+    try:
+        say("kube play: the Deployment as written")
+        pod.play()
+        record["ready_s"] = wait_ready(pod)
+        say(f"ready after {record['ready_s']} s; {PATIENT_CLIENTS} patient clients")
+        record["patient"] = patient(pod)
+        say("killing the frontend")
+        record["frontend_killed"] = kill_frontend(pod)
+        say("SIGTERM while clients open new connections")
+        record["stop"] = stop_under_new_connections(pod, grace_s)
+    finally:
+        pod.remove()
+    pod = Pod(engine, f"{tag}-w2", state / "two-workers", images, forced_workers_config(2), env=env)
+    try:
+        say("kube play with 2 workers forced")
+        pod.play()
+        record["two_workers"] = {"ready_s": wait_ready(pod)}
+        say("SIGTERM while clients open new connections, 2 workers")
+        record["two_workers"]["stop"] = stop_under_new_connections(pod, grace_s)
+    finally:
+        pod.remove()
+    return record

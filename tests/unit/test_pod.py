@@ -1,0 +1,68 @@
+"""lab/pod.py's pure steps: the Deployment as podman kube plays it (as written but for names,
+images and host ports), the Secret's podman form, containers.conf, the forced workers."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import yaml
+
+from lab import pod
+from tests.unit.test_deploy import by_kind
+
+IMAGES = {"torchserve": "bert-serve:t", "proxy": "bert-serve-proxy:t"}
+
+
+def test_the_pod_is_the_deployment_as_written_with_names_images_and_ports_of_its_own() -> None:
+    configmap, deployment = pod.kube_documents("t1", IMAGES, {"proxy": 41000, "metrics": 41001})
+    written = by_kind("Deployment")
+    spec, original = deployment["spec"]["template"]["spec"], written["spec"]["template"]["spec"]
+    assert deployment["metadata"]["name"] == "bert-serve-t1" and deployment["spec"]["replicas"] == 1
+    for container, source in zip(spec["containers"], original["containers"], strict=True):
+        assert container["image"] == IMAGES[container["name"]]
+        for key in ("resources", "securityContext", "startupProbe", "volumeMounts", "args"):
+            assert container.get(key) == source.get(key), (container["name"], key)
+    ports = {p["name"]: p for c in spec["containers"] for p in c.get("ports", [])}
+    assert ports["proxy"]["hostPort"] == 41000 and ports["metrics"]["hostPort"] == 41001
+    assert spec["terminationGracePeriodSeconds"] == original["terminationGracePeriodSeconds"]
+    assert (
+        configmap["kind"] == "ConfigMap" and configmap["metadata"]["name"] == "bert-serve-proxy-t1"
+    )
+    assert "${BERT_SERVE_PROXY_KEY}" in configmap["data"]["bert-serve.conf"]
+    (volume,) = [v for v in spec["volumes"] if "configMap" in v]
+    assert volume["configMap"]["name"] == "bert-serve-proxy-t1"
+    env = {e["name"]: e for c in spec["containers"] for e in c.get("env", [])}
+    ref = env["BERT_SERVE_PROXY_KEY"]["valueFrom"]["secretKeyRef"]
+    assert (
+        ref == {"name": "bert-serve-proxy-key-t1", "key": "key"}
+        and pod.secret_name("t1") == ref["name"]
+    )
+    yaml.safe_dump_all([configmap, deployment])
+
+
+def test_forced_workers_come_as_the_last_ts_config_from_a_configmap() -> None:
+    config = pod.forced_workers_config(2)
+    models = json.loads(
+        next(line for line in config.splitlines() if line.startswith("models="))[7:]
+    )
+    assert all(
+        entry["minWorkers"] == entry["maxWorkers"] == 2
+        for versions in models.values()
+        for entry in versions.values()
+    )
+    *maps, deployment = pod.kube_documents("t2", IMAGES, {}, config)
+    assert maps[-1]["data"]["config.properties"] == config
+    (torchserve,) = [
+        c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "torchserve"
+    ]
+    assert torchserve["args"][-2:] == ["--ts-config", "/etc/bert-serve/config.properties"]
+
+
+def test_the_secret_is_a_json_map_of_base64_values_and_the_ulimits_fit() -> None:
+    content = json.loads(pod.secret_content({"key": "k3y_x"}))
+    assert base64.b64decode(content["key"]).decode() == "k3y_x"
+    conf = pod.containers_conf("localhost/pause:t")
+    assert 'default_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]' in conf
+    assert 'infra_image = "localhost/pause:t"' in conf
+    assert "infra_image" not in pod.containers_conf(None)
