@@ -53,7 +53,15 @@ PATIENT_TIMEOUT_S = 60.0
 STOP_CLIENTS = 32
 STOP_AFTER_S = 3.0
 READY_PROBE = ("python3.11", "-m", "bert_serve_server", "ready")
-SIZED_FILES = ("deploy/entrypoint.sh", "server/bert_serve_server/sizing.py")
+SIZED_FILES = (
+    "deploy/entrypoint.sh",
+    *(
+        f"server/bert_serve_server/{name}.py"
+        for name in ("config", "machine", "stated", "plan", "measure", "rules", "served")
+    ),
+    "server/bert_serve_server/sizing.py",
+    "server/bert_serve_server/size_cli.py",
+)
 """What the record's figures depend on besides the image's packages: its ``sized_from``."""
 DEPLOYMENT = ROOT / "deploy" / "k8s" / "deployment.yaml"
 BURST_REQUESTS = 200
