@@ -93,9 +93,7 @@ def tracked_labels(labels: Sequence[str], reference: dict[str, float] | None = N
     return {label_value(label) for label in ranked[:MAX_LABELS]}
 
 
-def label_counts(
-    predictions: Iterable[Prediction], head: str, tracked: set[str]
-) -> dict[str, int]:
+def label_counts(predictions: Iterable[Prediction], head: str, tracked: set[str]) -> dict[str, int]:
     """Answers by label, labels beyond ``tracked`` (and ``none``) folded into ``other``."""
     counts: Counter[str] = Counter()
     for prediction in predictions:
@@ -255,6 +253,8 @@ class ModelMetrics:
         )
 
     def emit(self, predictions: Sequence[Prediction]) -> None:
+        if not self.metrics:
+            return
         try:
             self.send(batch_updates(predictions, self.head, self.tracked))
         except Exception:

@@ -94,7 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.stamp_only:
         check_model_dir(model_dir, model_config)
         stamp = stamp_for(archive)
-        if update_stamp(stamp, source_record(model_dir, model_config, args.name, args.version, reference)):
+        if update_stamp(
+            stamp, source_record(model_dir, model_config, args.name, args.version, reference)
+        ):
             print(f"{stamp.name}: the model folder or handler config changed; repackaging")
         return 0
     archive = package(

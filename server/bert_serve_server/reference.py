@@ -46,7 +46,9 @@ def reference_profile(model_dir: Path, model_config: Path, texts_file: Path) -> 
     settings = dataclasses.replace(settings, device="cpu", max_batch_tokens=budget)
     loaded = load_model(model_dir, settings, None)
     texts = read_texts(texts_file)
-    too_long = [t for t in texts if sum(map(len, t if isinstance(t, tuple) else (t,))) > settings.max_chars]
+    too_long = [
+        t for t in texts if sum(map(len, t if isinstance(t, tuple) else (t,))) > settings.max_chars
+    ]
     if too_long:
         raise SystemExit(
             f"{texts_file}: {len(too_long)} texts have more than max_chars "

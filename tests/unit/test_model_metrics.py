@@ -135,7 +135,9 @@ def test_metrics_yaml_declares_every_model_metric_and_the_frontend_parses_each_l
 ) -> None:
     reference = profile(BATCH, [10, 20, 128], "single_label", ["negative", "positive"])
     with caplog.at_level(logging.INFO):
-        metrics = ModelMetrics(cache, "bert", "1.0", "single_label", ["negative", "positive"], reference)
+        metrics = ModelMetrics(
+            cache, "bert", "1.0", "single_label", ["negative", "positive"], reference
+        )
         metrics.emit(BATCH)
     assert "does not declare" not in caplog.text
     assert set(metrics.metrics) == {*COUNTERS, *HISTOGRAMS, *GAUGES}
