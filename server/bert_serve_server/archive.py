@@ -32,6 +32,8 @@ import yaml
 from bert_serve_server.config import MODEL_NAME, MODEL_VERSION, ROOT
 
 DEFAULT_MODEL_DIR = ROOT / "build" / "bert-sentiment"
+DEFAULT_REFERENCE = ROOT / "build" / "reference-reviews.txt"
+"""The default model's reference texts, its held-out reviews (``scripts/reference_texts.py``)."""
 HANDLER_DIR = ROOT / "handler"
 MODEL_CONFIG = ROOT / "config" / "model-config.yaml"
 PICKLED_SUFFIXES = {".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".h5", ".msgpack"}
@@ -57,6 +59,14 @@ def check_model_dir(model_dir: Path, model_config: Path = MODEL_CONFIG) -> None:
     if problems:
         lines = "".join(f"\n  - {problem.reason}\n    fix: {problem.fix}" for problem in problems)
         raise SystemExit(f"{model_dir} cannot be served:{lines}")
+
+
+def default_reference(model_dir: Path) -> Path | None:
+    """The reference ``make package`` packs for ``model_dir``: the default model's held-out
+    reviews once written, none for any other folder."""
+    if model_dir.resolve() == DEFAULT_MODEL_DIR.resolve() and DEFAULT_REFERENCE.is_file():
+        return DEFAULT_REFERENCE
+    return None
 
 
 def check_model_config(path: Path) -> None:
@@ -291,13 +301,17 @@ def package_if_changed(
     precision: str | None = None,
 ) -> bool:
     """Package ``archive`` unless it is already built from this source; True if it was.
-    SystemExit, with every reason, for a folder that cannot be served (``check_model_dir``)."""
+    SystemExit, with every reason, for a folder that cannot be served (``check_model_dir``).
+    The default model gets its reference, as ``make package`` packs it."""
     if precision:
         model_config = write_variant_config(
             variant_config_for(archive), model_config, handler_changes={"precision": precision}
         )
     model_dir, model_config = model_dir.resolve(), model_config.resolve()
-    if not is_stale(archive, source_record(model_dir, model_config, name, version)):
+    reference = default_reference(model_dir)
+    if not is_stale(archive, source_record(model_dir, model_config, name, version, reference)):
         return False
-    package(model_dir, archive.parent, model_config, name, version, archive.name)
+    package(
+        model_dir, archive.parent, model_config, name, version, archive.name, reference=reference
+    )
     return True
