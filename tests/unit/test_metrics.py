@@ -236,8 +236,9 @@ def test_served_with_torchserve_default_metrics_a_worker_answers_and_warns_once(
         ]
     assert [a.status for a in usual] == [200, 400, 200]
     metric_warnings = [w for w in handler_warnings(caplog) if "metric" in w.lower()]
-    assert len(metric_warnings) == 1, metric_warnings
-    assert str(TORCHSERVE_METRICS) in metric_warnings[0]
+    assert len(metric_warnings) == 2, metric_warnings  # the serving and the model metrics
+    assert all(str(TORCHSERVE_METRICS) in warning for warning in metric_warnings)
     assert "14 of the handler's 14 metrics" in metric_warnings[0]
+    assert "AnswersByLabel" in metric_warnings[1]
     assert "MetricsCacheKeyError" not in caplog.text
     assert "[METRICS]Batches" not in caplog.text

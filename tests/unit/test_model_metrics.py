@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 
 import pytest
 from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
@@ -15,6 +16,7 @@ from handler.model_metrics import (
     GAUGES,
     HISTOGRAMS,
     MAX_LABELS,
+    PROFILE_FILE,
     ModelMetrics,
     Profile,
     answer_labels,
@@ -171,3 +173,38 @@ def test_the_profile_file_is_json_with_the_fields_the_worker_reads() -> None:
         "tokens_mean",
         "value_mean",
     }
+
+
+def test_a_worker_exports_its_reference_at_start_and_counts_what_it_answered(
+    tiny_model_dir, tmp_path, caplog
+) -> None:
+    """Through TorchServe's worker code: the archive's profile becomes gauges at start; the
+    counters count the model's labels, also for requests whose options reshape the answer."""
+    from tests.worker_harness import Sent, _load_service, _mar_folder, predict
+
+    mar = _mar_folder(tmp_path, tiny_model_dir)
+    reference = Profile(3, "single_label", {"negative": 0.25, "positive": 0.75}, 0.1, 0.0, 9.0)
+    (mar / PROFILE_FILE).write_text(reference.to_json())
+    bodies = [
+        b'{"texts": ["a fine text", "another one", "   "]}',
+        b'{"text": "raw please", "raw_scores": true, "top_k": 1}',
+        b'{"text": "a third"}',
+    ]
+    with caplog.at_level(logging.INFO):
+        worker = _load_service(mar)
+        answers = predict(worker.service, [Sent(body, "application/json") for body in bodies])
+    lines = metric_lines(caplog)
+    dims = "ModelName:bert,ModelVersion:1.0,Level:Model"
+    assert ("ReferenceLabelShare", "0.75", f"Label:positive,{dims}", "GAUGE") in lines
+    answered: Counter[str] = Counter()
+    for answer in answers:
+        body = json.loads(answer.body)
+        for item in body.get("results", [body]):
+            if "label" in item:
+                answered[item["label"]] += 1
+    counted: Counter[str] = Counter()
+    for name, value, dimensions, _ in lines:
+        if name == "AnswersByLabel":
+            counted[dimensions.split(",")[0].removeprefix("Label:")] += int(value)
+    assert sum(answered.values()) == 4 and counted == answered
+    assert len([line for line in lines if line[0] == "Uncertainty"]) == 4
