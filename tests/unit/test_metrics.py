@@ -218,7 +218,7 @@ def test_a_metric_declared_with_other_dimensions_is_named_and_left_out(tmp_path,
     assert "[METRICS]Batches." in caplog.text and "[METRICS]ItemsRejected" not in caplog.text
 
 
-def test_served_with_torchserve_default_metrics_a_worker_answers_and_warns_once(
+def test_served_with_torchserve_default_metrics_a_worker_answers_and_warns_once_per_emitter(
     tiny_model_dir, tiny_worker, tmp_path, caplog
 ) -> None:
     """A config.properties without metrics_config gives the worker TorchServe's own
