@@ -9,7 +9,11 @@ MODEL_CONFIG ?= config/model-config.yaml
 PRECISION ?=
 MAR       := model_store/bert.mar
 MAR_SOURCE = $(MAR).source
-PACKAGE    = $(PY) -m bert_serve_server package --model-dir $(MODEL_DIR) --model-config $(MODEL_CONFIG) --export-path $(dir $(MAR)) $(if $(PRECISION),--precision $(PRECISION))
+# REFERENCE=texts.txt (one text a line): their profile is packed in the .mar and exported for the
+# drift rules (docs/operating/README.md). The default model's: its held-out reviews.
+DEFAULT_REFERENCE := build/reference-reviews.txt
+REFERENCE ?= $(if $(filter build/bert-sentiment build/bert-sentiment/,$(MODEL_DIR)),$(DEFAULT_REFERENCE))
+PACKAGE    = $(PY) -m bert_serve_server package --model-dir $(MODEL_DIR) --model-config $(MODEL_CONFIG) --export-path $(dir $(MAR)) $(if $(PRECISION),--precision $(PRECISION)) $(if $(REFERENCE),--reference $(REFERENCE))
 STATE_DIR ?= .run
 # TORCH=cpu (default for a new venv) or cuda: the torch build of `make install` and `make image`;
 # TORCH_INDEX=<index> where it comes from (scripts/torch_build.sh). Unset, `make install` keeps
@@ -40,6 +44,9 @@ build/bert-sentiment/config.json: scripts/build_model.py lab/training.py scripts
 
 model: build/bert-sentiment/config.json
 
+$(DEFAULT_REFERENCE): scripts/reference_texts.py lab/training.py lab/corpus.py scripts/data/reviews.tsv | $(STAMP)
+	$(PY) scripts/reference_texts.py --out $@
+
 ## compare-training: the default model's recipe against cheaper and dearer ones, trained back
 ##        to back on 3 held-out splits: seconds, held-out, hard- and typical-review accuracy
 ##        -> build/training-schemes.json
@@ -54,16 +61,17 @@ first-answer: | $(STAMP)
 # The .mar follows what it was built from, not file times alone: this stamp records the model
 # folder (its files' sizes and times) and the handler config (its hash), and is rewritten only
 # when they differ from the last build, e.g. another MODEL_DIR, even one older than the .mar.
-$(MAR_SOURCE): $(MODEL_DIR)/config.json FORCE | $(STAMP)
+$(MAR_SOURCE): $(MODEL_DIR)/config.json $(REFERENCE) FORCE | $(STAMP)
 	@$(PACKAGE) --stamp-only
 
 # --checked: the stamp's recipe, which always runs first, has just checked the folder.
-$(MAR): $(MAR_SOURCE) handler/*.py server/bert_serve_server/package.py server/bert_serve_server/archive.py | $(STAMP)
+$(MAR): $(MAR_SOURCE) handler/*.py server/bert_serve_server/package.py server/bert_serve_server/archive.py server/bert_serve_server/reference.py | $(STAMP)
 	$(PACKAGE) --checked
 
 ## package: rebuild the .mar (MODEL_DIR=path/to/hf-folder to serve your own model;
-##        NAME=toxicity VERSION=2: model_store/toxicity.mar of that name and version)
-package: $(STAMP) $(MODEL_DIR)/config.json
+##        NAME=toxicity VERSION=2: model_store/toxicity.mar of that name and version;
+##        REFERENCE=texts.txt: pack the model's profile on those texts for the drift alerts)
+package: $(STAMP) $(MODEL_DIR)/config.json $(REFERENCE)
 	$(PACKAGE) $(if $(NAME),--name $(NAME)) $(if $(VERSION),--version $(VERSION))
 
 ## serve: install, build, package, start TorchServe and wait until the model is READY

@@ -19,7 +19,8 @@ from handler.errors import ErrorCode
 from handler.explain import Budget, explain_all
 from handler.inference import BatchStats, Explanation, Prediction, TextInput, classify
 from handler.metrics import MetricsEmitter
-from handler.model import LoadedModel, description, load_model
+from handler.model import LoadedModel, description, head_kind, load_model
+from handler.model_metrics import ModelMetrics, read_profile
 from handler.pipeline import FALLBACK, answer_batch
 from handler.protocol import JSON_MEDIA, IncomingRequest, Rejected, header_value, route_content_type
 from handler.scoring import ExplainOptions
@@ -81,13 +82,27 @@ class BertHandler(BaseHandler):  # type: ignore[misc]
         self.loaded: LoadedModel = load_model(model_dir, self.settings, gpu_id)
         self.version = str(((context.manifest or {}).get("model") or {}).get("modelVersion", ""))
         self.metrics = MetricsEmitter(context.metrics, context.model_name, self.version)
+        self.model_metrics = ModelMetrics(
+            context.metrics,
+            context.model_name,
+            self.version,
+            head_kind(self.loaded),
+            self.loaded.labels,
+            read_profile(archive_dir),
+        )
         self.pace = Pace()
         self.explain_budget = Budget.for_timeout(config.get("responseTimeout"))
         self.explain_budget.calibrate(self.loaded, self.settings)
         self.initialized = True
 
     def classify(self, texts: Sequence[TextInput]) -> tuple[list[Prediction], BatchStats]:
-        return classify(self.loaded, texts, self.settings.max_length, self.loaded.max_batch_tokens)
+        """The model's predictions; what it said is counted here, before a request's options
+        reshape its answer."""
+        predictions, stats = classify(
+            self.loaded, texts, self.settings.max_length, self.loaded.max_batch_tokens
+        )
+        self.model_metrics.emit(predictions)
+        return predictions, stats
 
     def explain_texts(
         self, items: Sequence[tuple[TextInput, ExplainOptions]]

@@ -74,6 +74,8 @@ class BatchStats:
     explained: int = 0
     """Texts explained (each alone, after the forward passes) and the time it took."""
     explain_ms: float = 0.0
+    text_tokens: list[int] = field(default_factory=list)
+    """Each text's tokens, in the order given (the reference profile's input length)."""
 
 
 def tokenize(tokenizer: Any, texts: Sequence[TextInput], max_length: int) -> list[TokenizedText]:
@@ -199,6 +201,7 @@ def classify(
     tokenized = tokenize(loaded.tokenizer, texts, max_length)
     stats.tokenize_ms = (time.perf_counter() - started) * 1000
     lengths = [len(item.input_ids) for item in tokenized]
+    stats.text_tokens = lengths
     logits: list[list[float]] = [[] for _ in texts]
     scores: list[list[float]] = [[] for _ in texts]
     stats.sub_batch_of = [0] * len(texts)

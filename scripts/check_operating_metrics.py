@@ -27,9 +27,13 @@ SUFFIX = re.compile(r"_(bucket|sum|count)$")
 def named_metrics() -> set[str]:
     board = json.loads(DASHBOARD.read_text())
     queries = [t["expr"] for panel in board["panels"] for t in panel.get("targets", [])]
-    rules = yaml.safe_load(RULES.read_text())["groups"]
-    queries += [rule["expr"] for group in rules for rule in group["rules"]]
-    return {name for query in queries for name in METRIC.findall(query)}
+    rules = [
+        rule for group in yaml.safe_load(RULES.read_text())["groups"] for rule in group["rules"]
+    ]
+    queries += [rule["expr"] for rule in rules]
+    recorded = {rule["record"] for rule in rules if "record" in rule}
+    # the recording rules' series are Prometheus' own, never on the server's page
+    return {name for query in queries for name in METRIC.findall(query)} - recorded
 
 
 def states(text: str, names: set[str]) -> dict[str, str]:

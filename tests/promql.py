@@ -16,6 +16,8 @@ DASHBOARD = ROOT / "deploy" / "grafana" / "bert-serve.json"
 RULES = ROOT / "deploy" / "prometheus" / "rules.yaml"
 METRICS_CONFIG = ROOT / "config" / "metrics.yaml"
 METRIC = re.compile(r"\b([A-Za-z_:][A-Za-z0-9_:]*)\s*(?=[{\[])")
+RECORDED = re.compile(r"(?<![\w:])(bert_serve:[A-Za-z0-9_:]+)")
+"""A recorded series, named as the recording rules name them, with or without matchers."""
 GROUPING = re.compile(r"\bby\s*\(([^)]*)\)")
 LEGEND_LABEL = re.compile(r"\{\{\s*(\w+)\s*\}\}")
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
@@ -33,8 +35,9 @@ class PanelQuery:
 
 
 def metric_names(expr: str) -> set[str]:
-    """Every metric a PromQL expression selects (each written ``name{...}`` or ``name[...]``)."""
-    return set(METRIC.findall(expr))
+    """Every metric a PromQL expression selects (each written ``name{...}`` or ``name[...]``,
+    or a recorded ``bert_serve:...`` series, written either way or bare)."""
+    return set(METRIC.findall(expr)) | set(RECORDED.findall(expr))
 
 
 def dashboard_queries(path: Path = DASHBOARD) -> list[PanelQuery]:
@@ -47,7 +50,17 @@ def dashboard_queries(path: Path = DASHBOARD) -> list[PanelQuery]:
 
 
 def alert_rules(path: Path = RULES) -> list[dict[str, Any]]:
+    return [rule for rule in all_rules(path) if "alert" in rule]
+
+
+def all_rules(path: Path = RULES) -> list[dict[str, Any]]:
+    """Alerting and recording rules."""
     return [rule for group in yaml.safe_load(path.read_text())["groups"] for rule in group["rules"]]
+
+
+def recorded_names(path: Path = RULES) -> set[str]:
+    """The series the recording rules write (``bert_serve:...``)."""
+    return {str(rule["record"]) for rule in all_rules(path) if "record" in rule}
 
 
 def declared_metrics(path: Path = METRICS_CONFIG) -> dict[str, str]:

@@ -9,7 +9,11 @@ versions (`ModelVersion`). The server row shows what TorchServe reports per pod:
 status (TorchServe counts them per server, not per model), requests and queue wait per model,
 worker restarts, memory and GPU (exported only where a GPU is). One row per selected model
 then shows the handler's own metrics for its versions: time per batch (p50, p99), the batch
-sizes formed, texts classified and texts refused by reason (`deadline_exceeded`: expired).
+sizes formed, texts classified and texts refused by reason (`deadline_exceeded`: expired),
+then what the model says against its reference profile (the drift rules' recorded series,
+deploy/prometheus/rules.yaml): answers by label, the label mix live and reference with its
+population stability index, the mean top score and the truncated share and text length, each
+live and reference. A model packaged without a reference shows the live side only.
 """
 
 from __future__ import annotations
@@ -161,7 +165,97 @@ PER_MODEL = (
     ),
 )
 
-CHARTS = (*SERVER, *PER_MODEL)
+DRIFT = (
+    Chart(
+        "Answers/s by label",
+        "short",
+        (
+            Query(
+                f"sum by (ModelVersion, Label) (rate(AnswersByLabel{{{PODS}, {VERSIONS}}}[{RATE}]))",
+                "{{ModelVersion}} {{Label}}",
+            ),
+        ),
+        "Labels answered (multi-label: each label given; one logit: its label or none).",
+    ),
+    Chart(
+        "Label mix (10 min) and reference",
+        "percentunit",
+        (
+            Query(
+                f"avg by (ModelVersion, Label) (bert_serve:answer_share:rate10m{{{PODS}, {VERSIONS}}})",
+                "{{ModelVersion}} {{Label}} live",
+            ),
+            Query(
+                f"max by (ModelVersion, Label) (ReferenceLabelShare{{{PODS}, {VERSIONS}}})",
+                "{{ModelVersion}} {{Label}} reference",
+            ),
+        ),
+        "Each label's share of the answers over 10 minutes, beside its share on the reference texts.",
+    ),
+    Chart(
+        "Label-mix shift (PSI; alert over 0.25)",
+        "short",
+        (
+            Query(
+                f"max by (instance, ModelVersion) (bert_serve:label_psi:rate10m{{{PODS}, {VERSIONS}}})",
+                "{{instance}} {{ModelVersion}}",
+            ),
+        ),
+        "Population stability index of the 10-minute label mix against the reference.",
+    ),
+    Chart(
+        "Top score: mean (10 min), p10 and reference",
+        "percentunit",
+        (
+            Query(
+                f"1 - avg by (ModelVersion) (bert_serve:uncertainty_mean:rate10m{{{PODS}, {VERSIONS}}})",
+                "{{ModelVersion}} mean",
+            ),
+            Query(
+                f"1 - histogram_quantile(0.9, sum by (le, ModelVersion) (rate(Uncertainty_bucket{{{PODS}, {VERSIONS}}}[{RATE}])))",
+                "{{ModelVersion}} p10",
+            ),
+            Query(
+                f"1 - max by (ModelVersion) (ReferenceUncertaintyMean{{{PODS}, {VERSIONS}}})",
+                "{{ModelVersion}} reference mean",
+            ),
+        ),
+        "The model's confidence in its answers; the alert fires 0.1 under the reference mean.",
+    ),
+    Chart(
+        "Texts truncated (10 min) and reference",
+        "percentunit",
+        (
+            Query(
+                f"avg by (ModelVersion) (bert_serve:truncated_share:rate10m{{{PODS}, {VERSIONS}}})",
+                "{{ModelVersion}} live",
+            ),
+            Query(
+                f"max by (ModelVersion) (ReferenceTruncatedShare{{{PODS}, {VERSIONS}}})",
+                "{{ModelVersion}} reference",
+            ),
+        ),
+        "Texts longer than max_length, answered from their first tokens only.",
+    ),
+    Chart(
+        "Tokens per text and reference",
+        "short",
+        (
+            Query(
+                f"sum by (ModelVersion) (rate(RealTokens{{{PODS}, {VERSIONS}}}[{RATE}]))"
+                f" / sum by (ModelVersion) (rate(ItemsAccepted{{{PODS}, {VERSIONS}}}[{RATE}]))",
+                "{{ModelVersion}} live",
+            ),
+            Query(
+                f"max by (ModelVersion) (ReferenceTokensMean{{{PODS}, {VERSIONS}}})",
+                "{{ModelVersion}} reference",
+            ),
+        ),
+        "Mean input length in tokens, special tokens included.",
+    ),
+)
+
+CHARTS = (*SERVER, *PER_MODEL, *DRIFT)
 
 
 def panel(chart: Chart, width: int) -> timeseries.Panel:
@@ -220,7 +314,7 @@ def build() -> dashboard.Dashboard:
     for chart in SERVER:
         board = board.with_panel(panel(chart, 8))
     board = board.with_row(dashboard.Row("Model $model").repeat("model"))
-    for chart in PER_MODEL:
+    for chart in (*PER_MODEL, *DRIFT):
         board = board.with_panel(panel(chart, 12))
     return board
 

@@ -3,7 +3,8 @@
 The archive holds ``bert_handler.py`` (TorchServe's entry point), the ``handler`` package
 itself (the same files the unit tests import) under ``handler/``, the model under
 ``model/`` (config, safetensors weights, tokenizer: never pickled weights),
-``config/model-config.yaml`` as the model config, and ``mar-source.json``: which model
+``config/model-config.yaml`` as the model config, with ``--reference`` the reference profile
+(``reference-profile.json``, ``bert_serve_server.reference``), and ``mar-source.json``: which model
 folder (each file's size and modification time) and which handler config (its sha256) it
 was built from. The same record is kept beside the archive as ``bert.mar.source``, a stamp
 the Makefile refreshes with ``--stamp-only`` and that is rewritten only when the record
@@ -31,6 +32,8 @@ import yaml
 from bert_serve_server.config import MODEL_NAME, MODEL_VERSION, ROOT
 
 DEFAULT_MODEL_DIR = ROOT / "build" / "bert-sentiment"
+DEFAULT_REFERENCE = ROOT / "build" / "reference-reviews.txt"
+"""The default model's reference texts, its held-out reviews (``scripts/reference_texts.py``)."""
 HANDLER_DIR = ROOT / "handler"
 MODEL_CONFIG = ROOT / "config" / "model-config.yaml"
 PICKLED_SUFFIXES = {".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".h5", ".msgpack"}
@@ -58,6 +61,14 @@ def check_model_dir(model_dir: Path, model_config: Path = MODEL_CONFIG) -> None:
         raise SystemExit(f"{model_dir} cannot be served:{lines}")
 
 
+def default_reference(model_dir: Path) -> Path | None:
+    """The reference ``make package`` packs for ``model_dir``: the default model's held-out
+    reviews once written, none for any other folder."""
+    if model_dir.resolve() == DEFAULT_MODEL_DIR.resolve() and DEFAULT_REFERENCE.is_file():
+        return DEFAULT_REFERENCE
+    return None
+
+
 def check_model_config(path: Path) -> None:
     """Batch settings live in config.properties only; a copy here would silently win."""
     document = yaml.safe_load(path.read_text()) or {}
@@ -81,10 +92,11 @@ def source_record(
     model_config: Path = MODEL_CONFIG,
     name: str = MODEL_NAME,
     version: str = MODEL_VERSION,
+    reference: Path | None = None,
 ) -> str:
     """What an archive is built from, as stable JSON text: the model folder with each packaged
-    file's size and modification time, the handler config with its content hash, and the name
-    and version it is served under."""
+    file's size and modification time, the handler config with its content hash, the name
+    and version it is served under, and the reference texts' hash when it has them."""
     files = {
         item.name: {"size": item.stat().st_size, "mtime_ns": item.stat().st_mtime_ns}
         for item in packaged_files(model_dir)
@@ -97,6 +109,9 @@ def source_record(
         "name": name,
         "version": version,
     }
+    if reference is not None:
+        record["reference"] = str(reference.resolve())
+        record["reference_sha256"] = hashlib.sha256(reference.read_bytes()).hexdigest()
     return json.dumps(record, indent=2, sort_keys=True) + "\n"
 
 
@@ -114,7 +129,7 @@ def update_stamp(stamp: Path, record: str) -> bool:
     return True
 
 
-def stage(model_dir: Path, staging: Path, record: str) -> None:
+def stage(model_dir: Path, staging: Path, record: str, profile: str | None = None) -> None:
     shutil.copytree(
         HANDLER_DIR, staging / "handler", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
     )
@@ -122,6 +137,10 @@ def stage(model_dir: Path, staging: Path, record: str) -> None:
     for item in packaged_files(model_dir):
         shutil.copy2(item, staging / "model" / item.name)
     (staging / SOURCE_FILE).write_text(record)
+    if profile is not None:
+        from handler.model_metrics import PROFILE_FILE
+
+        (staging / PROFILE_FILE).write_text(profile)
 
 
 def archiver_command() -> str:
@@ -174,6 +193,7 @@ def package(
     version: str = MODEL_VERSION,
     file_name: str | None = None,
     checked: bool = False,
+    reference: Path | None = None,
 ) -> Path:
     """Build ``export_path/NAME.mar`` (or ``file_name``) of model ``name`` and ``version``.
     Its stamp is refreshed first: a failed build then leaves a stamp newer than the old
@@ -181,18 +201,23 @@ def package(
     (make runs ``--stamp-only`` first), so the check, which imports torch and transformers, is
     not run twice. The entries are stored, not deflated (the archiver's ``zip-store``):
     deflating the safetensors weights saves 8 % of their size and took most of the archiver's
-    time."""
+    time. ``reference``: texts to profile the model on (``bert_serve_server.reference``)."""
     if not checked:
         check_model_dir(model_dir, model_config)
     check_model_config(model_config)
     export_path.mkdir(parents=True, exist_ok=True)
     archive = export_path / (file_name or f"{name}.mar")
-    record = source_record(model_dir, model_config, name, version)
+    record = source_record(model_dir, model_config, name, version, reference)
     update_stamp(stamp_for(archive), record)
+    profile = None
+    if reference is not None:
+        from bert_serve_server.reference import reference_profile
+
+        profile = reference_profile(model_dir, model_config, reference)
     with tempfile.TemporaryDirectory(prefix="bert-mar-") as temp:
         staging = Path(temp) / "extra"
         staging.mkdir()
-        stage(model_dir, staging, record)
+        stage(model_dir, staging, record, profile)
         run_archiver(
             HANDLER_DIR / "bert_handler.py",
             archive,
@@ -248,7 +273,11 @@ def package_variant(
     return package(model_dir, store, config_file)
 
 
-PACKAGING_CODE = (Path(__file__).with_name("package.py"), Path(__file__))
+PACKAGING_CODE = (
+    Path(__file__).with_name("package.py"),
+    Path(__file__),
+    Path(__file__).with_name("reference.py"),
+)
 """Besides the handler: what the Makefile's .mar rule lists as the archive's prerequisites."""
 
 
@@ -272,13 +301,17 @@ def package_if_changed(
     precision: str | None = None,
 ) -> bool:
     """Package ``archive`` unless it is already built from this source; True if it was.
-    SystemExit, with every reason, for a folder that cannot be served (``check_model_dir``)."""
+    SystemExit, with every reason, for a folder that cannot be served (``check_model_dir``).
+    The default model gets its reference, as ``make package`` packs it."""
     if precision:
         model_config = write_variant_config(
             variant_config_for(archive), model_config, handler_changes={"precision": precision}
         )
     model_dir, model_config = model_dir.resolve(), model_config.resolve()
-    if not is_stale(archive, source_record(model_dir, model_config, name, version)):
+    reference = default_reference(model_dir)
+    if not is_stale(archive, source_record(model_dir, model_config, name, version, reference)):
         return False
-    package(model_dir, archive.parent, model_config, name, version, archive.name)
+    package(
+        model_dir, archive.parent, model_config, name, version, archive.name, reference=reference
+    )
     return True

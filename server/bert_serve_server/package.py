@@ -6,6 +6,7 @@ What the archive holds and how its source is recorded: ``bert_serve_server.archi
     python -m bert_serve_server package --model-dir build/bert-sentiment --stamp-only
     python -m bert_serve_server package --model-dir build/bert-sentiment --precision bf16
     python -m bert_serve_server package --model-dir build/toxicity --name toxicity --version 2
+    python -m bert_serve_server package --model-dir build/toxicity --reference texts.txt
 
 The folder is checked first with the worker's own check (``handler/model_check.py``): one
 that cannot be served is refused in seconds, every reason printed with its fix, exit 1.
@@ -13,6 +14,9 @@ that cannot be served is refused in seconds, every reason printed with its fix, 
 ``--precision`` packs the handler config with ``handler.precision`` replaced (kept beside the
 archive as ``NAME.mar.model-config.yaml``), so ``make serve PRECISION=bf16`` serves the fast
 mode and ``make serve`` without it repackages the config as written.
+
+``--reference FILE`` (one text a line) profiles the model on those texts and packs the profile,
+which the workers export as ``Reference*`` gauges for the drift rules (docs/operating/README.md).
 """
 
 from __future__ import annotations
@@ -66,6 +70,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--version", default=MODEL_VERSION, help="the model's version")
     parser.add_argument(
+        "--reference",
+        type=Path,
+        help="texts like the ones the model should see, one a line: their profile is packed",
+    )
+    parser.add_argument(
         "--checked",
         action="store_true",
         help="skip the folder check: --stamp-only just ran it with these arguments (make does)",
@@ -80,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
         if not NAME_PATTERN.fullmatch(getattr(args, what)):
             parser.error(f"--{what} must be letters, digits, '_', '-' or '.'")
     model_dir, model_config = args.model_dir.resolve(), args.model_config.resolve()
+    reference = args.reference.resolve() if args.reference else None
+    if reference is not None and not reference.is_file():
+        parser.error(f"--reference {args.reference}: no such file")
     archive = args.export_path.resolve() / f"{args.name}.mar"
     if args.precision:
         model_config = write_variant_config(
@@ -88,7 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.stamp_only:
         check_model_dir(model_dir, model_config)
         stamp = stamp_for(archive)
-        if update_stamp(stamp, source_record(model_dir, model_config, args.name, args.version)):
+        if update_stamp(
+            stamp, source_record(model_dir, model_config, args.name, args.version, reference)
+        ):
             print(f"{stamp.name}: the model folder or handler config changed; repackaging")
         return 0
     archive = package(
@@ -98,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         args.name,
         args.version,
         checked=args.checked,
+        reference=reference,
     )
     print(f"packaged {archive} ({archive.stat().st_size / 1e6:.1f} MB)")
     return 0

@@ -10,6 +10,12 @@ model where the panel is per model, and every selector of every alert rule must 
 carrying the labels the rule groups by: a metric the server does not export fails. With
 ``OPERATING_DATA=path`` the dashboard's series are written there for
 ``scripts/operating_picture.py`` (docs/operating/dashboard.png).
+
+What the model says (docs/operating/README.md, drift): the run begins with traffic drawn from
+the default model's held-out reviews (its packed reference) and ends with negative reviews
+only; the drift group is loaded with its windows scaled from minutes to seconds. The first keeps
+every drift alert silent, the last fires the label-mix alert within its scaled window and hold;
+the per-label counters equal the labels of the answers received.
 """
 
 from __future__ import annotations
@@ -17,22 +23,28 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import re
 import time
-from collections.abc import Iterator
+import zipfile
+from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
+import yaml
 from bert_serve_server.control import Server
 
-from lab.load import ClosedLoop, Job, json_job, statuses
+from lab.load import ClosedLoop, Job, Outcome, json_job, statuses
+from tests.conftest import MAR_PATH
 from tests.prometheus_run import api, require_prometheus, running_prometheus
 from tests.promql import (
     RULES,
     alert_rules,
+    all_rules,
     dashboard_queries,
     selector_groupings,
     with_variables,
@@ -47,6 +59,15 @@ MAX_SENT = 3000
 """Requests per client group and phase, at most (the phases are bounded in time too)."""
 
 
+DRIFT_GROUP = "bert-serve-drift"
+DRIFT_ALERTS = ("BertServeLabelMixDrift", "BertServeConfidenceFall", "BertServeTruncationJump")
+WINDOW_S, HOLD_S = 10, 5
+"""The drift group's 10 m windows and 5 m hold, scaled to seconds for this run."""
+TEXTS_PER_REQUEST = 2
+MATCHED_REQUESTS, MATCHED_S = 300, 16.0
+SKEWED_LIMIT_S = 40.0
+
+
 @dataclass
 class Observed:
     prometheus: str
@@ -55,6 +76,122 @@ class Observed:
     end: float
     traffic: dict[str, dict[str, int]] = field(default_factory=dict)
     killed_worker: str = ""
+    matched: tuple[float, float] = (0.0, 0.0)
+    answered_labels: Counter[str] = field(default_factory=Counter)
+    exported_labels: Counter[str] = field(default_factory=Counter)
+    answered_texts: int = 0
+    uncertainty_count: float = 0.0
+    fired_after_s: float | None = None
+
+
+def scaled_rules(text: str) -> str:
+    """rules.yaml with the drift group's windows and holds in seconds where it says minutes."""
+    document = yaml.safe_load(text)
+    for group in document["groups"]:
+        if group["name"] != DRIFT_GROUP:
+            continue
+        for rule in group["rules"]:
+            rule["expr"] = re.sub(r"\[(\d+)m\]", r"[\1s]", rule["expr"])
+            if "for" in rule:
+                rule["for"] = re.sub(r"^(\d+)m$", r"\1s", rule["for"])
+    return yaml.safe_dump(document, sort_keys=False)
+
+
+def reference_reviews() -> tuple[list[str], list[str]]:
+    """The default model's reference texts (its held-out reviews), and the negative ones."""
+    from lab.training import Recipe, examples
+
+    held_out = examples(Recipe())[1]
+    return [text for text, _ in held_out], [text for text, label in held_out if label == 0]
+
+
+def list_jobs(texts: list[str], seed: int) -> Callable[[int], Job]:
+    """Requests of ``TEXTS_PER_REQUEST`` texts drawn from ``texts``."""
+    draw = random.Random(seed)
+
+    def job(_: int) -> Job:
+        chosen = [draw.choice(texts) for _ in range(TEXTS_PER_REQUEST)]
+        return Job(json.dumps({"texts": chosen}).encode(), "application/json")
+
+    return job
+
+
+def labels_answered(outcomes: list[Outcome]) -> tuple[Counter[str], int]:
+    """The labels of every text answered 200, and how many texts that is."""
+    labels: Counter[str] = Counter()
+    for outcome in outcomes:
+        if outcome.status == "200":
+            for item in json.loads(outcome.body)["results"]:
+                if "label" in item:
+                    labels[item["label"]] += 1
+    return labels, sum(labels.values())
+
+
+MODEL_SAMPLE = re.compile(r'^(\w+)\{([^}]*ModelName="bert"[^}]*)\}\s+(\S+)$', re.MULTILINE)
+
+
+def exported(server: Server) -> tuple[Counter[str], float]:
+    """bert's per-label answer counters and its Uncertainty histogram's count, from /metrics."""
+    text = requests.get(f"{server.metrics_url}/metrics", timeout=30).text
+    labels: Counter[str] = Counter()
+    count = 0.0
+    for name, dims, value in MODEL_SAMPLE.findall(text):
+        if name == "AnswersByLabel":
+            labels[re.search(r'Label="([^"]*)"', dims).group(1)] += int(float(value))  # type: ignore[union-attr]
+        elif name == "Uncertainty_count":
+            count += float(value)
+    return labels, count
+
+
+def matched_phase(server: Server, observed: Observed, reviews: list[str]) -> None:
+    """Reference-like traffic: 300 requests, then more until ``MATCHED_S``; the counters'
+    change over it against the answers' labels."""
+    before, count_before = exported(server)
+    started = time.time()
+    url = server.predict_url_for("bert")
+    outcomes = ClosedLoop(url, {}, list_jobs(reviews, 1), 3, 120, MATCHED_REQUESTS).run().outcomes
+    left = MATCHED_S - (time.time() - started)
+    if left > 0:
+        outcomes += ClosedLoop(url, {}, list_jobs(reviews, 2), 3, left, MAX_SENT).run().outcomes
+    observed.matched = (started, time.time())
+    observed.traffic["matched"] = statuses(outcomes)
+    observed.answered_labels, observed.answered_texts = labels_answered(outcomes)
+    deadline = time.monotonic() + 10
+    while True:  # the frontend takes the worker's last metric lines shortly after the answers
+        after, count_after = exported(server)
+        observed.exported_labels = after - before
+        observed.uncertainty_count = count_after - count_before
+        if observed.exported_labels == observed.answered_labels or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+
+
+def label_mix_fired(prometheus: str) -> bool:
+    alerts = api(prometheus, "alerts")["alerts"]
+    return any(
+        a["labels"].get("alertname") == "BertServeLabelMixDrift"
+        and a["labels"].get("ModelName") == "bert"
+        and a["state"] == "firing"
+        for a in alerts
+    )
+
+
+def skewed_phase(server: Server, observed: Observed, negatives: list[str]) -> None:
+    """Negative reviews only, until the label-mix alert fires (bounded in time)."""
+    loop = ClosedLoop(
+        server.predict_url_for("bert"), {}, list_jobs(negatives, 3), 3, SKEWED_LIMIT_S, MAX_SENT
+    )
+    started = time.monotonic()
+
+    async def watch() -> None:
+        while not loop.stopped and time.monotonic() - started < SKEWED_LIMIT_S:
+            if await asyncio.to_thread(label_mix_fired, observed.prometheus):
+                observed.fired_after_s = time.monotonic() - started
+                loop.stopped = True
+            await asyncio.sleep(0.5)
+
+    loop.run(watch())
+    observed.traffic["skewed"] = statuses(loop.outcomes)
 
 
 def late_headers() -> dict[str, str]:
@@ -90,6 +227,8 @@ def bert_worker(server: Server) -> tuple[int, str]:
 
 
 def drive(server: Server, observed: Observed) -> None:
+    reviews, negatives = reference_reviews()
+    matched_phase(server, observed, reviews)
     observed.traffic["steady"] = asyncio.run(steady(server, 10))
     burst = ClosedLoop(
         server.predict_url_for("bert"), {}, lambda n: json_job(TEXTS[n % 3]), 48, 4, 400
@@ -101,6 +240,7 @@ def drive(server: Server, observed: Observed) -> None:
     server.wait_replaced(pid, before)
     observed.killed_worker = worker_id
     observed.traffic["after-kill"] = asyncio.run(steady(server, 8))
+    skewed_phase(server, observed, negatives)
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +248,9 @@ def observed(pod_server: Server, tmp_path_factory: pytest.TempPathFactory) -> It
     require_prometheus()
     target = pod_server.metrics_url.removeprefix("http://")
     state = tmp_path_factory.mktemp("prometheus")
-    with running_prometheus([target], state, RULES) as prometheus:
+    rules = state / "rules.yaml"
+    rules.write_text(scaled_rules(RULES.read_text()))
+    with running_prometheus([target], state, rules) as prometheus:
         observed = Observed(prometheus, pod_server, time.time(), 0.0)
         drive(pod_server, observed)
         time.sleep(3)  # the last answers' counters scraped
@@ -124,13 +266,15 @@ def test_the_traffic_took_every_error_path(observed: Observed) -> None:
     assert observed.traffic["burst"].get("503"), observed.traffic["burst"]
 
 
-def series(observed: Observed, expr: str) -> list[dict[str, Any]]:
+def series(
+    observed: Observed, expr: str, start: float | None = None, end: float | None = None
+) -> list[dict[str, Any]]:
     result: list[dict[str, Any]] = api(
         observed.prometheus,
         "query_range",
         query=expr,
-        start=observed.start,
-        end=observed.end,
+        start=observed.start if start is None else start,
+        end=observed.end if end is None else end,
         step="1s",
     )["result"]
     return result
@@ -161,13 +305,26 @@ def check_query(observed: Observed, expr: str, wanted: set[str]) -> list[dict[st
 PICTURE: dict[str, Any] = {"panels": []}
 
 
+WITH_REFERENCE = ("bert",)
+"""The models whose archive carries a reference profile (tiny's has none)."""
+
+
+def needs_reference(expr: str) -> bool:
+    return "Reference" in expr or "label_psi" in expr
+
+
 def test_every_dashboard_query_returns_data_with_its_legend_labels(observed: Observed) -> None:
+    """Per model; a query of the reference profile has no data for a model without one."""
     everything = {"instance": ".*", "model": ".*", "version": ".*", "__rate_interval": RATE_WINDOW}
     for query in dashboard_queries():
         per_model = "$model" in query.expr and "ModelName" in query.expr
         for model in MODELS if per_model else (None,):
             values = everything | ({"model": model} if model else {})
-            found = check_query(observed, with_variables(query.expr, values), query.legend_labels)
+            expr = with_variables(query.expr, values)
+            if model and model not in WITH_REFERENCE and needs_reference(expr):
+                assert not series(observed, expr), f"{model} has no reference: {expr}"
+                continue
+            found = check_query(observed, expr, query.legend_labels)
             PICTURE["panels"].append(
                 {
                     "panel": query.panel,
@@ -199,7 +356,7 @@ def test_every_alert_rule_runs_on_exported_metrics_with_its_labels(
 def test_prometheus_loaded_and_evaluates_every_rule(observed: Observed) -> None:
     groups = api(observed.prometheus, "rules")["groups"]
     loaded = {rule["name"]: rule for group in groups for rule in group["rules"]}
-    assert set(loaded) == {str(rule["alert"]) for rule in alert_rules()}
+    assert set(loaded) == {str(rule.get("alert") or rule["record"]) for rule in all_rules()}
     for name, rule in loaded.items():
         assert rule["health"] == "ok", f"{name}: {rule.get('lastError')}"
 
@@ -216,3 +373,59 @@ def test_a_query_naming_an_unexported_metric_fails(observed: Observed) -> None:
     """Guards the checks above: a metric the server does not export has no data."""
     with pytest.raises(AssertionError, match="no data"):
         check_query(observed, f"rate(ts_worker_deaths_total[{RATE_WINDOW}])", set())
+
+
+def test_the_exported_label_counters_equal_the_labels_answered(observed: Observed) -> None:
+    """Over the reference-like phase (300 requests and more): each label's counter moved by
+    exactly the texts answered with it, and the uncertainty histogram counted each text."""
+    assert observed.traffic["matched"].get("200", 0) >= MATCHED_REQUESTS, observed.traffic
+    assert set(observed.traffic["matched"]) == {"200"}, observed.traffic["matched"]
+    assert observed.answered_labels and len(observed.answered_labels) == 2
+    assert observed.exported_labels == observed.answered_labels
+    assert observed.uncertainty_count == observed.answered_texts
+
+
+def test_the_archive_s_reference_profile_is_exported(observed: Observed) -> None:
+    """bert.mar carries the profile of its held-out reviews; its workers export it."""
+    with zipfile.ZipFile(MAR_PATH) as archive:
+        profile = json.loads(archive.read("reference-profile.json"))
+    assert profile["texts"] == len(reference_reviews()[0])
+    shares = api(observed.prometheus, "query", query='ReferenceLabelShare{ModelName="bert"}')
+    exported_shares = {s["metric"]["Label"]: float(s["value"][1]) for s in shares["result"]}
+    assert exported_shares == pytest.approx(profile["label_shares"])
+    tiny = api(observed.prometheus, "query", query='ReferenceTexts{ModelName="tiny"}')
+    assert tiny["result"] == []
+
+
+def drift_alerts_between(observed: Observed, start: float, end: float) -> list[dict[str, Any]]:
+    names = "|".join(DRIFT_ALERTS)
+    return series(observed, f'ALERTS{{alertname=~"{names}"}}', start, end)
+
+
+def test_reference_like_traffic_keeps_every_drift_alert_silent(observed: Observed) -> None:
+    """While the held-out reviews came in, the index was computed, with the gate of texts
+    passed, and stayed under its mark: no drift alert pending or firing."""
+    start, end = observed.matched
+    filled = start + WINDOW_S
+    assert max_value(observed, 'bert_serve:texts:increase10m{ModelName="bert"}', filled, end) >= 200
+    assert max_value(observed, 'bert_serve:label_psi:rate10m{ModelName="bert"}', filled, end) < 0.25
+    assert drift_alerts_between(observed, start, end) == []
+
+
+def test_one_label_only_fires_the_label_mix_alert_within_its_window(observed: Observed) -> None:
+    """Negative reviews only: the label-mix alert fires within its window and hold (scaled),
+    with a few seconds for the scrape and the evaluation."""
+    assert observed.fired_after_s is not None, observed.traffic.get("skewed")
+    assert observed.fired_after_s <= WINDOW_S + HOLD_S + 5, observed.fired_after_s
+
+
+def test_a_model_without_a_reference_gets_no_index(observed: Observed) -> None:
+    found = series(observed, 'bert_serve:label_psi:rate10m{ModelName="tiny"}')
+    assert found == []
+    assert series(observed, 'bert_serve:answer_share:rate10m{ModelName="tiny"}')
+
+
+def max_value(observed: Observed, expr: str, start: float, end: float) -> float:
+    found = series(observed, expr, start, end)
+    assert found, f"no data: {expr}"
+    return max(float(value) for each in found for _, value in each["values"])

@@ -18,7 +18,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from bert_serve_server.archive import MODEL_CONFIG, SOURCE_FILE, source_record, stamp_for
+from bert_serve_server.archive import (
+    MODEL_CONFIG,
+    SOURCE_FILE,
+    default_reference,
+    source_record,
+    stamp_for,
+)
 
 from tests.conftest import MAR_PATH, REAL_MODEL_DIR, ROOT
 
@@ -34,7 +40,9 @@ def test_the_packaged_mar_is_built_from_the_default_model_and_config() -> None:
     if not MAR_PATH.is_file():
         pytest.fail(f"{MAR_PATH} is missing: run `make package` (make test does it)")
     recorded = recorded_source(MAR_PATH)
-    current = json.loads(source_record(REAL_MODEL_DIR, MODEL_CONFIG))
+    reference = default_reference(REAL_MODEL_DIR)
+    assert reference is not None, "make package writes the default model's reference texts"
+    current = json.loads(source_record(REAL_MODEL_DIR, MODEL_CONFIG, reference=reference))
     assert recorded == current, (
         f"{MAR_PATH} is stale: built from {recorded['model_dir']} "
         f"(config {recorded['model_config']}); run `make package`"

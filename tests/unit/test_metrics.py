@@ -218,7 +218,7 @@ def test_a_metric_declared_with_other_dimensions_is_named_and_left_out(tmp_path,
     assert "[METRICS]Batches." in caplog.text and "[METRICS]ItemsRejected" not in caplog.text
 
 
-def test_served_with_torchserve_default_metrics_a_worker_answers_and_warns_once(
+def test_served_with_torchserve_default_metrics_a_worker_answers_and_warns_once_per_emitter(
     tiny_model_dir, tiny_worker, tmp_path, caplog
 ) -> None:
     """A config.properties without metrics_config gives the worker TorchServe's own
@@ -236,8 +236,9 @@ def test_served_with_torchserve_default_metrics_a_worker_answers_and_warns_once(
         ]
     assert [a.status for a in usual] == [200, 400, 200]
     metric_warnings = [w for w in handler_warnings(caplog) if "metric" in w.lower()]
-    assert len(metric_warnings) == 1, metric_warnings
-    assert str(TORCHSERVE_METRICS) in metric_warnings[0]
+    assert len(metric_warnings) == 2, metric_warnings  # the serving and the model metrics
+    assert all(str(TORCHSERVE_METRICS) in warning for warning in metric_warnings)
     assert "14 of the handler's 14 metrics" in metric_warnings[0]
+    assert "AnswersByLabel" in metric_warnings[1]
     assert "MetricsCacheKeyError" not in caplog.text
     assert "[METRICS]Batches" not in caplog.text

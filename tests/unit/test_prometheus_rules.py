@@ -39,9 +39,24 @@ def promtool() -> str:
 
 
 def alerts() -> list[dict[str, object]]:
+    return [rule for rule in every_rule() if "alert" in rule]
+
+
+def every_rule() -> list[dict[str, object]]:
+    """Alerting and recording rules, in their groups' order."""
     return [
         rule for group in yaml.safe_load(RULES.read_text())["groups"] for rule in group["rules"]
     ]
+
+
+def alert_place(name: object) -> tuple[int, int]:
+    """(group index, rule index) of an alert in rules.yaml."""
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    for g, group in enumerate(groups):
+        for r, rule in enumerate(group["rules"]):
+            if rule.get("alert") == name:
+                return g, r
+    raise KeyError(name)
 
 
 def run_rule_tests(folder: Path) -> subprocess.CompletedProcess[str]:
@@ -60,7 +75,7 @@ def test_promtool_checks_the_rules() -> None:
         [promtool(), "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert f"SUCCESS: {len(alerts())} rules found" in checked.stdout
+    assert f"SUCCESS: {len(every_rule())} rules found" in checked.stdout
 
 
 def test_promtool_rule_tests_pass() -> None:
@@ -88,7 +103,8 @@ def test_the_rule_tests_fail_when_an_alert_is_broken(
     """Guards the tests above: an alert that always fires, or never, fails its test."""
     promtool()
     document = yaml.safe_load(RULES.read_text())
-    document["groups"][0]["rules"][index]["expr"] = broken
+    group, place = alert_place(alerts()[index]["alert"])
+    document["groups"][group]["rules"][place]["expr"] = broken
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(document))
     shutil.copy(RULE_TESTS, tmp_path / "rules.test.yaml")
     tested = run_rule_tests(tmp_path)
@@ -126,3 +142,36 @@ def test_thresholds_follow_the_queue_sizing_and_the_route_timeout() -> None:
     assert threshold == pytest.approx(0.8 * sizing.PATIENT_S)
     route = re.search(r'""\s+(\d+);', PROXY_CONF.read_text())
     assert route and float(route.group(1)) == sizing.PATIENT_S
+
+
+RECORDED = ("bert_serve:label_psi:rate10m", "bert_serve:truncated_share:rate10m")
+
+
+@pytest.mark.parametrize("name", RECORDED)
+def test_the_rule_tests_fail_when_a_tested_recording_rule_is_broken(
+    tmp_path: Path, name: str
+) -> None:
+    """Guards the promql_expr_test cases: a recording rule that records 0 fails its test."""
+    promtool()
+    document = yaml.safe_load(RULES.read_text())
+    for group in document["groups"]:
+        for rule in group["rules"]:
+            if rule.get("record") == name:
+                rule["expr"] = f"({rule['expr']}) * 0"
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(document))
+    shutil.copy(RULE_TESTS, tmp_path / "rules.test.yaml")
+    tested = run_rule_tests(tmp_path)
+    assert tested.returncode != 0 and name in tested.stdout + tested.stderr, tested.stdout
+
+
+def test_drift_thresholds_are_those_docs_operating_states() -> None:
+    """The PSI mark, the confidence and truncation steps and the traffic gate, as documented."""
+    text = (ROOT / "docs" / "operating" / "README.md").read_text()
+    by_name = {str(a["alert"]): str(a["expr"]) for a in alerts()}
+    assert "> 0.25" in by_name["BertServeLabelMixDrift"] and "PSI over 0.25" in text
+    assert "> 0.1" in by_name["BertServeConfidenceFall"]
+    assert "> 0.1" in by_name["BertServeTruncationJump"]
+    assert all(">= 200" in by_name[n] for n in DRIFT_ALERTS) and "200 answered texts" in text
+
+
+DRIFT_ALERTS = ("BertServeLabelMixDrift", "BertServeConfidenceFall", "BertServeTruncationJump")

@@ -1,0 +1,86 @@
+"""What the model metrics cost (``handler/model_metrics.py``): the default archive served twice
+at once, with ``config/metrics.yaml`` and with a copy that leaves the model metrics out (the
+handler then emits none and computes none), loaded in turn at ``CLIENTS`` closed-loop clients
+in rounds ordered A B B A ..., so a slow spell of a shared machine falls on both alike. The
+bar: throughput with the metrics within 2 % of without."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+from bert_serve_server.config import ROOT
+from bert_serve_server.control import Server
+
+from handler.model_metrics import COUNTERS, GAUGES, HISTOGRAMS
+from lab.corpus import make_corpus
+from lab.load import ClosedLoop, json_job
+from lab.machine import describe
+from lab.measure import servers
+
+CLIENTS = 32
+BAR = 0.02
+METRICS = ROOT / "config" / "metrics.yaml"
+NAMES = ("with", "without")
+
+
+def without_model_metrics(path: Path) -> Path:
+    """config/metrics.yaml less the model metrics' declarations, written to ``path``."""
+    document = yaml.safe_load(METRICS.read_text())
+    ours = {*COUNTERS, *HISTOGRAMS, *GAUGES}
+    for kind, metrics in document["model_metrics"].items():
+        document["model_metrics"][kind] = [m for m in metrics if m["name"] not in ours]
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+def load(server: Server, corpus: list[str], seconds: float) -> ClosedLoop:
+    job = lambda i: json_job(corpus[i % len(corpus)])  # noqa: E731
+    return ClosedLoop(
+        server.predict_url, server.headers(), job, CLIENTS, seconds, int(seconds * 5000)
+    ).run()
+
+
+def run(store: Path, rounds: int, seconds: float) -> dict[str, Any]:
+    corpus = make_corpus()
+    with tempfile.TemporaryDirectory(prefix="bert-serve-metrics-cost-") as work:
+        configs = {
+            "with": {"model_store": str(store), "metrics_config": str(METRICS)},
+            "without": {
+                "model_store": str(store),
+                "metrics_config": str(without_model_metrics(Path(work) / "metrics.yaml")),
+            },
+        }
+        answered = dict.fromkeys(NAMES, 0)
+        spent = dict.fromkeys(NAMES, 0.0)
+        per_round: list[dict[str, float]] = []
+        with servers(configs) as started:
+            for name in NAMES:
+                load(started[name]["server"], corpus, 3.0)  # warm-up
+            for number in range(rounds):
+                order = NAMES if number % 2 == 0 else NAMES[::-1]
+                this_round = {}
+                for name in order:
+                    loop = load(started[name]["server"], corpus, seconds)
+                    ok = sum(outcome.status == "200" for outcome in loop.outcomes)
+                    answered[name] += ok
+                    spent[name] += loop.elapsed
+                    this_round[name] = round(ok / loop.elapsed, 2)
+                per_round.append(this_round)
+            sizing = started["with"]["server"].sizing()["in_force"]
+    rps = {name: round(answered[name] / spent[name], 2) for name in NAMES}
+    cost = round(1 - rps["with"] / rps["without"], 4)
+    return {
+        "command": "python scripts/model_metrics_cost.py --out FILE",
+        "machine": describe(),
+        "clients": CLIENTS,
+        "rounds": rounds,
+        "seconds_per_turn": seconds,
+        "sizing": sizing,
+        "rps": rps,
+        "per_round": per_round,
+        "cost": cost,
+        "bar": {"needed": f"cost <= {BAR}", "met": cost <= BAR},
+    }
