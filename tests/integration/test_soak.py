@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from bert_serve_server import measure, sizing
+from bert_serve_server import measure, served, sizing
 
 from tests.conftest import MAR_PATH, ROOT
 
@@ -38,7 +38,7 @@ def test_soak_tool_samples_memory_rps_and_logs(tmp_path: Path) -> None:
     # the start sizes the workers for this machine (config.properties states none)
     machine = sizing.read_machine(gpus=sizing.gpu_count())
     worker = measure.measured_memory(str(MAR_PATH), MAR_PATH.stat().st_mtime_ns)
-    expected = sizing.workers_for(machine, worker.peak_bytes)
+    expected = sizing.workers_for(machine, served.budgeted_bytes(worker))
     assert "frontend" in report["rss"] and len(workers) == expected[0], (workers, expected)
     assert all(entry["baseline_mb"] > 0 for entry in report["rss"].values())
     assert report["log_folder"]["growth_bytes"] > 0

@@ -110,7 +110,7 @@ def test_stated_cores_and_memory_replace_the_machines(measured: list[str], tmp_p
     assert (entry_of(resolved)["minWorkers"], resolved.torch_threads) == (2, 1)
     heap = rules.heap_mib_in(resolved.properties["vmargs"])
     assert heap is not None
-    assert heap + 2 * WORKER.peak_bytes / MIB + rules.FRONTEND_NON_HEAP_BYTES / MIB <= 4096
+    assert heap + 2 * served.budgeted_bytes(WORKER) / MIB + rules.FRONTEND_NON_HEAP_BYTES / MIB <= 4096
 
 
 def test_a_saved_plan_is_used_as_stated_and_nothing_is_measured(
