@@ -6,6 +6,9 @@ client's tests (scripts/test_client_pythons.sh) run through this file in venvs w
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,6 +22,26 @@ ROOT = Path(__file__).resolve().parent.parent
 REAL_MODEL_DIR = ROOT / "build" / "bert-sentiment"
 MAR_PATH = ROOT / "model_store" / "bert.mar"
 LABELS = ("negative", "positive")
+MEASURE_CACHE_ENV = "BERT_SERVE_MEASURE_CACHE"  # bert_serve_server.measure.CACHE_ENV
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Every start of the run, in this process and in the tools it runs, measures each archive
+    version once (bert_serve_server.measure.remembered): dozens of servers start on a few
+    archives, and a start's measurement takes a minute on 2 cores."""
+    if MEASURE_CACHE_ENV not in os.environ:
+        os.environ[MEASURE_CACHE_ENV] = tempfile.mkdtemp(prefix="bert-serve-measured-")
+        config.stash[MEASURE_CACHE_KEY] = os.environ[MEASURE_CACHE_ENV]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    folder = config.stash.get(MEASURE_CACHE_KEY, None)
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
+        os.environ.pop(MEASURE_CACHE_ENV, None)
+
+
+MEASURE_CACHE_KEY = pytest.StashKey[str]()
 
 
 def encoder_dir() -> Path:

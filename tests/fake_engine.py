@@ -75,6 +75,11 @@ class StubServer(ThreadingHTTPServer):
     answer, so that a stop can wait for every connection it was sent, the listen backlog's
     included."""
 
+    # socketserver's default listen backlog is 5: with more clients connecting at once, the
+    # kernel leaves the rest half-open outside the accept queue, where the count below cannot
+    # see them, and the stop resets them. The image's clients are at most 256.
+    request_queue_size = 1024
+
     def __init__(self, port: int) -> None:
         super().__init__(("127.0.0.1", port), handler(served))
         self.lock = threading.Lock()

@@ -14,6 +14,7 @@ costs the machine, as measured, not estimated.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import statistics
@@ -288,13 +289,37 @@ def in_fresh_process(what: str, mar: Path, args: list[Any]) -> Any:
     return json.loads(done.stdout)
 
 
+CACHE_ENV = "BERT_SERVE_MEASURE_CACHE"
+"""A folder where measurements outlive the process: each archive version (path and mtime)
+measured once per kind of measurement and arguments, by whichever start comes first. The test
+suite sets it for its whole run (dozens of servers, several processes, a few archives); unset,
+each process measures once per archive version."""
+
+
+def remembered(what: str, mar: str, mtime_ns: int, args: list[Any]) -> Any:
+    """``in_fresh_process``'s answer, from ``CACHE_ENV``'s folder where it was measured."""
+    folder = os.environ.get(CACHE_ENV)
+    if not folder:
+        return in_fresh_process(what, Path(mar), args)
+    key = json.dumps([what, str(Path(mar).resolve()), mtime_ns, args])
+    path = Path(folder) / f"{hashlib.sha256(key.encode()).hexdigest()}.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    answer = in_fresh_process(what, Path(mar), args)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    scratch = path.with_suffix(f".{os.getpid()}.tmp")
+    scratch.write_text(json.dumps(answer))
+    scratch.replace(path)  # atomic: a process reading it sees all of it or nothing
+    return answer
+
+
 @functools.cache
 def measured_samples(
     mar: str, mtime_ns: int, batch_sizes: tuple[int, ...], threads: int, gpus: int
 ) -> dict[int, list[float]]:
     """``measure_rates`` once per archive version and layout in a process (a test session
     starts many servers on one .mar)."""
-    raw = in_fresh_process("rates", Path(mar), [list(batch_sizes), threads, gpus])
+    raw = remembered("rates", mar, mtime_ns, [list(batch_sizes), threads, gpus])
     return {int(size): rates for size, rates in raw.items()}
 
 
@@ -310,11 +335,11 @@ def measured_memory(mar: str, mtime_ns: int) -> WorkerMemory:
     """``measure_memory`` once per archive version, in a fresh process, with as many torch
     threads as this process may use (a worker never gets more)."""
     threads = len(os.sched_getaffinity(0))
-    return WorkerMemory(**in_fresh_process("memory", Path(mar), [threads]))
+    return WorkerMemory(**remembered("memory", mar, mtime_ns, [threads]))
 
 
 @functools.cache
 def measured_device_load(mar: str, mtime_ns: int, batch_size: int) -> DeviceLoad:
     """``measure_device_load`` of the archive's own model, once per archive version, in a
     fresh process (``in_fresh_process``)."""
-    return DeviceLoad(**in_fresh_process("device_load", Path(mar), [batch_size]))
+    return DeviceLoad(**remembered("device_load", mar, mtime_ns, [batch_size]))

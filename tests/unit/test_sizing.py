@@ -650,7 +650,10 @@ def test_the_shipped_pod_fits_its_limit_and_queues_the_image_tests_clients(
     pod = Machine(cores=2, memory_bytes=1536 * MIB, gpus=0)
     workers, queue, heap = sized_pod(monkeypatch, pod, texts_per_s)
     assert workers == 1
-    assert heap + workers * served.budgeted_bytes(WORKER) / MIB + rules.FRONTEND_NON_HEAP_BYTES / MIB <= 1536
+    assert (
+        heap + workers * served.budgeted_bytes(WORKER) / MIB + rules.FRONTEND_NON_HEAP_BYTES / MIB
+        <= 1536
+    )
     assert 256 <= queue <= int(workers * texts_per_s * 60)
     assert (heap - rules.BASE_HEAP_MIB) * MIB >= queue * REQUEST
 
@@ -662,7 +665,10 @@ def test_an_8_core_4_gib_pod_fits_its_limit(monkeypatch: pytest.MonkeyPatch) -> 
     pod = Machine(cores=8, memory_bytes=4 * GIB, gpus=0)
     workers, queue, heap = sized_pod(monkeypatch, pod, 100.0)
     assert workers == 2048 // (served.budgeted_bytes(WORKER) // MIB) == 2
-    assert heap + workers * served.budgeted_bytes(WORKER) / MIB + rules.FRONTEND_NON_HEAP_BYTES / MIB <= 4096
+    assert (
+        heap + workers * served.budgeted_bytes(WORKER) / MIB + rules.FRONTEND_NON_HEAP_BYTES / MIB
+        <= 4096
+    )
     assert (heap - rules.BASE_HEAP_MIB) * MIB >= queue * REQUEST
 
 

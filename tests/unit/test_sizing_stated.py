@@ -110,7 +110,9 @@ def test_stated_cores_and_memory_replace_the_machines(measured: list[str], tmp_p
     assert (entry_of(resolved)["minWorkers"], resolved.torch_threads) == (2, 1)
     heap = rules.heap_mib_in(resolved.properties["vmargs"])
     assert heap is not None
-    assert heap + 2 * served.budgeted_bytes(WORKER) / MIB + rules.FRONTEND_NON_HEAP_BYTES / MIB <= 4096
+    assert (
+        heap + 2 * served.budgeted_bytes(WORKER) / MIB + rules.FRONTEND_NON_HEAP_BYTES / MIB <= 4096
+    )
 
 
 def test_a_saved_plan_is_used_as_stated_and_nothing_is_measured(
@@ -326,3 +328,27 @@ def test_a_local_start_refuses_ts_config_file(
     monkeypatch.setenv("TS_CONFIG_FILE", str(tmp_path / "other.properties"))
     with pytest.raises(ServerError, match="TS_CONFIG_FILE is set"):
         check_startable(Server(tmp_path, {}))
+
+
+def test_a_measurement_is_remembered_in_the_cache_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With BERT_SERVE_MEASURE_CACHE set, an archive version is measured once across
+    processes: a second ask (another process, the same folder) reads the first answer; another
+    version of the archive (a new mtime) or other arguments measure again."""
+    started: list[tuple[str, list[Any]]] = []
+
+    def fresh(what: str, mar: Path, args: list[Any]) -> Any:
+        started.append((what, args))
+        return {"answer": len(started)}
+
+    monkeypatch.setattr(measure, "in_fresh_process", fresh)
+    monkeypatch.setenv(measure.CACHE_ENV, str(tmp_path / "cache"))
+    mar = str(tmp_path / "bert.mar")
+    assert measure.remembered("memory", mar, 1, [2]) == {"answer": 1}
+    assert measure.remembered("memory", mar, 1, [2]) == {"answer": 1}
+    assert measure.remembered("memory", mar, 2, [2]) == {"answer": 2}
+    assert measure.remembered("rates", mar, 2, [2]) == {"answer": 3}
+    assert len(list((tmp_path / "cache").iterdir())) == 3
+    monkeypatch.delenv(measure.CACHE_ENV)
+    assert measure.remembered("memory", mar, 1, [2]) == {"answer": 4}
