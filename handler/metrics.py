@@ -83,6 +83,14 @@ def declared_metrics(cache: Any) -> tuple[dict[str, Any], list[str]]:
 
     wanted = [(name, MetricTypes.COUNTER, dims) for name, dims in COUNTER_DIMENSIONS.items()]
     wanted += [(name, MetricTypes.HISTOGRAM, DIMENSIONS) for name in HISTOGRAMS]
+    return declared_of(cache, wanted)
+
+
+def declared_of(
+    cache: Any, wanted: list[tuple[str, Any, list[str]]]
+) -> tuple[dict[str, Any], list[str]]:
+    """Of ``wanted`` (name, metric type, dimensions), the metrics the cache declares with those
+    dimensions, and the names of the others."""
     declared: dict[str, Any] = {}
     missing: list[str] = []
     for name, metric_type, dimensions in wanted:

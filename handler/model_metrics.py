@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from handler.inference import Prediction
-from handler.metrics import DIMENSIONS, LEVEL
+from handler.metrics import DIMENSIONS, LEVEL, declared_of
 from handler.pipeline import finite_or_rejected
 
 logger = logging.getLogger(__name__)
@@ -201,19 +201,7 @@ def declared(cache: Any) -> tuple[dict[str, Any], list[str]]:
     wanted = [(name, MetricTypes.COUNTER, dims) for name, dims in COUNTERS.items()]
     wanted += [(name, MetricTypes.HISTOGRAM, dims) for name, dims in HISTOGRAMS.items()]
     wanted += [(name, MetricTypes.GAUGE, dims) for name, dims in GAUGES.items()]
-    found: dict[str, Any] = {}
-    missing: list[str] = []
-    for name, metric_type, dimensions in wanted:
-        try:
-            metric = cache.get_metric(name, metric_type)
-        except Exception:
-            missing.append(name)
-            continue
-        if list(getattr(metric, "dimension_names", None) or []) != dimensions:
-            missing.append(f"{name} (dimensions must be {dimensions})")
-            continue
-        found[name] = metric
-    return found, missing
+    return declared_of(cache, wanted)
 
 
 class ModelMetrics:
