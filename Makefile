@@ -21,7 +21,7 @@ STATE_DIR ?= .run
 TORCH ?=
 LOCK      := requirements/server.lock
 
-.PHONY: install lock model compare-training first-answer package serve stop status metrics smoke test test-client unit check bench check-defaults gpu-report models-share floor tune compare-precision chaos soak fuzz deploy-layout image image-test pod-test clean distclean FORCE
+.PHONY: install lock model compare-training first-answer package serve stop status metrics smoke test test-client unit check bench check-defaults gpu-report gpu-report-smoke models-share floor tune compare-precision chaos soak fuzz deploy-layout image image-test pod-test clean distclean FORCE
 
 ## install: .venv with the server and dev extras at the versions of requirements/server.lock
 ##        (TORCH=cuda for the CUDA build of torch; the CPU build otherwise)
@@ -122,6 +122,11 @@ bench: $(MAR) | $(STAMP)
 ##        model, every section; docs/gpu/README.md runs it on a lent GPU)
 gpu-report: | $(STAMP)
 	$(PY) scripts/gpu_report.py $(if $(SMOKE),--smoke --out build/gpu-smoke,--out docs/gpu)
+
+## gpu-report-smoke: the report's test on the CPU, a tiny model, every section written (minutes
+##        long: outside make test)
+gpu-report-smoke: | $(STAMP)
+	BERT_SERVE_GPU_SMOKE=1 $(PY) -m pytest -q tests/integration/test_gpu_report.py
 
 ## check-defaults: the shipped defaults on the default model and on stand-ins for faster and
 ##        slower hardware: patient clients never refused, stated deadlines pay -> docs/bench/defaults.json
