@@ -311,12 +311,12 @@ def burst(predict_url: str) -> dict[str, int]:
     return statuses(loop.outcomes)
 
 
-def patient_clients(predict_url: str) -> dict[str, Any]:
+def patient_clients(predict_url: str, headers: dict[str, str] | None = None) -> dict[str, Any]:
     """``PATIENT_CLIENTS`` clients that wait up to ``PATIENT_TIMEOUT_S`` for each answer and send
     again at once, for ``PATIENT_S``: every status counted, and the answers per second."""
     loop = ClosedLoop(
         predict_url,
-        {},
+        headers or {},
         lambda n: Job(BURST_BODIES[0], "application/json"),
         PATIENT_CLIENTS,
         seconds=PATIENT_S,

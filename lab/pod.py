@@ -37,8 +37,14 @@ import aiohttp
 import yaml
 from bert_serve_server.config import ROOT, free_port
 
-from lab.image import BURST_BODIES, PATIENT_CLIENTS, PATIENT_S, PATIENT_TIMEOUT_S, grace_period_s
-from lab.load import ClosedLoop, Job, Outcome, statuses
+from lab.image import (
+    BURST_BODIES,
+    PATIENT_CLIENTS,
+    PATIENT_TIMEOUT_S,
+    grace_period_s,
+    patient_clients,
+)
+from lab.load import Job, Outcome, statuses
 
 K8S = ROOT / "deploy" / "k8s"
 DEPLOYMENT = K8S / "deployment.yaml"
@@ -247,18 +253,10 @@ def wait_ready(pod: Pod, timeout_s: float = READY_TIMEOUT_S) -> float:
 
 
 def patient(pod: Pod) -> dict[str, Any]:
-    loop = ClosedLoop(
-        pod.predict,
-        pod.headers,
-        lambda n: Job(BURST_BODIES[0], "application/json"),
-        PATIENT_CLIENTS,
-        seconds=PATIENT_S,
-        request_timeout_s=PATIENT_TIMEOUT_S,
-    ).run()
-    counted = statuses(loop.outcomes)
-    if set(counted) != {"200"}:
-        raise PodTestFailed(f"patient clients through the proxy got {counted}")
-    return {"clients": PATIENT_CLIENTS, "seconds": PATIENT_S, "statuses": counted}
+    result = patient_clients(pod.predict, pod.headers)
+    if set(result["statuses"]) != {"200"}:
+        raise PodTestFailed(f"patient clients through the proxy got {result['statuses']}")
+    return result
 
 
 async def new_connections(url: str, headers: dict[str, str], seconds: float) -> list[Outcome]:
