@@ -76,7 +76,9 @@ def test_the_shipped_config_reads_as_before(tmp_path: Path) -> None:
     """The shipped file has no escapes or continuations: every key reads as its line."""
     properties = read_properties(BASE_CONFIG)
     assert properties["allowed_urls"] == "(?!)"
-    assert properties["vmargs"] == "-Dlog4j.configurationFile=config/log4j2.xml"
+    assert properties["vmargs"] == (
+        "-Dlog4j.configurationFile=config/log4j2.xml -XX:+ExitOnOutOfMemoryError"
+    )
     assert "bert" in read_models(BASE_CONFIG)
     copy = tmp_path / "copy.properties"
     copy.write_text(properties_text(properties))
