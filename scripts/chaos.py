@@ -1,7 +1,7 @@
 """Chaos: faults and overload against a real TorchServe, and a JSON report of what happened.
 
-The experiments (``lab.chaos``, one module each), each on its own server with a
-pass/fail verdict computed from its numbers: a poisoning soak (10 % malformed traffic), a
+The experiments (``lab.chaos``, one module each), each on its own server (in the --quick form,
+those on the default config share one) with a pass/fail verdict computed from its numbers: a poisoning soak (10 % malformed traffic), a
 worker SIGKILL under load, a burst over a small queue, a body over the frontend's limit, a
 restart in the same state folder, and the kill runs (--kills worker kills per load level,
 counting the requests nobody answers) with the configured maxBatchDelay and with 2 ms. Every
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from lab.chaos import EXPERIMENTS, durations, run_part, spike, summary_table
-from lab.chaos.common import SPIKE_FORMS
+from lab.chaos.common import SPIKE_FORMS, SharedServer
 from lab.measure import env_assignments
 
 
@@ -52,15 +52,21 @@ def main() -> int:
     parser.add_argument("--forms", nargs="+", choices=SPIKE_FORMS, default=list(SPIKE_FORMS))
     parser.add_argument("--no-peer", action="store_true", help="spike: without LitServe")
     args = parser.parse_args()
+    shared = SharedServer() if args.quick else None
     plan = dataclasses.replace(
         durations(args.seconds, args.quick, args.kills),
         spike_set=env_assignments(args.set),
         spike_forms=tuple(args.forms),
         spike_peer=not args.no_peer,
+        shared=shared,
     )
     names = args.only or list(EXPERIMENTS)
     started = time.monotonic()
-    report = {name: run_part(name, EXPERIMENTS[name], plan) for name in names}
+    try:
+        report = {name: run_part(name, EXPERIMENTS[name], plan) for name in names}
+    finally:
+        if shared is not None:
+            shared.close()
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "chaos.json"
     merged = (previous_report(path) if args.only else {}) | report

@@ -1,7 +1,8 @@
 """The chaos experiments: faults and overload against a real TorchServe, one module each.
 
 Each runs on its own TorchServe (free 127.0.0.1 ports, a temporary state folder, always
-stopped at the end) and returns its numbers with a pass/fail verdict computed from them:
+stopped at the end; in the quick form the parts on the default config share one,
+``common.SharedServer``) and returns its numbers with a pass/fail verdict computed from them:
 
 - ``poisoning_soak``: 10 % malformed traffic; every answer as when sent alone;
 - ``worker_crash``: SIGKILL a worker under load; replaced, answering, nothing lost silently;

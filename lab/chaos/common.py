@@ -4,12 +4,13 @@ bounded requests against a server."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import requests
-from bert_serve_server.control import REPLACE_LIMIT_S, Server
+from bert_serve_server.control import REPLACE_LIMIT_S, Server, running
 
 from lab.load import ClosedLoop, Job
 
@@ -18,6 +19,24 @@ REQUEST_TIMEOUT_S = 30.0
 RECOVERY_LIMIT_S = REPLACE_LIMIT_S
 SPIKE_FORMS = ("plain", "timeout", "stamped")
 """The spike's request forms (``lab.chaos.spike``)."""
+
+
+class SharedServer:
+    """The server of the default config, started by the first part that asks for it and kept
+    for the parts after it that run on that config, until ``close``: the quick form's parts
+    take a few seconds each, about what a start takes."""
+
+    def __init__(self) -> None:
+        self._stack = ExitStack()
+        self._server: Server | None = None
+
+    def get(self) -> Server:
+        if self._server is None:
+            self._server = self._stack.enter_context(running())
+        return self._server
+
+    def close(self) -> None:
+        self._stack.close()
 
 
 @dataclass(frozen=True)
@@ -35,6 +54,19 @@ class Durations:
     configs or model stores (``model_store=...``) under the same spike."""
     spike_forms: tuple[str, ...] = SPIKE_FORMS
     spike_peer: bool = True
+    shared: SharedServer | None = None
+    """Where set (the quick form), the parts on the default config run on this one server."""
+
+
+@contextmanager
+def part_server(d: Durations, overrides: dict[str, str] | None = None) -> Iterator[Server]:
+    """A part's server: the run's shared one where there is one and the part runs on the
+    default config; else one of its own, stopped when the part ends."""
+    if d.shared is not None and not overrides:
+        yield d.shared.get()
+        return
+    with running(overrides) as server:
+        yield server
 
 
 def durations(seconds: float, quick: bool, kills: int | None = None) -> Durations:

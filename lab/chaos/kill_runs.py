@@ -30,10 +30,10 @@ from typing import Any
 
 import aiohttp
 from bert_serve_server.config import models_entry
-from bert_serve_server.control import Server, running
+from bert_serve_server.control import Server
 
 from bert_serve.client import DEFAULT_TIMEOUT_S, BertServeError, Client
-from lab.chaos.common import RECOVERY_LIMIT_S, Durations
+from lab.chaos.common import RECOVERY_LIMIT_S, Durations, part_server
 from lab.corpus import make_corpus
 from lab.load import ClosedLoop, Job, Outcome, json_job, percentile, send, statuses
 
@@ -265,7 +265,7 @@ def totals(levels: dict[str, dict[str, Any]]) -> dict[str, int]:
 
 def kill_runs_with(d: Durations, overrides: dict[str, str] | None) -> dict[str, Any]:
     """Every load level on one server started with ``overrides``."""
-    with running(overrides) as server:
+    with part_server(d, overrides) as server:
         model = server.model()
         levels = {
             level.name: run_level(server, level, d.kills, seed) for seed, level in enumerate(LEVELS)

@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import requests
-from bert_serve_server.control import Server, running
+from bert_serve_server.control import Server
 
-from lab.chaos.common import REQUEST_TIMEOUT_S, Durations, error_code, ping_status
+from lab.chaos.common import REQUEST_TIMEOUT_S, Durations, error_code, part_server, ping_status
 
 ONE_MIB = 1024 * 1024
 
@@ -25,7 +25,7 @@ def post_raw(server: Server, data: bytes) -> tuple[int | str, str]:
 
 
 def run(d: Durations) -> dict[str, Any]:
-    with running() as server:
+    with part_server(d) as server:
         status, body = post_raw(server, b"a" * (ONE_MIB + 1))
         ping = ping_status(server)
         valid_status, _ = post_raw(server, b"An absolute delight from start to finish.")

@@ -10,10 +10,16 @@ from collections import Counter
 from typing import Any
 from urllib.parse import urlencode
 
-from bert_serve_server.control import running
-
 from lab.batchlog import LogWindow, batch_summary
-from lab.chaos.common import FORM, MALFORMED, Durations, closed_loop, error_code, predict
+from lab.chaos.common import (
+    FORM,
+    MALFORMED,
+    Durations,
+    closed_loop,
+    error_code,
+    part_server,
+    predict,
+)
 from lab.corpus import make_corpus
 from lab.load import Job, Outcome, json_job, statuses
 
@@ -90,7 +96,7 @@ def check_malformed(outcomes: list[Outcome]) -> dict[str, Any]:
 def run(d: Durations) -> dict[str, Any]:
     texts = make_corpus()[:20]
     valid = [job for text in texts for job in valid_jobs(text)]
-    with running() as server:
+    with part_server(d) as server:
         alone = {text: predict(server, text)["scores"] for text in texts}
         load = closed_loop(server, lambda i: soak_job(i, valid), 16, d.soak_s)
         with LogWindow(server.model_log) as window:

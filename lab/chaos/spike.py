@@ -33,11 +33,10 @@ from typing import Any
 
 import requests
 from bert_serve_server.archive import DEFAULT_MODEL_DIR
-from bert_serve_server.control import running
 
 from handler.deadline import TIMEOUT_HEADER
 from lab.batchlog import LogWindow, batch_times
-from lab.chaos.common import REQUEST_TIMEOUT_S, SPIKE_FORMS, Durations
+from lab.chaos.common import REQUEST_TIMEOUT_S, SPIKE_FORMS, Durations, part_server
 from lab.corpus import make_corpus
 from lab.load import ClosedLoop, Outcome, json_job, percentile, statuses
 from lab.measure import cores_used, server_processes
@@ -293,7 +292,7 @@ def run(d: Durations) -> dict[str, Any]:
     """``d.spike_s`` seconds per level, in ``d.spike_forms``, on a server with ``d.spike_set``
     over the config; then LitServe unless ``d.spike_peer`` is off."""
     corpus = make_corpus()
-    with running(d.spike_set) as server:
+    with part_server(d, d.spike_set) as server:
         ours = Target(
             server.predict_url,
             server.headers(),

@@ -10,13 +10,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import psutil
-from bert_serve_server.control import Server, running
+from bert_serve_server.control import Server
 
 from lab.chaos.common import (
     RECOVERY_LIMIT_S,
     REQUEST_TIMEOUT_S,
     Durations,
     closed_loop,
+    part_server,
     ping_status,
 )
 from lab.corpus import make_corpus
@@ -135,7 +136,7 @@ def verdict(result: dict[str, Any]) -> bool:
 def run(d: Durations) -> dict[str, Any]:
     corpus = make_corpus()
     crash = Crash()
-    with running() as server:
+    with part_server(d) as server:
         load = closed_loop(
             server,
             lambda i: json_job(corpus[i % len(corpus)]),

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from bert_serve_server.config import BASE_CONFIG, models_entry, read_properties
 from bert_serve_server.control import Server, running
 
 from tests.conftest import MAR_PATH, REAL_MODEL_DIR
@@ -43,6 +44,26 @@ def predict_url(server: Server) -> str:
 
 def model_log(server: Server) -> Path:
     return server.model_log
+
+
+STATED_QUEUE = 100
+"""``job_queue_size`` of ``stated_settings``."""
+STATED_HEAP = "-Xmx512m"
+"""The heap of ``stated_settings``: else the start measures a worker's memory to size it."""
+
+
+def stated_settings(
+    workers: int = 1, batch_size: int = 8, max_batch_delay: int | None = None
+) -> dict[str, str]:
+    """Config overrides that state every value a start would otherwise measure the model for
+    (``batchSize``, the workers, ``job_queue_size``, the heap): for the servers of tests about what a
+    server answers, not how it is sized. The measured start is the ``server`` fixture's, and
+    the sizing's rules and measurement have tests of their own (tests/unit/test_sizing*.py)."""
+    return {
+        "models": models_entry(batch_size, max_batch_delay, workers),
+        "job_queue_size": str(STATED_QUEUE),
+        "vmargs": f"{read_properties(BASE_CONFIG)['vmargs']} {STATED_HEAP}",
+    }
 
 
 POD_SETTINGS = {"maxBatchDelay": 5, "batchSize": 8, "minWorkers": 1, "maxWorkers": 1}

@@ -22,7 +22,7 @@ from bert_serve_server import control as torchserve_ctl
 from bert_serve_server.archive import package, package_variant
 
 from tests.heads import ITEMS, Reference, largest_difference
-from tests.integration.conftest import model_log
+from tests.integration.conftest import model_log, stated_settings
 
 TOLERANCE = 1e-4
 Served = tuple[Reference, torchserve_ctl.Server]
@@ -35,7 +35,7 @@ def served(
     model_dir = architecture_dir("deberta-v2")
     root = tmp_path_factory.mktemp("serve-deberta")
     package(model_dir, root / "store")
-    overrides = {"model_store": str(root / "store")}
+    overrides = {"model_store": str(root / "store")} | stated_settings()
     with torchserve_ctl.running(overrides, state_dir=root / "state") as server:
         yield Reference(model_dir), server
 
@@ -80,10 +80,11 @@ def test_a_worker_that_cannot_load_ends_the_start_at_once(
     not after its 180 s wait, and the server is stopped."""
     store = tmp_path / "store"
     package_variant(store, handler_changes={"device": "cuda"}, model_dir=architecture_dir("bert"))
-    overrides = torchserve_ctl.local_port_overrides() | {
-        "model_store": str(store),
-        "number_of_gpu": "0",
-    }
+    overrides = (
+        torchserve_ctl.local_port_overrides()
+        | {"model_store": str(store), "number_of_gpu": "0"}
+        | stated_settings()
+    )
     started = time.monotonic()
     with pytest.raises(torchserve_ctl.ServerError) as failed:
         torchserve_ctl.start(tmp_path / "state", overrides=overrides)

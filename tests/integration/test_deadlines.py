@@ -12,11 +12,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import requests
-from bert_serve_server.config import models_entry
 from bert_serve_server.control import Server, running
 
 from handler.timings import WAIT_TIME
 from lab.batchlog import LogWindow
+from tests.integration.conftest import stated_settings
 
 EXPIRED_LINE = re.compile(r"batch_size=(\d+) valid=(\d+) rejected=(\d+) .* expired=(\d+)")
 
@@ -54,8 +54,7 @@ def test_requests_queued_behind_a_stopped_worker_expire_unworked(tmp_path) -> No
     """Stamped requests with a 0.3 s wait, held 2 s behind a stopped worker, answer 504 with
     the 2 s in ``x-wait-time`` and reach no forward pass; those sent with them that state no
     wait, or a wait without a start stamp, are patient: answered 200."""
-    one_worker = {"models": models_entry(workers=1)}
-    with running(one_worker, state_dir=tmp_path / "state") as server:
+    with running(stated_settings(), state_dir=tmp_path / "state") as server:
         assert post(server, "warm up").status_code == 200
         stopped = server.worker_pid()
         assert stopped is not None

@@ -21,7 +21,7 @@ from bert_serve_server.archive import package
 from bert_serve_server.control import Server, running
 
 from tests.heads import ITEMS, Reference, largest_difference
-from tests.integration.conftest import model_log
+from tests.integration.conftest import model_log, stated_settings
 
 TOLERANCE = 1e-4
 THRESHOLD = 0.5
@@ -38,7 +38,8 @@ def served(
     model_dir = head_model_dir(kind, "minilm")
     root = tmp_path_factory.mktemp(f"serve-{kind}")
     package(model_dir, root / "store")
-    with running({"model_store": str(root / "store")}, state_dir=root / "state") as server:
+    overrides = {"model_store": str(root / "store")} | stated_settings()
+    with running(overrides, state_dir=root / "state") as server:
         yield kind, Reference(model_dir), server
 
 

@@ -11,10 +11,10 @@ import json
 import pytest
 import requests
 from bert_serve_server.archive import package_variant
-from bert_serve_server.config import models_entry
 from bert_serve_server.control import Server, running
 
 from handler.precision import cpu_has_native_bf16
+from tests.integration.conftest import stated_settings
 
 TEXTS = [
     "An absolute delight from start to finish.",
@@ -30,7 +30,7 @@ def test_bf16_mar_serves_the_fp32_labels_with_close_scores(
 ) -> None:
     store = tmp_path / "store"
     package_variant(store, handler_changes={"precision": "bf16"}, model_dir=real_model_dir)
-    overrides = {"model_store": str(store), "models": models_entry(workers=1)}
+    overrides = {"model_store": str(store)} | stated_settings()
     body = json.dumps({"texts": TEXTS})
     headers = {"Content-Type": "application/json"}
     exact = requests.post(

@@ -3,33 +3,43 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 
 from bert_serve_server.config import local_port_overrides
 from bert_serve_server.control import server_for, start, start_or_reuse, stop
 
 from tests.conftest import MAR_PATH, ROOT
+from tests.integration.conftest import stated_settings
 
 
 def test_second_start_reuses_the_server_and_a_new_mar_restarts_it(tmp_path) -> None:
-    """start_or_reuse keeps a running server, and restarts it when the .mar or the config changed."""
-    overrides = local_port_overrides()
-    server = start(tmp_path, overrides=overrides)
+    """start_or_reuse keeps a running server, and restarts it when the .mar or the config changed.
+
+    It serves a copy of the archive in a store of its own (touching the shared one would make
+    every later start of the run measure it again), with its settings stated."""
+    store = tmp_path / "store"
+    store.mkdir()
+    archive = store / MAR_PATH.name
+    shutil.copy2(MAR_PATH, archive)
+    overrides = local_port_overrides() | {"model_store": str(store)} | stated_settings()
+    state = tmp_path / "state"
+    server = start(state, overrides=overrides)
     try:
         first_pid = server.pid()
-        again = start_or_reuse(tmp_path, overrides)
+        again = start_or_reuse(state, overrides)
         assert again.pid() == first_pid
-        os.utime(MAR_PATH)
-        restarted = start_or_reuse(tmp_path, overrides)
+        os.utime(archive)
+        restarted = start_or_reuse(state, overrides)
         assert restarted.pid() not in (None, first_pid)
         assert restarted.inference_url == server.inference_url
         previous_pid = restarted.pid()
-        changed = start_or_reuse(tmp_path, overrides | {"job_queue_size": "50"})
+        changed = start_or_reuse(state, overrides | {"job_queue_size": "50"})
         assert changed.pid() not in (None, previous_pid)
         assert changed.properties["job_queue_size"] == "50"
     finally:
-        stop(server_for(tmp_path))
-    assert server_for(tmp_path).pid() is None
+        stop(server_for(state))
+    assert server_for(state).pid() is None
 
 
 def test_missing_java_fails_fast_with_the_fix() -> None:

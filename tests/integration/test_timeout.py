@@ -16,8 +16,9 @@ import time
 
 import requests
 from bert_serve_server.archive import package_variant
-from bert_serve_server.config import models_entry
 from bert_serve_server.control import running
+
+from tests.integration.conftest import stated_settings
 
 RESPONSE_TIMEOUT_S = 4
 
@@ -27,8 +28,9 @@ def test_hung_batch_is_cut_by_response_timeout_and_the_worker_restarts(
 ) -> None:
     store = tmp_path / "store"
     package_variant(store, {"responseTimeout": RESPONSE_TIMEOUT_S}, model_dir=real_model_dir)
-    one_worker = {"model_store": str(store), "models": models_entry(workers=1)}
-    with running(one_worker, state_dir=tmp_path / "state") as server:
+    with running(
+        {"model_store": str(store)} | stated_settings(), state_dir=tmp_path / "state"
+    ) as server:
         hung = None
         try:
             url = server.predict_url

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 import requests
-from bert_serve_server.config import models_entry
 from bert_serve_server.control import Server, running, wait_ready
 
 from bert_serve import Client
+from tests.integration.conftest import stated_settings
 
 BATCH_DELAY_MS = 3000
 INSIDE_THE_WINDOW_S = 1.0
@@ -29,8 +29,10 @@ POSITIVE = "An absolute delight from start to finish."
 
 @pytest.fixture(scope="module")
 def slow_batching_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    overrides = {"models": models_entry(max_batch_delay=BATCH_DELAY_MS, workers=1)}
-    with running(overrides, state_dir=tmp_path_factory.mktemp("worker-death")) as server:
+    with running(
+        stated_settings(max_batch_delay=BATCH_DELAY_MS),
+        state_dir=tmp_path_factory.mktemp("worker-death"),
+    ) as server:
         yield server
 
 
