@@ -113,11 +113,13 @@ def plot(results: dict[str, Any], out: Path) -> None:
     """``gpu.png``: requests/s and p50 against clients for every served run."""
     plt = pyplot()
     figure, (left, right) = plt.subplots(1, 2, figsize=(14, 5))
-    for name, runs in served_runs(results).items():
+    colors = plt.get_cmap("tab20").colors  # a color per run: the default cycle has 10
+    for number, (name, runs) in enumerate(served_runs(results).items()):
         levels = sorted(runs, key=int)
         x = [int(level) for level in levels]
-        left.plot(x, [runs[level]["rps"] for level in levels], marker="o", label=name)
-        right.plot(x, [runs[level]["p50_ms"] for level in levels], marker="o", label=name)
+        style = {"marker": "o", "label": name, "color": colors[number % len(colors)]}
+        left.plot(x, [runs[level]["rps"] for level in levels], **style)
+        right.plot(x, [runs[level]["p50_ms"] for level in levels], **style)
     ceiling = results.get("ceiling", {}).get("texts_per_s")
     if ceiling:
         left.axhline(ceiling, linestyle="--", color="grey", label="in-process ceiling fp32")

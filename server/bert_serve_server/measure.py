@@ -41,6 +41,7 @@ SAMPLE_WORDS = (
     "although some scenes dragged and the plot left a few questions open for the next one"
 ).split()
 DEFAULT_MAX_CHARS = 10_000
+MANIFEST = "MAR-INF/MANIFEST.json"
 
 
 class MeasureError(RuntimeError):
@@ -74,13 +75,18 @@ def sample_texts(count: int) -> list[str]:
 
 
 def archive_handler_config(mar: Path) -> dict[str, Any]:
-    """The ``handler:`` section of the .mar's own model config (empty where it has none)."""
+    """The ``handler:`` section of the .mar's own model config: the file its manifest names
+    (``MAR-INF/MANIFEST.json``'s ``model.configFile``, as the archiver packed it; empty where it
+    names none, or where it has no manifest), which TorchServe gives its workers."""
     import yaml
 
     with zipfile.ZipFile(mar) as archive:
-        if "model-config.yaml" not in archive.namelist():
+        if MANIFEST not in archive.namelist():
             return {}
-        raw = yaml.safe_load(archive.read("model-config.yaml")) or {}
+        name = json.loads(archive.read(MANIFEST)).get("model", {}).get("configFile")
+        if not name:
+            return {}
+        raw = yaml.safe_load(archive.read(name)) or {}
     return dict(raw.get("handler") or {})
 
 
@@ -223,6 +229,28 @@ def device_and_cpu_seconds(
     return statistics.median(device), statistics.median(cpu)
 
 
+def kernel_seconds(run_batch: Callable[[], object], batches: int = 3) -> float | None:
+    """The GPU's busy seconds per batch: the time of the CUDA kernels and copies that the
+    profiler (CUPTI) timed over ``batches`` batches, divided by them; None where it timed none
+    (no CUDA, or no CUPTI). A pass's wall time overstates the GPU's share where the worker's
+    Python launching the kernels, not the GPU, sets its pace: one process then leaves the GPU
+    idle between kernels, and more workers fill it."""
+    import torch
+    from torch.profiler import DeviceType, ProfilerActivity, profile
+
+    if not torch.cuda.is_available():
+        return None
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as profiled:
+        for _ in range(batches):
+            run_batch()
+    busy_us = sum(
+        event.self_device_time_total
+        for event in profiled.events()
+        if event.device_type == DeviceType.CUDA
+    )
+    return busy_us / 1e6 / batches if busy_us > 0 else None
+
+
 def measure_device_load(loaded: Any, settings: Any, batch_size: int) -> DeviceLoad:
     """A batch of ``batch_size`` sample texts of a model loaded on a GPU with ``settings``:
     its time on the GPU and the CPU time around it, and the GPU memory of one worker (weights,
@@ -240,6 +268,9 @@ def measure_device_load(loaded: Any, settings: Any, batch_size: int) -> DeviceLo
             ].sub_batch_forward_ms
         )
     )
+    kernel_s = kernel_seconds(
+        lambda: classify(loaded, texts, settings.max_length, loaded.max_batch_tokens)
+    )
     device = loaded.device
     rows = max(1, loaded.max_batch_tokens // settings.max_length)
     ids = torch.full((rows, settings.max_length), loaded.tokenizer.pad_token_id, dtype=torch.long)
@@ -253,6 +284,7 @@ def measure_device_load(loaded: Any, settings: Any, batch_size: int) -> DeviceLo
         cpu_s=cpu_s,
         gpu_bytes=torch.cuda.max_memory_reserved(device),
         context_bytes=context,
+        kernel_s=kernel_s,
     )
 
 

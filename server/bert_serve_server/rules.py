@@ -85,19 +85,29 @@ class DeviceLoad:
 
     batch_size: int
     device_s: float
-    """The batch's forward passes, which the worker waits for (the device's time)."""
+    """The batch's forward passes as the worker waits for them (wall time): the GPU's work and
+    the worker's own launching of it, which is most of a small or bf16 model's pass."""
     cpu_s: float
     """The rest of the batch's time in the worker: tokenizing, grouping, scoring."""
     gpu_bytes: int
     """Weights and the activations of the largest pass (``max_batch_tokens``), as torch holds them."""
     context_bytes: int
     """The GPU memory besides torch's own: the CUDA context (and what else held the GPU)."""
+    kernel_s: float | None = None
+    """The GPU's busy time in the batch: its kernels and copies, as the profiler timed them;
+    None where the profiler saw none, and the passes' wall time stands for it."""
+
+    @property
+    def gpu_s(self) -> float:
+        """The GPU's time per batch: its kernels' where measured, else the passes' wall time."""
+        return max(self.kernel_s or self.device_s, 1e-9)
 
     @property
     def busy_workers(self) -> int:
-        """Workers per GPU that keep it busy: n workers cover one worker's cycle (CPU side,
-        then its batch on the GPU) once n x device_s >= cpu_s + device_s."""
-        return max(1, math.ceil(1 + self.cpu_s / max(self.device_s, 1e-9) - 1e-9))
+        """Workers per GPU that keep it busy: a worker's cycle is its CPU side and its passes
+        (``cpu_s + device_s``), of which the GPU is busy ``gpu_s``, so n workers keep it busy
+        once n x gpu_s >= cpu_s + device_s (processes on one GPU take turns)."""
+        return max(1, math.ceil((self.cpu_s + max(self.device_s, self.gpu_s)) / self.gpu_s - 1e-9))
 
     @property
     def worker_gpu_bytes(self) -> int:
@@ -105,8 +115,20 @@ class DeviceLoad:
 
     @property
     def gpu_texts_per_s(self) -> float:
-        """What one GPU drains, however many workers feed it: a batch per ``device_s``."""
-        return self.batch_size / max(self.device_s, 1e-9)
+        """What one GPU drains, however many workers feed it: a batch per ``gpu_s``."""
+        return self.batch_size / self.gpu_s
+
+    def timing(self) -> str:
+        """How the batch was timed, for the reasons."""
+        kernels = (
+            f", the GPU busy {self.kernel_s * 1e3:.2f} ms of it (its kernels' time)"
+            if self.kernel_s
+            else ""
+        )
+        return (
+            f"a batch of {self.batch_size} took {self.device_s * 1e3:.2f} ms in forward passes"
+            f"{kernels} and {self.cpu_s * 1e3:.2f} ms of a worker's CPU around them"
+        )
 
 
 def cut_largest(workers: list[int], fits: object) -> list[int]:
@@ -146,9 +168,8 @@ def gpu_workers(
     gpus, count = machine.gpus, len(loads)
     per_gpu = [load.busy_workers for load in loads]
     reasons = [
-        f"{gpus} GPU(s): {n} worker(s) on each keep it busy: a batch of {load.batch_size} took "
-        f"{load.device_s * 1e3:.2f} ms on the GPU and {load.cpu_s * 1e3:.2f} ms of a worker's "
-        f"CPU around it (measured at start): ceil(1 + cpu / gpu)"
+        f"{gpus} GPU(s): {n} worker(s) on each keep it busy: {load.timing()} (measured at "
+        f"start): ceil((cpu + passes) / GPU busy)"
         for n, load in zip(per_gpu, loads, strict=True)
     ]
     cores = max(1, math.floor(machine.cores) - FRONTEND_CORES - stated)

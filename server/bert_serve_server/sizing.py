@@ -349,7 +349,7 @@ def gpu_capped_drains(
             reasons.append(
                 f"{model.key}: the queue follows what {machine.gpus} GPU(s) drain, "
                 f"{drained:.1f} texts/s (a batch of {load.batch_size} per "
-                f"{load.device_s * 1e3:.2f} ms), less than {workers} x {rate:g}"
+                f"{load.gpu_s * 1e3:.2f} ms of the GPU), less than {workers} x {rate:g}"
             )
             rate = drained / workers
         drains.append((workers, rate))

@@ -11,6 +11,7 @@ import threading
 import time
 import zipfile
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -408,6 +409,8 @@ def archive(path: Path, handler: dict[str, object] | None) -> Path:
         mar.writestr("model/config.json", "{}")
         if handler is not None:
             mar.writestr("model-config.yaml", yaml.safe_dump({"handler": handler}))
+            manifest = {"model": {"modelName": "bert", "configFile": "model-config.yaml"}}
+            mar.writestr(measure.MANIFEST, json.dumps(manifest))
     return path
 
 
@@ -558,6 +561,27 @@ def test_the_rule_is_the_fewest_workers_that_keep_the_device_busy(cpu_per_device
     assert simulated_busy(workers, load.cpu_s, load.device_s) >= 0.99
     assert workers > 1, "every case has CPU work beside the device's"
     assert simulated_busy(workers - 1, load.cpu_s, load.device_s) < 0.99
+
+
+def test_a_pass_its_launches_pace_gets_the_workers_that_fill_the_gpu_between_its_kernels() -> None:
+    """A pass of 12 ms whose kernels keep the GPU busy 4 ms of it (a small or bf16 model: the
+    worker's Python launching kernels sets the pace; on the H200 a bert-base batch of 64 in
+    fp32 kept it busy 21.0 of 22.9 ms, docs/gpu): the GPU is free for other workers the rest
+    of the time, so 4 workers keep it busy where the pass's wall time alone says 2."""
+    load = rules.DeviceLoad(32, 0.012, 0.002, GIB, 0, kernel_s=0.004)
+    workers = load.busy_workers
+    assert workers == 4
+    own = load.cpu_s + load.device_s - load.gpu_s  # a worker's cycle beside the GPU's part
+    assert simulated_busy(workers, own, load.gpu_s) >= 0.99
+    assert simulated_busy(workers - 1, own, load.gpu_s) < 0.9
+    assert load.gpu_texts_per_s == pytest.approx(32 / 0.004)
+    unprofiled = replace(load, kernel_s=None)
+    assert (unprofiled.busy_workers, unprofiled.gpu_texts_per_s) == (2, pytest.approx(32 / 0.012))
+
+
+def test_a_machine_without_cuda_times_no_kernels() -> None:
+    """Where the profiler sees no CUDA kernels the start falls back to the pass's wall time."""
+    assert measure.kernel_seconds(lambda: sum(range(1000))) is None
 
 
 @pytest.mark.skipif(not host.gpu_count(), reason="needs a CUDA GPU")

@@ -1,0 +1,29 @@
+"""The start reads an archive's handler settings from the file its manifest names: the archiver
+packs a variant's config as ``NAME.mar.model-config.yaml`` (``make serve PRECISION=bf16``, the
+GPU report's stores), and measuring such an archive with the defaults timed fp32 for a bf16
+model and placed a ``device: cpu`` model on the GPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bert_serve_server.archive import package_variant
+from bert_serve_server.machine import Machine
+from bert_serve_server.measure import archive_handler_config
+from bert_serve_server.served import archive_limits, runs_on_gpu
+
+GIB = 2**30
+
+
+def test_a_variant_archive_is_read_with_its_own_settings(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    stated = {"precision": "bf16", "device": "cpu", "max_chars": 1234, "max_texts_per_request": 7}
+    mar = package_variant(tmp_path / "variant", handler_changes=stated, model_dir=tiny_model_dir)
+    handler = archive_handler_config(mar)
+    assert {key: handler[key] for key in stated} == stated
+    assert archive_limits(mar) == (1234, 7)
+    assert not runs_on_gpu(Machine(8, 16 * GIB, gpus=1), mar)
+    default = package_variant(tmp_path / "default", model_dir=tiny_model_dir)
+    assert archive_handler_config(default)["precision"] == "fp32"
+    assert runs_on_gpu(Machine(8, 16 * GIB, gpus=1), default)
