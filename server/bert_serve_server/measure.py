@@ -322,10 +322,17 @@ def in_fresh_process(what: str, mar: Path, args: list[Any]) -> Any:
 
 
 CACHE_ENV = "BERT_SERVE_MEASURE_CACHE"
-"""A folder where measurements outlive the process: each archive version (path and mtime)
-measured once per kind of measurement and arguments, by whichever start comes first. The test
-suite sets it for its whole run (dozens of servers, several processes, a few archives); unset,
-each process measures once per archive version."""
+"""A folder where measurements outlive the process: each archive's content measured once per
+kind of measurement and arguments, by whichever start comes first, wherever its copies lie.
+The test suite sets it for its whole run (dozens of servers, several processes, a few archives
+and their copies); unset, each process measures once per archive version."""
+
+
+@functools.cache
+def content_digest(mar: str, mtime_ns: int) -> str:
+    """sha256 of the archive's bytes, once per version (path and mtime) in a process."""
+    with open(mar, "rb") as archive:
+        return hashlib.file_digest(archive, "sha256").hexdigest()
 
 
 def remembered(what: str, mar: str, mtime_ns: int, args: list[Any]) -> Any:
@@ -333,7 +340,7 @@ def remembered(what: str, mar: str, mtime_ns: int, args: list[Any]) -> Any:
     folder = os.environ.get(CACHE_ENV)
     if not folder:
         return in_fresh_process(what, Path(mar), args)
-    key = json.dumps([what, str(Path(mar).resolve()), mtime_ns, args])
+    key = json.dumps([what, content_digest(mar, mtime_ns), args])
     path = Path(folder) / f"{hashlib.sha256(key.encode()).hexdigest()}.json"
     if path.is_file():
         return json.loads(path.read_text())

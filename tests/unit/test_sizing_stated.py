@@ -333,22 +333,29 @@ def test_a_local_start_refuses_ts_config_file(
 def test_a_measurement_is_remembered_in_the_cache_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With BERT_SERVE_MEASURE_CACHE set, an archive version is measured once across
-    processes: a second ask (another process, the same folder) reads the first answer; another
-    version of the archive (a new mtime) or other arguments measure again."""
+    """With BERT_SERVE_MEASURE_CACHE set, an archive's content is measured once across
+    processes: a second ask (another process, the same folder), or an ask for a copy at another
+    path, reads the first answer; other content or other arguments measure again."""
     started: list[tuple[str, list[Any]]] = []
 
     def fresh(what: str, mar: Path, args: list[Any]) -> Any:
         started.append((what, args))
         return {"answer": len(started)}
 
+    def archive(name: str, content: bytes) -> tuple[str, int]:
+        path = tmp_path / name
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(content)
+        return str(path), path.stat().st_mtime_ns
+
     monkeypatch.setattr(measure, "in_fresh_process", fresh)
     monkeypatch.setenv(measure.CACHE_ENV, str(tmp_path / "cache"))
-    mar = str(tmp_path / "bert.mar")
-    assert measure.remembered("memory", mar, 1, [2]) == {"answer": 1}
-    assert measure.remembered("memory", mar, 1, [2]) == {"answer": 1}
-    assert measure.remembered("memory", mar, 2, [2]) == {"answer": 2}
-    assert measure.remembered("rates", mar, 2, [2]) == {"answer": 3}
+    mar, mtime = archive("bert.mar", b"one")
+    assert measure.remembered("memory", mar, mtime, [2]) == {"answer": 1}
+    assert measure.remembered("memory", mar, mtime, [2]) == {"answer": 1}
+    assert measure.remembered("memory", *archive("copy/bert.mar", b"one"), [2]) == {"answer": 1}
+    assert measure.remembered("memory", *archive("other.mar", b"two"), [2]) == {"answer": 2}
+    assert measure.remembered("rates", mar, mtime, [2]) == {"answer": 3}
     assert len(list((tmp_path / "cache").iterdir())) == 3
     monkeypatch.delenv(measure.CACHE_ENV)
-    assert measure.remembered("memory", mar, 1, [2]) == {"answer": 4}
+    assert measure.remembered("memory", mar, mtime, [2]) == {"answer": 4}
