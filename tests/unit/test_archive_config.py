@@ -7,7 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bert_serve_server.archive import package_variant
+from bert_serve_server.archive import (
+    DEFAULT_ARCHIVE,
+    DEFAULT_MODEL_DIR,
+    fresh_default_archive,
+    package_variant,
+)
 from bert_serve_server.machine import Machine
 from bert_serve_server.measure import archive_handler_config
 from bert_serve_server.served import archive_limits, runs_on_gpu
@@ -27,3 +32,15 @@ def test_a_variant_archive_is_read_with_its_own_settings(
     default = package_variant(tmp_path / "default", model_dir=tiny_model_dir)
     assert archive_handler_config(default)["precision"] == "fp32"
     assert runs_on_gpu(Machine(8, 16 * GIB, gpus=1), default)
+
+
+def test_the_default_model_unchanged_is_a_copy_of_make_packages_archive(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """The tools' stores of the default model (the floor's, the models-share run's) copy the
+    archive `make package` built, byte for byte, so a test run measures it once; a change or
+    another model is packaged anew."""
+    assert fresh_default_archive(DEFAULT_MODEL_DIR) == DEFAULT_ARCHIVE, "make package first"
+    copy = package_variant(tmp_path / "store")
+    assert copy.read_bytes() == DEFAULT_ARCHIVE.read_bytes()
+    assert fresh_default_archive(tiny_model_dir) is None
