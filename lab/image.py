@@ -11,7 +11,10 @@ then, in order:
 5. sends ``PATIENT_CLIENTS`` patient clients (each waiting up to ``PATIENT_TIMEOUT_S``) for
    ``PATIENT_S`` seconds: none may be refused;
 6. sends SIGTERM while clients are sending, and requires exit code 0 within the Deployment's
-   grace period; it counts the requests TorchServe accepted and never answered.
+   grace period; it counts the requests TorchServe accepted and never answered;
+7. starts a second container with its settings stated in the environment (``STATED_ENV``, as
+   a Deployment's ``env`` states them): it must run them (the management API's workers and
+   ``batchSize``), say each was stated, and answer (``stated_start``).
 
 The container runs with the CPU and memory limits of the Deployment's TorchServe container, so
 the sizing at start sees what the pod's sees. While the workers load, step 1 also runs the
@@ -33,7 +36,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +75,15 @@ BURST_BODIES = (
     b'{"text": "It rains.", "text_pair": "The street is wet."}',
 )
 LIMITS = ("--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024")
+STATED_ENV = {
+    "BERT_SERVE_WORKERS": "2",
+    "BERT_SERVE_THREADS": "1",
+    "BERT_SERVE_BATCH_SIZE": "4",
+    "BERT_SERVE_QUEUE": "64",
+    "BERT_SERVE_HEAP": "384m",
+}
+"""What step 7 states (``bert_serve_server.stated``): every value the start would otherwise
+measure or derive, so it measures nothing; 2 workers where the pod's limits give 1."""
 # A request to the management API from inside the container (python3.11 is the image's):
 # argv is method, path, body; prints the status, then the body.
 MANAGEMENT_REQUEST = """\
@@ -175,11 +187,12 @@ class Container:
             raise RuntimeError(f"{' '.join(args[:2])} failed: {done.stderr.strip()}")
         return done.stdout.strip()
 
-    def start(self) -> None:
+    def start(self, env: Mapping[str, str] | None = None) -> None:
         inside_http = port_of(self.addresses["inference_address"])
         inside_metrics = port_of(self.addresses["metrics_address"])
+        stated = [arg for key, value in (env or {}).items() for arg in ("--env", f"{key}={value}")]
         self.run(
-            "run", "--detach", "--name", self.name, *LIMITS,
+            "run", "--detach", "--name", self.name, *LIMITS, *stated,
             "--cpus", self.limits["cpus"], "--memory", self.limits["memory"],
             "--publish", f"127.0.0.1:{self.http}:{inside_http}",
             "--publish", f"127.0.0.1:{self.metrics}:{inside_metrics}",
@@ -517,15 +530,7 @@ def run_image_test(
             f"{seen.probe_s:.1f} s (not ready {seen.probe_not_ready} times before), "
             f"READY after {seen.ready_s:.1f} s"
         )
-        logs = subprocess.run(
-            [*container.engine, "logs", container.name],
-            capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
-        sizing = [
-            line.removeprefix("sizing: ")
-            for line in (logs.stdout + logs.stderr).splitlines()
-            if line.startswith("sizing: ")
-        ]
+        sizing = sizing_lines(container)
         for line in sizing:
             say(f"sizing: {line}")
         outcomes = run_checks(container.target()) + [
@@ -561,6 +566,7 @@ def run_image_test(
             raise ImageTestFailed(f"accepted requests lost at the stop: {lost}")
     finally:
         container.remove()
+    stated = stated_start(container, say)
     return {
         "image": image,
         "engine": " ".join(container.engine),
@@ -581,4 +587,45 @@ def run_image_test(
         "checks": [outcome.name for outcome in outcomes],
         "processes": processes,
         "engine_mem_usage": cgroup,
+        "stated": stated,
     }
+
+
+def sizing_lines(container: Container) -> list[str]:
+    """The lines the start printed about its sizing (``sizing: ...``), the prefix removed."""
+    logs = subprocess.run(
+        [*container.engine, "logs", container.name], capture_output=True, text=True, timeout=60
+    )
+    return [
+        line.removeprefix("sizing: ")
+        for line in (logs.stdout + logs.stderr).splitlines()
+        if line.startswith("sizing: ")
+    ]
+
+
+def stated_start(first: Container, say: Callable[[str], None]) -> dict[str, Any]:
+    """A container of the same image with ``STATED_ENV``: READY, running the stated workers
+    and ``batchSize``, each variable named in its sizing lines, answering; always removed."""
+    container = replace(first, name=f"{first.name}-stated", http=free_port(), metrics=free_port())
+    say(f"start with {STATED_ENV}")
+    try:
+        started = time.monotonic()
+        container.start(STATED_ENV)
+        seen = wait_ready(container, started)
+        status, text = container.management("GET", "/models/bert")
+        (model,) = json.loads(text)
+        running = {"workers": len(model["workers"]), "batchSize": model["batchSize"]}
+        said = [line for line in sizing_lines(container) if line.startswith("stated: ")]
+        say(f"READY after {seen.ready_s:.1f} s: {running}; {said}")
+        unsaid = [name for name in STATED_ENV if not any(f"({name})" in line for line in said)]
+        wanted = {
+            "workers": int(STATED_ENV["BERT_SERVE_WORKERS"]),
+            "batchSize": int(STATED_ENV["BERT_SERVE_BATCH_SIZE"]),
+        }
+        if status != 200 or running != wanted or unsaid or not answers(container):
+            raise ImageTestFailed(
+                f"stated {STATED_ENV}: ran {running} (not {wanted}), not said: {unsaid}"
+            )
+    finally:
+        container.remove()
+    return {"env": STATED_ENV, "ready_s": round(seen.ready_s or 0, 1)} | running | {"said": said}

@@ -144,6 +144,10 @@ class Box:
         return int(json.loads(self.record.read_text())["pid"]) if self.record.exists() else 0
 
     @property
+    def env(self) -> dict[str, str]:
+        return dict(json.loads(self.record.read_text())["env"]) if self.record.exists() else {}
+
+    @property
     def running(self) -> bool:
         return self.record.exists() and not self.exit_file.exists()
 
@@ -156,8 +160,17 @@ def run(state: Path, args: list[str]) -> str:
     stub = subprocess.Popen(
         command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
-    box.record.write_text(json.dumps({"pid": stub.pid}))
+    env = dict(args[i + 1].split("=", 1) for i, arg in enumerate(args) if arg == "--env")
+    box.record.write_text(json.dumps({"pid": stub.pid, "env": env}))
     return name
+
+
+def logs(state: Path, args: list[str]) -> str:
+    """The start's sizing lines: each stated variable, as the entrypoint prints it."""
+    env = Box(state, args[-1]).env
+    return "\n".join(
+        f"sizing: stated: {name.lower()} {value} ({name})" for name, value in env.items()
+    )
 
 
 def inspect(state: Path, args: list[str]) -> str:
@@ -177,7 +190,7 @@ def exec_(state: Path, args: list[str]) -> str:
         return ""
     if args[1:5] == ["python3.11", "-m", "bert_serve_server", "ready"]:
         # the readiness probe: not ready at its first call (the workers loading), then ready
-        polls = state / "ready-polls"
+        polls = state / f"{args[0]}.ready-polls"
         count = int(polls.read_text()) if polls.exists() else 0
         polls.write_text(str(count + 1))
         if count == 0:
@@ -188,7 +201,10 @@ def exec_(state: Path, args: list[str]) -> str:
     if args[4] == "POST" and args[5].startswith("/workflows?"):
         return "404\n" + json.dumps({"code": 404, "type": "WorkflowNotFoundException"})
     assert args[4:6] == ["GET", "/models/bert"], args
-    return "200\n" + json.dumps([{"workers": [{"status": "READY"}, {"status": "READY"}]}])
+    env = Box(state, args[0]).env
+    workers = [{"status": "READY"}] * int(env.get("BERT_SERVE_WORKERS", "2"))
+    batch_size = int(env.get("BERT_SERVE_BATCH_SIZE", "8"))
+    return "200\n" + json.dumps([{"workers": workers, "batchSize": batch_size}])
 
 
 def kill(state: Path, args: list[str]) -> str:
@@ -212,7 +228,7 @@ VERBS = {
     "cp": lambda state, args: "",
     "image": lambda state, args: "123456",  # image inspect --format {{.Size}} IMAGE
     "stats": lambda state, args: "1.1GB / 2GB",
-    "logs": lambda state, args: "",
+    "logs": logs,
 }
 
 
