@@ -354,7 +354,8 @@ def h100_host(cores: float = 16, gpus: int = 1, memory: int = 128 * GIB) -> Mach
 def test_workers_per_gpu_cover_one_workers_cycle(
     device_ms: float, cpu_ms: float, workers: int
 ) -> None:
-    """ceil(1 + cpu / gpu): the fewest n with n x gpu >= cpu + gpu."""
+    """Where the profiler timed no kernels, ceil(1 + cpu / gpu): the fewest n with
+    n x gpu >= cpu + gpu."""
     load = gpu_load(device_ms, cpu_ms)
     assert load.busy_workers == workers
     assert workers * device_ms >= cpu_ms + device_ms
