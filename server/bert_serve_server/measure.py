@@ -232,7 +232,7 @@ def device_and_cpu_seconds(
 def kernel_seconds(run_batch: Callable[[], object], batches: int = 3) -> float | None:
     """The GPU's busy seconds per batch: the time of the CUDA kernels and copies that the
     profiler (CUPTI) timed over ``batches`` batches, divided by them; None where it timed none
-    (no CUDA, or no CUPTI). A pass's wall time overstates the GPU's share where the worker's
+    (no CUDA, or no CUPTI), or where the profiler failed. A pass's wall time overstates the GPU's share where the worker's
     Python launching the kernels, not the GPU, sets its pace: one process then leaves the GPU
     idle between kernels, and more workers fill it."""
     import torch
@@ -240,9 +240,14 @@ def kernel_seconds(run_batch: Callable[[], object], batches: int = 3) -> float |
 
     if not torch.cuda.is_available():
         return None
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as profiled:
-        for _ in range(batches):
-            run_batch()
+    try:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as profiled:
+            for _ in range(batches):
+                run_batch()
+    except RuntimeError as error:  # CUPTI taken by another profiler, or refused to this user
+        print(f"measure: the GPU's busy time not profiled ({error}); the wall time is used",
+              file=sys.stderr)  # fmt: skip
+        return None
     busy_us = sum(
         event.self_device_time_total
         for event in profiled.events()

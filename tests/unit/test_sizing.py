@@ -585,6 +585,24 @@ def test_a_machine_without_cuda_times_no_kernels() -> None:
     assert measure.kernel_seconds(lambda: sum(range(1000))) is None
 
 
+def test_a_profiler_that_fails_leaves_the_wall_time(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A GPU whose profiler raises (CUPTI held by another tool) must not fail the start's
+    measurement: the kernels' time is then unknown, and the rule takes the pass's wall time."""
+    import torch
+    import torch.profiler
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.profiler, "profile", refused)
+    ran: list[int] = []
+    assert measure.kernel_seconds(lambda: ran.append(1)) is None
+    assert "MULTIPLE_SUBSCRIBERS" in capsys.readouterr().err
+
+
 @pytest.mark.skipif(not host.gpu_count(), reason="needs a CUDA GPU")
 def test_a_batch_is_measured_on_the_gpu(tiny_model_dir: Path) -> None:
     """The real measurement: the pass's time, the CPU's around it, the worker's GPU memory."""
