@@ -1,7 +1,7 @@
 """The test suite's profile from the JUnit XML scripts/test.sh writes: the slowest tests (each
 with its fixtures' setup and teardown) and each file's total, as Markdown for docs/testing.md.
 
-    python -m lab.test_profile build/test-times.xml --top 25
+    python -m lab.test_profile build/test-times-unit.xml build/test-times.xml --top 25
 """
 
 from __future__ import annotations
@@ -21,12 +21,21 @@ def times(report: Path) -> dict[str, float]:
     return found
 
 
-def markdown(found: dict[str, float], top: int) -> str:
+def wall_seconds(report: Path) -> float:
+    """The run's own time (the ``testsuite``'s): under pytest-xdist, less than its tests' sum."""
+    return sum(float(suite.get("time", 0)) for suite in ET.parse(report).iter("testsuite"))
+
+
+def markdown(found: dict[str, float], top: int, walls: dict[str, float] | None = None) -> str:
     by_file: defaultdict[str, float] = defaultdict(float)
     for test, seconds in found.items():
         by_file[test.split("::")[0]] += seconds
     total = sum(found.values())
-    lines = [f"{len(found)} tests, {total / 60:.1f} min in all.", "", "| test | s |", "|---|---:|"]
+    lines = [f"{len(found)} tests, {total / 60:.1f} min in all."]
+    lines += [
+        f"{name}: {seconds / 60:.1f} min of wall time." for name, seconds in (walls or {}).items()
+    ]
+    lines += ["", "| test | s |", "|---|---:|"]
     lines += [f"| `{t}` | {s:.0f} |" for t, s in sorted(found.items(), key=lambda x: -x[1])[:top]]
     lines += ["", "| file | s |", "|---|---:|"]
     ranked = sorted(by_file.items(), key=lambda x: -x[1])[:top]
@@ -36,10 +45,12 @@ def markdown(found: dict[str, float], top: int) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("report", type=Path)
+    parser.add_argument("reports", type=Path, nargs="+")
     parser.add_argument("--top", type=int, default=25)
     args = parser.parse_args()
-    print(markdown(times(args.report), args.top))
+    found = {test: s for report in args.reports for test, s in times(report).items()}
+    walls = {report.name: wall_seconds(report) for report in args.reports}
+    print(markdown(found, args.top, walls))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ counting the requests nobody answers) with the configured maxBatchDelay and with
 loop is bounded in count and time.
 
     python scripts/chaos.py --out docs/chaos              # the full run (make chaos)
-    python scripts/chaos.py --quick --out /tmp/chaos      # every duration a few seconds, 3 kills
+    python scripts/chaos.py --quick --out /tmp/chaos      # every duration a few seconds, 2 kills
     python scripts/chaos.py --only kill_runs kill_runs_long_delay --kills 50 --out docs/chaos
     python scripts/chaos.py --only spike --forms stamped --no-peer --set job_queue_size=160 \
         --out build/spike-queue160     # the spike under another config (or model_store=DIR)

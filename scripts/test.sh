@@ -1,9 +1,28 @@
 #!/usr/bin/env bash
-# The whole suite, as `make test` and CI run it: unit tests, integration tests against a
-# real torchserve on free local ports, and the curl smoke script against that server.
-# Every test's time (its fixtures' setup and teardown included) goes to build/test-times.xml
-# (JUnit XML): docs/testing.md's profile is read from it.
-set -euo pipefail
+# The whole suite, as `make test` and CI run it, in two pytest runs:
+# - the unit layer (every test not marked integration) in random order (pytest-randomly: the
+#   header prints the seed; `--randomly-seed=N` repeats an order, `-p no:randomly` keeps the
+#   files' order) spread over one pytest-xdist process per CPU, at most 4: they start no server;
+# - the integration layer (a real torchserve on free local ports, the curl smoke script, the
+#   image) in file order on one process: its tests load the whole machine and some time it.
+# Every test's time (its fixtures' setup and teardown included) goes to JUnit XML,
+# build/test-times-unit.xml and build/test-times.xml: docs/testing.md's profile is read from them.
+# Arguments go to both runs (a run that selects no test is not a failure).
+set -uo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p build
-exec .venv/bin/python -m pytest -ra --durations=25 --junitxml=build/test-times.xml "$@"
+pytest=(.venv/bin/python -m pytest -ra --durations=25)
+"${pytest[@]}" -m "not integration" -n auto --maxprocesses 4 --junitxml=build/test-times-unit.xml "$@"
+unit=$?
+"${pytest[@]}" -m integration -p no:randomly --junitxml=build/test-times.xml "$@"
+integration=$?
+for status in "$unit" "$integration"; do
+    # 5: no test selected (arguments that name only one layer's tests)
+    if [ "$status" -ne 0 ] && [ "$status" -ne 5 ]; then
+        exit "$status"
+    fi
+done
+if [ "$unit" -eq 5 ] && [ "$integration" -eq 5 ]; then
+    echo "no test selected" >&2
+    exit 5
+fi

@@ -70,13 +70,13 @@ def part_server(d: Durations, overrides: dict[str, str] | None = None) -> Iterat
 
 
 def durations(seconds: float, quick: bool, kills: int | None = None) -> Durations:
-    """``kills`` per load level of the kill runs: 3 in the quick form, 50 otherwise."""
+    """``kills`` per load level of the kill runs: 2 in the quick form (a replaced worker killed again), 50 otherwise."""
     if quick:
         return Durations(
             soak_s=min(seconds, 4.0),
             crash_before_kill_s=1.0,
             crash_after_recovery_s=1.0,
-            kills=3 if kills is None else kills,
+            kills=2 if kills is None else kills,
             spike_s=2.0,
         )
     return Durations(
