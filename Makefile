@@ -21,7 +21,7 @@ STATE_DIR ?= .run
 TORCH ?=
 LOCK      := requirements/server.lock
 
-.PHONY: install lock model compare-training first-answer package serve stop status metrics smoke test test-client unit check bench check-defaults gpu-report gpu-report-smoke models-share floor tune compare-precision chaos soak fuzz deploy-layout image image-test pod-test clean distclean FORCE
+.PHONY: install lock model compare-training first-answer package serve stop status metrics smoke test test-client unit check bench check-defaults gpu-report gpu-report-smoke models-share floor tune compare-precision chaos soak fuzz deploy-layout image image-test pod-test models-start clean distclean FORCE
 
 ## install: .venv with the server and dev extras at the versions of requirements/server.lock
 ##        (TORCH=cuda for the CUDA build of torch; the CPU build otherwise)
@@ -192,6 +192,14 @@ image-test: | $(STAMP)
 POD_TEST_OUT ?= build/image/pod-test.json
 pod-test: | $(STAMP)
 	$(PY) scripts/pod_test.py --image $(IMAGE) --proxy-image $(PROXY_IMAGE) --out $(POD_TEST_OUT)
+
+## models-start: an image of three models (the default one under three names) started with the
+##        pod's CPUs and the memory three workers need: seconds until the startup probe passes
+##        -> build/image/models-start.json (deploy/models-start.json is the committed record)
+MODELS_START_OUT ?= build/image/models-start.json
+models-start: $(MAR) | $(STAMP)
+	$(MAKE) --no-print-directory image IMAGE=bert-serve-models:test MODELS="bert=$(MODEL_DIR) second=$(MODEL_DIR) third=$(MODEL_DIR)"
+	$(PY) scripts/models_start.py --image bert-serve-models:test --models 3 --out $(MODELS_START_OUT)
 
 ## unit: the fast layer, no server (every test not marked integration)
 unit: $(STAMP)

@@ -14,7 +14,10 @@ then, in order:
    grace period; it counts the requests TorchServe accepted and never answered;
 7. starts a second container with its settings stated in the environment (``STATED_ENV``, as
    a Deployment's ``env`` states them): it must run them (the management API's workers and
-   ``batchSize``), say each was stated, and answer (``stated_start``).
+   ``batchSize``), say each was stated, and answer (``stated_start``);
+8. starts a third with its archive replaced (a volume) by a copy whose model declares a model
+   type this transformers does not know (a model newer than the image): the container must
+   exit non-zero with the loading's Python traceback in its log (``unloadable_start``).
 
 The container runs with the CPU and memory limits of the Deployment's TorchServe container, so
 the sizing at start sees what the pod's sees. While the workers load, step 1 also runs the
@@ -35,6 +38,7 @@ import os
 import subprocess
 import tempfile
 import time
+import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -84,6 +88,11 @@ STATED_ENV = {
 }
 """What step 7 states (``bert_serve_server.stated``): every value the start would otherwise
 measure or derive, so it measures nothing; 2 workers where the pod's limits give 1."""
+IMAGE_ARCHIVE = "/mnt/models/model-store/bert.mar"
+"""Where the image holds the default model's archive (deploy/Dockerfile)."""
+ARCHIVE_SOURCE = ROOT / "model_store" / "bert.mar"
+"""The archive ``make image`` put there."""
+UNKNOWN_MODEL_TYPE = "bert-serve-unknown"
 # A request to the management API from inside the container (python3.11 is the image's):
 # argv is method, path, body; prints the status, then the body.
 MANAGEMENT_REQUEST = """\
@@ -187,12 +196,15 @@ class Container:
             raise RuntimeError(f"{' '.join(args[:2])} failed: {done.stderr.strip()}")
         return done.stdout.strip()
 
-    def start(self, env: Mapping[str, str] | None = None) -> None:
+    def start(
+        self, env: Mapping[str, str] | None = None, volumes: Mapping[Path, str] | None = None
+    ) -> None:
         inside_http = port_of(self.addresses["inference_address"])
         inside_metrics = port_of(self.addresses["metrics_address"])
         stated = [arg for key, value in (env or {}).items() for arg in ("--env", f"{key}={value}")]
+        mounted = [arg for host, inside in (volumes or {}).items() for arg in ("--volume", f"{host}:{inside}:ro")]  # fmt: skip
         self.run(
-            "run", "--detach", "--name", self.name, *LIMITS, *stated,
+            "run", "--detach", "--name", self.name, *LIMITS, *stated, *mounted,
             "--cpus", self.limits["cpus"], "--memory", self.limits["memory"],
             "--publish", f"127.0.0.1:{self.http}:{inside_http}",
             "--publish", f"127.0.0.1:{self.metrics}:{inside_metrics}",
@@ -202,9 +214,9 @@ class Container:
     def state(self, field: str) -> str:
         return self.run("inspect", "--format", "{{.State." + field + "}}", self.name)
 
-    def logs(self) -> str:
+    def logs(self, tail: int = 40) -> str:
         done = subprocess.run(
-            [*self.engine, "logs", "--tail", "40", self.name],
+            [*self.engine, "logs", "--tail", str(tail), self.name],
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         return done.stdout + done.stderr
@@ -219,13 +231,17 @@ class Container:
         status, _, text = out.partition("\n")
         return int(status), text
 
-    def probe_ready(self) -> bool:
-        """The pod's readiness probe, run in the container as kubelet runs it."""
+    def exec_ok(self, *command: str) -> bool:
+        """``command`` run in the container (a probe, as kubelet runs it) succeeded."""
         done = subprocess.run(
-            [*self.engine, "exec", self.name, *READY_PROBE],
+            [*self.engine, "exec", self.name, *command],
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         return done.returncode == 0
+
+    def probe_ready(self) -> bool:
+        """The pod's readiness probe."""
+        return self.exec_ok(*READY_PROBE)
 
     def target(self) -> Target:
         return Target(
@@ -567,6 +583,7 @@ def run_image_test(
     finally:
         container.remove()
     stated = stated_start(container, say)
+    unloadable = unloadable_start(container, say)
     return {
         "image": image,
         "engine": " ".join(container.engine),
@@ -588,6 +605,7 @@ def run_image_test(
         "processes": processes,
         "engine_mem_usage": cgroup,
         "stated": stated,
+        "unloadable": unloadable,
     }
 
 
@@ -629,3 +647,44 @@ def stated_start(first: Container, say: Callable[[str], None]) -> dict[str, Any]
     finally:
         container.remove()
     return {"env": STATED_ENV, "ready_s": round(seen.ready_s or 0, 1)} | running | {"said": said}
+
+
+def unloadable_archive(source: Path, out: Path) -> Path:
+    """A copy of ``source`` whose model's config.json declares ``UNKNOWN_MODEL_TYPE``,
+    readable by the image's user."""
+    with zipfile.ZipFile(source) as original, zipfile.ZipFile(out, "w") as copy:
+        for info in original.infolist():
+            data = original.read(info)
+            if info.filename == "model/config.json":
+                data = json.dumps(json.loads(data) | {"model_type": UNKNOWN_MODEL_TYPE}).encode()
+            copy.writestr(info, data)
+    out.chmod(0o644)
+    return out
+
+
+def unloadable_start(first: Container, say: Callable[[str], None]) -> dict[str, Any]:
+    """A container whose archive's model cannot load: it must exit non-zero, and its log must
+    hold the Python traceback of the loading and the cause; always removed."""
+    container = replace(first, name=f"{first.name}-unloadable", http=free_port(), metrics=free_port())  # fmt: skip
+    say(f"start with a model of type {UNKNOWN_MODEL_TYPE!r}, which cannot load")
+    with tempfile.TemporaryDirectory() as folder:
+        os.chmod(folder, 0o755)
+        archive = unloadable_archive(ARCHIVE_SOURCE, Path(folder, "bert.mar"))
+        try:
+            started = time.monotonic()
+            container.start(volumes={archive: IMAGE_ARCHIVE})
+            while container.state("Running") == "true":
+                if time.monotonic() - started > READY_TIMEOUT_S:
+                    raise ImageTestFailed(f"still running after {READY_TIMEOUT_S:.0f} s")
+                time.sleep(1)
+            exited_s = round(time.monotonic() - started, 1)
+            exit_code, log = container.state("ExitCode"), container.logs(tail=200)
+        finally:
+            container.remove()
+    lines = log.splitlines()
+    tracebacks = [n for n, line in enumerate(lines) if "Traceback (most recent call last)" in line]
+    say(f"exited {exit_code} after {exited_s} s; traceback at log lines {tracebacks}")
+    if exit_code in ("", "0") or not tracebacks or UNKNOWN_MODEL_TYPE not in log:
+        raise ImageTestFailed(f"a model that cannot load: exit {exit_code!r}, log:\n{log[-3000:]}")
+    cause = next(line for line in reversed(lines) if UNKNOWN_MODEL_TYPE in line)
+    return {"exit_code": int(exit_code), "exited_s": exited_s, "cause": cause[:300]}

@@ -6,9 +6,9 @@ the proxy with the key, and the bars of deploy/README.md ("Stopping"):
 - 256 patient clients for 15 s: every answer a 200, none refused;
 - the frontend killed: the TorchServe container exits non-zero (and is restarted, as the
   Deployment's pods are), then is ready again;
-- SIGTERM to the pod while clients keep opening new connections for ``NEW_CONNECTIONS_S``:
-  none refused, none reset, every accepted request answered; all containers exit 0 within the
-  grace period;
+- SIGTERM to the pod while clients keep opening new connections for ``NEW_CONNECTIONS_S``
+  (sent as kubelet sends it, ``stop_as_kubelet``): none refused, none reset, every accepted
+  request answered; all containers exit 0 within the grace period;
 - the same SIGTERM with 2 workers forced (a config stating them, added as the last
   ``--ts-config``, which the entrypoint's sizing and TorchServe take).
 
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import json
 import secrets
 import subprocess
@@ -55,11 +56,35 @@ NEW_CONNECTIONS_S = 6.0
 """How long clients keep opening new connections after SIGTERM: more than the bar's 5 s, less
 than the proxy's stop delay (10 s), so every one of them must be accepted."""
 SIGTERM_AFTER_S = 2.0
+APP_CONTAINERS = ("torchserve", "proxy")
+FORCED_QUEUE = 64
+"""The queue stated beside the forced workers: 2 workers in the pod's memory leave a heap
+that holds no queue of its own (the start refuses them without one)."""
 ULIMITS = ("nofile=1024:1024", "nproc=1024:1024")
 """What lab/image.py's runs use on this machine: within its hard limits."""
 PAUSE = '#!/bin/sh\ntrap "exit 0" TERM INT\nwhile :; do sleep 3600 & wait $!; done\n'
 EXITED_UNASKED = "exited without a stop being asked"
 """deploy/entrypoint.sh's line before it exits 1."""
+
+
+MEASURED = (
+    "deploy/entrypoint.sh",
+    "deploy/k8s/deployment.yaml",
+    "deploy/k8s/proxy/bert-serve.conf",
+    "deploy/proxy/entrypoint.sh",
+    "deploy/proxy/nginx.conf",
+    "server/bert_serve_server/ready.py",
+    "server/bert_serve_server/readiness.py",
+)
+"""What the record's figures depend on besides the images' packages: its ``measured_from``."""
+
+
+def measured_from(root: Path = ROOT) -> str:
+    """The hash of ``MEASURED``: what a record's figures were measured on."""
+    digest = hashlib.sha256()
+    for name in MEASURED:
+        digest.update((root / name).read_bytes())
+    return digest.hexdigest()
 
 
 class PodTestFailed(AssertionError):
@@ -79,6 +104,12 @@ def configmap(name_suffix: str = "") -> dict[str, Any]:
     }
 
 
+def container_limits(deployment: Path = DEPLOYMENT) -> dict[str, dict[str, str]]:
+    """Each container's resource limits, as the Deployment writes them."""
+    spec = yaml.safe_load(deployment.read_text())["spec"]["template"]["spec"]
+    return {c["name"]: dict(c["resources"]["limits"]) for c in spec["containers"]}
+
+
 def kube_documents(
     tag: str,
     images: dict[str, str],
@@ -93,6 +124,10 @@ def kube_documents(
     deployment["metadata"]["name"] = f"bert-serve-{tag}"
     deployment["spec"]["replicas"] = 1
     spec = deployment["spec"]["template"]["spec"]
+    # A Deployment's pods restart every container that exits (Always), except while the pod
+    # terminates; podman would restart them then too. OnFailure restarts a crash (the killed
+    # frontend's exit 1) and leaves a container that stopped cleanly stopped, as kubelet does.
+    spec["restartPolicy"] = "OnFailure"
     documents = []
     proxy_map = configmap(f"-{tag}")
     for volume in spec["volumes"]:
@@ -280,9 +315,9 @@ async def new_connections(url: str, headers: dict[str, str], seconds: float) -> 
 
 
 def stop_under_new_connections(pod: Pod, grace_s: int) -> dict[str, Any]:
-    """SIGTERM to the pod (``podman pod stop`` with the grace period, as kubelet) after
-    ``SIGTERM_AFTER_S`` of clients opening new connections, which go on for
-    ``NEW_CONNECTIONS_S`` after it. The stop runs in a thread: the clients' loop never waits."""
+    """SIGTERM to the pod's containers after ``SIGTERM_AFTER_S`` of clients opening new
+    connections, which go on for ``NEW_CONNECTIONS_S`` after it: as kubelet stops a pod,
+    ``stop_as_kubelet``. The stop runs in a thread: the clients' loop never waits."""
 
     async def run() -> tuple[list[Outcome], float]:
         load = asyncio.create_task(
@@ -290,10 +325,7 @@ def stop_under_new_connections(pod: Pod, grace_s: int) -> dict[str, Any]:
         )
         await asyncio.sleep(SIGTERM_AFTER_S)
         sent = time.monotonic()
-        stop = asyncio.to_thread(
-            pod.run, "pod", "stop", "-t", str(grace_s), pod.name, timeout=grace_s + 60
-        )
-        outcomes, _ = await asyncio.gather(load, stop)
+        outcomes, _ = await asyncio.gather(load, asyncio.to_thread(stop_as_kubelet, pod, grace_s))
         return outcomes, round(time.monotonic() - sent, 1)
 
     outcomes, stop_s = asyncio.run(run())
@@ -303,6 +335,26 @@ def stop_under_new_connections(pod: Pod, grace_s: int) -> dict[str, Any]:
     if set(counted) != {"200"} or any(code != "0" for code in exits.values()) or stop_s > grace_s:
         raise PodTestFailed(f"the stop under new connections: {result}")
     return result
+
+
+def stop_as_kubelet(pod: Pod, grace_s: int) -> None:
+    """SIGTERM to every app container at once; SIGKILL to those still running after the grace
+    period; the sandbox (podman's infra container, which holds the pod's network) after they
+    all exited. Not ``podman pod stop``, which stops the infra container at once with the
+    others and so takes the network down under the requests in flight (each then hung until
+    its client gave up), and not ``podman stop``: a kube-played pod's exit policy (stop) takes
+    a container in the Stopping state for exited, and stops the pod once the proxy has
+    exited, TorchServe killed 10 s later while it still drains. (A container that exits 0 is
+    not restarted: ``kube_documents``' restart policy.)"""
+    apps = [pod.container(name) for name in APP_CONTAINERS]
+    pod.run("kill", "--signal", "TERM", *apps)
+    deadline = time.monotonic() + grace_s
+    while any(pod.state_of(name, "Running") == "true" for name in APP_CONTAINERS):
+        if time.monotonic() > deadline:
+            pod.run("kill", "--signal", "KILL", *apps, check=False)
+            break
+        time.sleep(0.5)
+    pod.run("pod", "stop", "--time", "10", pod.name, timeout=120)
 
 
 def kill_frontend(pod: Pod) -> dict[str, Any]:
@@ -331,7 +383,8 @@ def kill_frontend(pod: Pod) -> dict[str, Any]:
 
 
 def forced_workers_config(workers: int) -> str:
-    """The image's baked config with every model's workers stated."""
+    """The image's baked config with every model's workers stated, and the queue
+    (``FORCED_QUEUE``)."""
     from bert_serve_server.config import BASE_CONFIG, properties_text, read_properties
     from bert_serve_server.layout import container_properties
 
@@ -340,7 +393,8 @@ def forced_workers_config(workers: int) -> str:
     for versions in models.values():
         for entry in versions.values():
             entry |= {"minWorkers": workers, "maxWorkers": workers}
-    return properties_text(properties | {"models": json.dumps(models)})
+    stated: dict[str, str] = {"models": json.dumps(models), "job_queue_size": str(FORCED_QUEUE)}
+    return properties_text(dict(properties) | stated)
 
 
 def catatonit_present() -> bool:
@@ -388,7 +442,7 @@ def run_pod_test(
     base: str,
 ) -> dict[str, Any]:
     grace_s = grace_period_s(DEPLOYMENT)
-    record: dict[str, Any] = {"images": images, "grace_s": grace_s}
+    record: dict[str, Any] = {"images": images, "limits": container_limits(), "grace_s": grace_s}
     env = engine_env(engine, base, tag, state)
     pod = Pod(engine, tag, state / "one-worker", images, env=env)
     try:

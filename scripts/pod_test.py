@@ -10,34 +10,26 @@ build/image/pod-test.json (deploy/pod-test.json is the committed record).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 from bert_serve_server.config import ROOT
 
 from lab.image import engine_command
-from lab.pod import PodTestFailed, run_pod_test
+from lab.pod import PodTestFailed, measured_from, run_pod_test
 
-MEASURED = (
-    "deploy/entrypoint.sh",
-    "deploy/k8s/deployment.yaml",
-    "deploy/k8s/proxy/bert-serve.conf",
-    "deploy/proxy/entrypoint.sh",
-    "deploy/proxy/nginx.conf",
-    "server/bert_serve_server/ready.py",
-    "server/bert_serve_server/readiness.py",
-)
-"""What the record's figures depend on besides the images' packages: its ``measured_from``."""
+BASES = ("localhost/bookworm-minbase:12", "debian:bookworm-slim")
+"""The bases scripts/image.sh builds on: its debootstrap'd minbase where no registry answers."""
 
 
-def measured_from(root: Path = ROOT) -> str:
-    digest = hashlib.sha256()
-    for name in MEASURED:
-        digest.update((root / name).read_bytes())
-    return digest.hexdigest()
+def built_base(engine: list[str]) -> str:
+    for base in BASES:
+        if subprocess.run([*engine, "image", "exists", base], capture_output=True).returncode == 0:
+            return base
+    return BASES[-1]
 
 
 def main() -> int:
@@ -49,7 +41,10 @@ def main() -> int:
         "--proxy-image", default=os.environ.get("PROXY_IMAGE", "bert-serve-proxy:0.1.0")
     )
     parser.add_argument(
-        "--base", default=os.environ.get("POD_BASE", "localhost/bookworm-minbase:12")
+        "--base",
+        default=os.environ.get("POD_BASE"),
+        help="the pause image's base where podman has no catatonit (default: the base "
+        "scripts/image.sh built on, its debootstrap'd minbase or debian:bookworm-slim)",
     )
     parser.add_argument("--tag", default=f"t{os.getpid()}")
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "image" / "pod-test.json")
@@ -62,7 +57,7 @@ def main() -> int:
             args.tag,
             ROOT / "build" / "pod" / args.tag,
             say=lambda line: print(f"pod-test: {line}", flush=True),
-            base=args.base,
+            base=args.base or built_base(engine_command()),
         )
     except PodTestFailed as failure:
         print(f"pod-test: FAILED\n{failure}", file=sys.stderr)

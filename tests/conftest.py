@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -43,40 +42,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 MEASURE_CACHE_KEY = pytest.StashKey[str]()
-ORDER_SEED_ENV = "BERT_SERVE_TEST_ORDER_SEED"
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """With ``BERT_SERVE_TEST_ORDER_SEED=N``, the tests run in the order ``shuffled_by_module``
-    gives: a test that passes only after another fails here. Tests marked ``runs_last`` still
-    run last (tests/integration/conftest.py sorts after this)."""
-    seed = os.environ.get(ORDER_SEED_ENV)
-    if seed:
-        items[:] = shuffled_by_module(items, lambda item: str(item.path), int(seed))
-
-
-T = TypeVar("T")
-
-
-def shuffled_by_module(items: list[T], module_of: Callable[[T], str], seed: int) -> list[T]:
-    """``items`` with their modules in an order shuffled by ``seed`` and the items within each
-    module too, as pytest-randomly shuffles; a module's items stay together, so its fixtures
-    are set up once."""
-    rng = random.Random(seed)
-    modules: dict[str, list[T]] = {}
-    for item in items:
-        modules.setdefault(module_of(item), []).append(item)
-    groups = list(modules.values())
-    rng.shuffle(groups)
-    for group in groups:
-        rng.shuffle(group)
-    return [item for group in groups for item in group]
-
-
-def pytest_report_header() -> str | None:
-    seed = os.environ.get(ORDER_SEED_ENV)
-    return f"test order shuffled by {ORDER_SEED_ENV}={seed}" if seed else None
 
 
 def encoder_dir() -> Path:

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+import zipfile
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -152,9 +153,23 @@ class Box:
         return self.record.exists() and not self.exit_file.exists()
 
 
+KNOWN_MODEL_TYPES = ("bert",)
+
+
+def model_type(archive: str) -> str:
+    with zipfile.ZipFile(archive) as mar:
+        return str(json.loads(mar.read("model/config.json"))["model_type"])
+
+
 def run(state: Path, args: list[str]) -> str:
     name = args[args.index("--name") + 1]
     box = Box(state, name)
+    mounted = [args[i + 1].split(":")[0] for i, arg in enumerate(args) if arg == "--volume"]
+    unknown = [kind for kind in map(model_type, mounted) if kind not in KNOWN_MODEL_TYPES]
+    if unknown:  # the start's measurement fails to load it, and the container exits 1
+        box.record.write_text(json.dumps({"pid": 0, "env": {}, "log": failed_load(unknown[0])}))
+        box.exit_file.write_text("1")
+        return name
     ports = [args[i + 1].split(":")[1] for i, arg in enumerate(args) if arg == "--publish"]
     command = [sys.executable, __file__, str(state), "serve", str(box.exit_file), *ports]
     stub = subprocess.Popen(
@@ -165,9 +180,22 @@ def run(state: Path, args: list[str]) -> str:
     return name
 
 
+def failed_load(kind: str) -> str:
+    return (
+        "measure: bert.mar (rates) failed:\nTraceback (most recent call last):\n"
+        '  File "/tmp/handler/model.py", line 89, in load_model\n'
+        f"ValueError: model type `{kind}` is not known\n"
+        f"sizing: model bert:1.0 refused: ValueError: model type `{kind}` is not known"
+    )
+
+
 def logs(state: Path, args: list[str]) -> str:
-    """The start's sizing lines: each stated variable, as the entrypoint prints it."""
-    env = Box(state, args[-1]).env
+    """The start's sizing lines: each stated variable, as the entrypoint prints it; or the
+    log of a start that failed."""
+    box = Box(state, args[-1])
+    if box.record.exists() and "log" in json.loads(box.record.read_text()):
+        return str(json.loads(box.record.read_text())["log"])
+    env = box.env
     return "\n".join(
         f"sizing: stated: {name.lower()} {value} ({name})" for name, value in env.items()
     )

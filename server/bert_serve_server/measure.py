@@ -321,9 +321,20 @@ def in_fresh_process(what: str, mar: Path, args: list[Any]) -> Any:
         capture_output=True, text=True, cwd=tempfile.gettempdir(),
     )  # fmt: skip
     if done.returncode != 0:
-        lines = done.stderr.strip().splitlines() or [f"exit code {done.returncode}"]
-        raise RuntimeError(f"measuring {mar.name} failed: {lines[-1]}")
+        # The whole of it on stderr (the container's log): why the model could not load.
+        print(f"measure: {mar.name} ({what}) failed:\n{done.stderr.rstrip()}", file=sys.stderr)
+        why = exception_line(done.stderr) or f"exit code {done.returncode}"
+        raise RuntimeError(f"measuring {mar.name} failed: {why}")
     return json.loads(done.stdout)
+
+
+def exception_line(stderr: str) -> str:
+    """The first line of the exception a Python traceback ends with (its message can run over
+    several lines: transformers' advice follows the cause), else the last line."""
+    lines = stderr.strip().splitlines()
+    frames = [number for number, line in enumerate(lines) if line.startswith(" ")]
+    after = lines[frames[-1] + 1 :] if frames else []
+    return (after or lines[-1:] or [""])[0]
 
 
 CACHE_ENV = "BERT_SERVE_MEASURE_CACHE"

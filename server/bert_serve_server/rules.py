@@ -300,8 +300,9 @@ class QueueInputs:
 def derive(machine: Machine, given: QueueInputs) -> tuple[int, int, list[str]]:
     """(job_queue_size, heap MiB, why): a patient minute of the workers' drain, in a heap that
     holds ``queues`` such queues of requests of ``request_bytes`` beside ``reserved_bytes`` of
-    workers. A stated queue or heap is kept and the other follows from it; a stated heap that
-    holds fewer requests than there are workers is refused (``StatedError``)."""
+    workers. A stated queue or heap is kept and the other follows from it; a heap, stated or
+    what the memory leaves, that holds fewer requests than there are workers is refused
+    (``StatedError``): that queue would turn away most of what the workers could take."""
     request_mib = given.request_bytes / MIB
     shown_request = f"{given.request_bytes // 1024} KiB"
     queues = given.queues
@@ -355,7 +356,15 @@ def derive(machine: Machine, given: QueueInputs) -> tuple[int, int, list[str]]:
                 f"requests of up to {shown_request}"
             )
         else:
-            queue = max(1, int((heap_mib - BASE_HEAP_MIB) / request_mib / queues))
+            queue = int((heap_mib - BASE_HEAP_MIB) / request_mib / queues)
+            if queue < max(1, given.workers):
+                raise StatedError(
+                    f"{given.workers} worker(s) leave a heap of {heap_mib} MiB ({limit}): past "
+                    f"the frontend's own {BASE_HEAP_MIB} MiB it holds {queue} request(s) of "
+                    f"{shown_request} (max_request_size) per queue, fewer than the workers take "
+                    "at once; state fewer workers, more memory, a smaller max_request_size, or a "
+                    "queue"
+                )
             reasons.append(
                 f"queue cut to {queue}: a heap of {heap_mib} MiB ({limit}) holds {shown} of "
                 f"that many requests of up to {shown_request}"

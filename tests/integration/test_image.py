@@ -2,9 +2,10 @@
 scripts/image_test.py, under the pod's CPU and memory limits: the readiness probe false while
 the workers load, READY, the README's requests, a list, a pair, v2, /metrics, the health check,
 memory, 256 patient clients none refused, SIGTERM under load within the grace period with no
-accepted request lost; the container is always removed). `make pod-test` (the Deployment as
-one pod under podman kube play) is not run here: its stop under new connections does not pass
-yet (docs/testing.md).
+accepted request lost; a container with its settings stated, and one whose model cannot load;
+the containers are always removed), then `make pod-test` on the same images (the Deployment
+as one pod under podman kube play: patient clients through the proxy, a killed frontend,
+SIGTERM while clients open new connections, with 1 worker and 2 forced; lab/pod.py).
 
 Skips, saying why, where no container engine works (scripts/container_engine.sh): no podman,
 or a docker client without an engine, and where a package archive the build fetches from
@@ -61,10 +62,11 @@ def test_image_builds_answers_and_stops_cleanly() -> None:
     image = f"bert-serve:test-{os.getpid()}"
     proxy_image = f"bert-serve-proxy:test-{os.getpid()}"
     out = ROOT / "build" / "image" / f"image-test-{os.getpid()}.json"
+    pod_out = ROOT / "build" / "image" / f"pod-test-{os.getpid()}.json"
     try:
         returncode, output = run_process_group(
-            ["make", "--no-print-directory", "image", "image-test", f"IMAGE={image}",
-             f"PROXY_IMAGE={proxy_image}", f"IMAGE_TEST_OUT={out}"],
+            ["make", "--no-print-directory", "image", "image-test", "pod-test", f"IMAGE={image}",
+             f"PROXY_IMAGE={proxy_image}", f"IMAGE_TEST_OUT={out}", f"POD_TEST_OUT={pod_out}"],
             TIMEOUT_S,
         )  # fmt: skip
         unreachable = ARCHIVE_UNREACHABLE.search(output)
@@ -86,6 +88,10 @@ def test_image_builds_answers_and_stops_cleanly() -> None:
         expected = sizing.workers_for(sizing.Machine(cores, memory, 0), worker_bytes)[0]
         assert roles.count("worker") == expected, (roles, expected)
         assert result["probe_not_ready_polls"] > 0 and not result["lost_under_stop"]
+        assert result["unloadable"]["exit_code"] != 0
+        pod = json.loads(pod_out.read_text())
+        for stop in (pod["stop"], pod["two_workers"]["stop"]):
+            assert set(stop["statuses"]) == {"200"} and stop["stop_s"] <= pod["grace_s"], stop
     finally:
         subprocess.run(
             [*engine.stdout.split(), "rmi", "--force", image, proxy_image],
@@ -93,3 +99,4 @@ def test_image_builds_answers_and_stops_cleanly() -> None:
             timeout=120,
         )
         out.unlink(missing_ok=True)
+        pod_out.unlink(missing_ok=True)

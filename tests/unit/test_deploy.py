@@ -379,6 +379,43 @@ def test_the_image_record_is_of_the_current_entrypoint_and_sizing_under_the_pods
     assert set(measured["patient"]["statuses"]) == {"200"}
 
 
+def test_the_pod_record_is_of_the_current_pod_and_nothing_was_lost_at_its_stops() -> None:
+    """deploy/pod-test.json was measured by `make pod-test` (the Deployment under podman kube
+    play) on the entrypoint, manifest, proxy and readiness that are here now: patient clients
+    all answered, a killed frontend's container restarted, and both stops (1 worker, 2 forced)
+    with every request answered and every container exiting 0 within the grace period. After
+    a change to any of them: make pod-test POD_TEST_OUT=deploy/pod-test.json."""
+    from lab import pod
+    from lab.pod import MEASURED, measured_from
+
+    record = json.loads((DEPLOY / "pod-test.json").read_text())
+    assert record["measured_from"] == measured_from(), (
+        f"deploy/pod-test.json is older than {' or '.join(MEASURED)}: rerun make pod-test "
+        "POD_TEST_OUT=deploy/pod-test.json"
+    )
+    assert record["limits"] == pod.container_limits()
+    assert set(record["patient"]["statuses"]) == {"200"}
+    assert record["frontend_killed"]["restarts"] >= 1
+    for stop in (record["stop"], record["two_workers"]["stop"]):
+        assert set(stop["statuses"]) == {"200"} and stop["stop_s"] <= record["grace_s"]
+        assert set(stop["exit_codes"].values()) == {"0"}
+
+
+def test_three_models_start_within_the_startup_probes_budget() -> None:
+    """deploy/models-start.json (`make models-start`): an image of three models, started with
+    the pod's CPUs on the sizing here now, passed its startup probe within the budget the
+    Deployment gives it. After a change to the sizing: make models-start
+    MODELS_START_OUT=deploy/models-start.json."""
+    from lab import image, models_start
+
+    record = json.loads((DEPLOY / "models-start.json").read_text())
+    assert record["sized_from"] == image.sized_from(), "rerun make models-start"
+    assert record["limits"]["cpus"] == image.pod_limits()["cpus"]
+    assert len(record["models"]) == 3
+    assert record["startup_budget_s"] == models_start.startup_budget_s()
+    assert 0 < record["ready_s"] < record["startup_budget_s"]
+
+
 def test_the_proxy_fronts_torchserve_with_the_shipped_config(layout_config: dict[str, str]) -> None:
     """kustomization.yaml makes the proxy's ConfigMap from the file the proxy test runs; the
     proxy listens on its container port and forwards to TorchServe's inference port."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -140,6 +141,7 @@ def test_the_whole_run_against_a_fake_engine(
     with its settings stated in the environment runs them and says so."""
     monkeypatch.setattr(image, "PATIENT_CLIENTS", 8)
     monkeypatch.setattr(image, "PATIENT_S", 1.0)
+    monkeypatch.setattr(image, "ARCHIVE_SOURCE", tiny_archive(tmp_path / "bert.mar"))
     engine = [sys.executable, fake_engine.__file__, str(tmp_path)]
     said: list[str] = []
     result = image.run_image_test("bert-serve:x", engine, say=said.append)
@@ -159,6 +161,43 @@ def test_the_whole_run_against_a_fake_engine(
     assert set(result["patient"]["statuses"]) == {"200"}
     assert f"burst of {image.BURST_REQUESTS}" in said
     assert (tmp_path / f"bert-serve-image-test-{os.getpid()}.exit").read_text() == "0"
+    assert result["unloadable"]["exit_code"] == 1
+    assert image.UNKNOWN_MODEL_TYPE in result["unloadable"]["cause"]
+
+
+def tiny_archive(path: Path) -> Path:
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("model/config.json", json.dumps({"model_type": "bert"}))
+        archive.writestr("handler/__init__.py", "")
+    return path
+
+
+@pytest.mark.parametrize("known", [True, False])
+def test_a_model_that_cannot_load_must_exit_non_zero_with_its_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, known: bool
+) -> None:
+    """Step 8 against the fake engine: the copy it mounts declares a type the engine's stub
+    does not know, so the start fails with a traceback; a stub that knows it (a copy the step
+    failed to break) keeps running and answering, and the step must say so."""
+    engine = [sys.executable, fake_engine.__file__, str(tmp_path)]
+    first = image.Container.of(engine, "bert-serve:x")
+    monkeypatch.setattr(image, "ARCHIVE_SOURCE", tiny_archive(tmp_path / "bert.mar"))
+    monkeypatch.setattr(image, "READY_TIMEOUT_S", 3.0)
+    if known:
+        monkeypatch.setattr(fake_engine, "KNOWN_MODEL_TYPES", ("bert", image.UNKNOWN_MODEL_TYPE))
+        monkeypatch.setattr(
+            image.Container, "run", lambda self, *args, timeout=120: fake_run(tmp_path, args)
+        )
+        with pytest.raises(image.ImageTestFailed, match="still running"):
+            image.unloadable_start(first, say=lambda line: None)
+    else:
+        got = image.unloadable_start(first, say=lambda line: None)
+        assert got["exit_code"] == 1 and "`bert-serve-unknown`" in got["cause"]
+
+
+def fake_run(state: Path, args: tuple[str, ...]) -> str:
+    """The fake engine's verbs in this process (so a test can change what its stub knows)."""
+    return fake_engine.VERBS[args[0]](state, list(args[1:]))
 
 
 def test_a_stated_start_that_does_not_say_what_was_stated_fails(

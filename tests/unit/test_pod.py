@@ -26,6 +26,7 @@ def test_the_pod_is_the_deployment_as_written_with_names_images_and_ports_of_its
     ports = {p["name"]: p for c in spec["containers"] for p in c.get("ports", [])}
     assert ports["proxy"]["hostPort"] == 41000 and ports["metrics"]["hostPort"] == 41001
     assert spec["terminationGracePeriodSeconds"] == original["terminationGracePeriodSeconds"]
+    assert "restartPolicy" not in original and spec["restartPolicy"] == "OnFailure"
     assert (
         configmap["kind"] == "ConfigMap" and configmap["metadata"]["name"] == "bert-serve-proxy-t1"
     )
@@ -51,6 +52,7 @@ def test_forced_workers_come_as_the_last_ts_config_from_a_configmap() -> None:
         for versions in models.values()
         for entry in versions.values()
     )
+    assert f"job_queue_size={pod.FORCED_QUEUE}" in config.splitlines()
     *maps, deployment = pod.kube_documents("t2", IMAGES, {}, config)
     assert maps[-1]["data"]["config.properties"] == config
     (torchserve,) = [

@@ -798,6 +798,29 @@ def fake_archive(path: Path, seconds_per_batch: float) -> Path:
     return path
 
 
+def test_a_model_that_cannot_load_leaves_its_traceback_on_stderr(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The start's measurement is where a model that cannot load fails first (in the image,
+    before TorchServe runs): its whole traceback goes to stderr, the container's log, and the
+    refusal names the error's last line."""
+    broken = tmp_path / "broken.mar"
+    with zipfile.ZipFile(broken, "w") as archive:
+        for name, text in FAKE_HANDLER.items():
+            if name == "handler/model.py":
+                text = (
+                    "def load_model(folder, settings, device):\n"
+                    "    raise ValueError('model type `bert-next` is not known.\\n\\nUpgrade.')\n"
+                )
+            archive.writestr(name, text)
+        archive.writestr("handler/inference.py", "def classify(*args):\n    pass\n")
+        archive.writestr("model/config.json", "{}")
+    with pytest.raises(RuntimeError, match="ValueError: model type `bert-next` is not known.$"):
+        measure.in_fresh_process("rates", broken, [[8], 1, 0])
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "in load_model" in err
+
+
 def test_each_archive_is_measured_on_its_own_code_in_a_fresh_process(tmp_path: Path) -> None:
     """Two archives measured one after the other from this process (which has imported the
     checkout's handler) each run their own handler code: a slow one and a fast one."""

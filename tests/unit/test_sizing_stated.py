@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -178,6 +179,26 @@ def test_a_small_stated_heap_is_refused_not_given_a_queue_of_one(
     workers take at once: refused with the heap that would do, not run with a queue of 1."""
     with pytest.raises(rules.StatedError, match="state at least 265 MiB"):
         sizing.resolve(store(tmp_path) | {"vmargs": vmargs}, gpus=0)
+
+
+def test_stated_workers_that_leave_no_room_for_a_queue_are_refused(
+    measured: list[str], tmp_path: Path
+) -> None:
+    """2 workers stated in a 1536 MiB pod whose workers hold 736 MiB each (budgeted): the heap
+    that memory leaves holds no 1 MiB request past the frontend's own (it ran with a queue of
+    1, and nearly every request got a 503); refused with what would run. A stated queue is
+    the operator's to answer for: it runs."""
+    pod = Stated(cores=2, memory_bytes=1536 * MIB, workers=2)
+    with pytest.raises(rules.StatedError, match="2 worker\\(s\\) leave a heap of 256 MiB"):
+        sizing.resolve(store(tmp_path), gpus=0, stated=pod)
+    queued = sizing.resolve(store(tmp_path), gpus=0, stated=replace(pod, queue=64))
+    assert queued.properties["job_queue_size"] == "64"
+    assert (
+        entry_of(sizing.resolve(store(tmp_path), gpus=0, stated=replace(pod, workers=1)))[
+            "minWorkers"
+        ]
+        == 1
+    )
 
 
 def test_a_small_heap_is_refused_by_the_command_line_in_one_line(

@@ -1,0 +1,103 @@
+"""Several models in one image start within the pod's startup budget (``make models-start``).
+
+An image built with ``MODELS=`` serves each model from one server: the start sizes them in
+turn (each archive's model measured in a process of its own), then TorchServe loads each. The
+startup probe (``ready --startup``) passes once every model has its workers READY, and the
+Deployment gives it ``periodSeconds x failureThreshold`` seconds; a pod that misses that is
+restarted and measures again. ``models_start`` starts the image as the pod runs it (the
+TorchServe container's CPUs, the probe run in the container as kubelet runs it) and records
+how long the probe took, against that budget.
+
+The memory is the one thing that is not the pod's as written: each model needs at least one
+worker, and the start keeps the workers within half of the memory, so ``memory_for`` gives the
+container what ``models`` workers of the image record's measured size need
+(``deploy/image-test.json``). With the Deployment's 1536 MiB, three such models are refused
+at start with the memory they lack (``bert_serve_server.rules.derive``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+from bert_serve_server.config import ROOT
+
+from lab.image import DEPLOYMENT, Container, ImageTestFailed, sized_from, sizing_lines
+
+STARTUP_PROBE = ("python3.11", "-m", "bert_serve_server", "ready", "--startup")
+IMAGE_RECORD = ROOT / "deploy" / "image-test.json"
+MEMORY_STEP_MIB = 256
+
+
+def startup_budget_s(deployment: Path = DEPLOYMENT) -> int:
+    """The TorchServe container's startup probe: ``periodSeconds x failureThreshold``."""
+    manifest = yaml.safe_load(deployment.read_text())
+    (container,) = [
+        c for c in manifest["spec"]["template"]["spec"]["containers"] if c["name"] == "torchserve"
+    ]
+    probe = container["startupProbe"]
+    return int(probe["periodSeconds"]) * int(probe["failureThreshold"])
+
+
+def worker_mib(record: dict[str, Any]) -> int:
+    """One worker's budgeted memory as the image record's start measured it."""
+    for line in record["sizing"]:
+        if match := re.search(r"a worker holds (\d+) MiB", line):
+            return int(match.group(1))
+    raise ValueError("the image record has no worker memory line")
+
+
+def memory_for(models: int, worker: int) -> str:
+    """The engine's ``--memory`` for ``models`` workers of ``worker`` MiB in half of it."""
+    mib = math.ceil(2 * models * worker / MEMORY_STEP_MIB) * MEMORY_STEP_MIB
+    return f"{mib}m"
+
+
+def models_start(
+    engine: list[str], image: str, models: int, say: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """Start ``image`` (``models`` models) and time its startup probe; always removed."""
+    budget_s = startup_budget_s()
+    base = Container.of(engine, image)
+    memory = memory_for(models, worker_mib(json.loads(IMAGE_RECORD.read_text())))
+    container = replace(base, limits=base.limits | {"memory": memory})
+    say(f"start with {container.limits}; the startup probe's budget is {budget_s} s")
+    started = time.monotonic()
+    try:
+        container.start()
+        polls = 0
+        while True:
+            elapsed = time.monotonic() - started
+            if container.state("Running") != "true":
+                raise ImageTestFailed(f"exited after {elapsed:.0f} s:\n{container.logs(200)}")
+            if container.exec_ok(*STARTUP_PROBE):
+                ready_s = round(time.monotonic() - started, 1)
+                break
+            if elapsed > budget_s:
+                raise ImageTestFailed(f"not ready within {budget_s} s:\n{container.logs(200)}")
+            polls += 1
+            time.sleep(2)
+        status, text = container.management("GET", "/models")
+        served = sorted(model["modelName"] for model in json.loads(text)["models"])
+        sizing = sizing_lines(container)
+    finally:
+        container.remove()
+    say(f"startup probe passed after {ready_s} s ({polls} polls said not yet): {served}")
+    if status != 200 or len(served) != models:
+        raise ImageTestFailed(f"{models} models asked for, {served} served")
+    return {
+        "image": image,
+        "limits": container.limits,
+        "models": served,
+        "ready_s": ready_s,
+        "startup_budget_s": budget_s,
+        "sizing": sizing,
+        "sized_from": sized_from(),
+    }
