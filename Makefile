@@ -203,7 +203,7 @@ models-start: $(MAR) | $(STAMP)
 
 ## unit: the fast layer, no server (every test not marked integration)
 unit: $(STAMP)
-	$(PY) -m pytest -m "not integration" -q
+	$(PY) -m pytest -m "not integration" -q -n auto --maxprocesses 4
 
 check: $(STAMP)
 	$(VENV)/bin/ruff check handler bert_serve server lab scripts tests deploy/grafana deploy/prometheus

@@ -202,7 +202,8 @@ class Container:
         inside_http = port_of(self.addresses["inference_address"])
         inside_metrics = port_of(self.addresses["metrics_address"])
         stated = [arg for key, value in (env or {}).items() for arg in ("--env", f"{key}={value}")]
-        mounted = [arg for host, inside in (volumes or {}).items() for arg in ("--volume", f"{host}:{inside}:ro")]  # fmt: skip
+        mounts = [f"{host}:{inside}:ro" for host, inside in (volumes or {}).items()]
+        mounted = [arg for mount in mounts for arg in ("--volume", mount)]
         self.run(
             "run", "--detach", "--name", self.name, *LIMITS, *stated, *mounted,
             "--cpus", self.limits["cpus"], "--memory", self.limits["memory"],
@@ -528,6 +529,27 @@ def installed_packages(container: Container) -> CheckOutcome:
     )
 
 
+SERVER_VERBS = ("status", "models", "url", "predict-url")
+"""The server package's commands that read a running server: each must work in the image, where
+no handler/ is installed (``kubectl exec ... -- python3.11 -m bert_serve_server status``)."""
+
+
+def server_commands(container: Container) -> CheckOutcome:
+    """Each of ``SERVER_VERBS`` run in the container exits 0 and prints something."""
+    failed = []
+    for verb in SERVER_VERBS:
+        try:
+            if not container.run(
+                "exec", container.name, "python3.11", "-m", "bert_serve_server", verb
+            ):
+                failed.append(f"{verb}: printed nothing")
+        except RuntimeError as error:
+            failed.append(f"{verb}: {error}")
+    return CheckOutcome(
+        "the server's commands work in the image: " + ", ".join(SERVER_VERBS), tuple(failed)
+    )
+
+
 def run_image_test(
     image: str, engine: list[str], say: Callable[[str], None] = print
 ) -> dict[str, Any]:
@@ -552,6 +574,7 @@ def run_image_test(
         outcomes = run_checks(container.target()) + [
             workflow_refused(container),
             installed_packages(container),
+            server_commands(container),
         ]
         for outcome in outcomes:
             say(f"{'ok  ' if outcome.ok else 'FAIL'} {outcome.name}")
@@ -665,7 +688,8 @@ def unloadable_archive(source: Path, out: Path) -> Path:
 def unloadable_start(first: Container, say: Callable[[str], None]) -> dict[str, Any]:
     """A container whose archive's model cannot load: it must exit non-zero, and its log must
     hold the Python traceback of the loading and the cause; always removed."""
-    container = replace(first, name=f"{first.name}-unloadable", http=free_port(), metrics=free_port())  # fmt: skip
+    name = f"{first.name}-unloadable"
+    container = replace(first, name=name, http=free_port(), metrics=free_port())
     say(f"start with a model of type {UNKNOWN_MODEL_TYPE!r}, which cannot load")
     with tempfile.TemporaryDirectory() as folder:
         os.chmod(folder, 0o755)

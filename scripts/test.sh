@@ -12,7 +12,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p build
 pytest=(.venv/bin/python -m pytest -ra --durations=25)
-"${pytest[@]}" -m "not integration" -n auto --maxprocesses 4 --junitxml=build/test-times-unit.xml "$@"
+"${pytest[@]}" -m "not integration" -n auto --maxprocesses 4 \
+    --junitxml=build/test-times-unit.xml "$@"
 unit=$?
 "${pytest[@]}" -m integration -p no:randomly --junitxml=build/test-times.xml "$@"
 integration=$?

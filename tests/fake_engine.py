@@ -216,6 +216,8 @@ def exec_(state: Path, args: list[str]) -> str:
     python3.11 -c INSTALLED_PACKAGES: what an image of the server package alone holds."""
     if args[1] == "ls":
         return ""
+    if args[1:4] == ["python3.11", "-m", "bert_serve_server"] and args[4] != "ready":
+        return f"{args[4]}: the stub's answer"  # status, models, url, predict-url
     if args[1:5] == ["python3.11", "-m", "bert_serve_server", "ready"]:
         # the readiness probe: not ready at its first call (the workers loading), then ready
         polls = state / f"{args[0]}.ready-polls"

@@ -232,9 +232,9 @@ def device_and_cpu_seconds(
 def kernel_seconds(run_batch: Callable[[], object], batches: int = 3) -> float | None:
     """The GPU's busy seconds per batch: the time of the CUDA kernels and copies that the
     profiler (CUPTI) timed over ``batches`` batches, divided by them; None where it timed none
-    (no CUDA, or no CUPTI), or where the profiler failed. A pass's wall time overstates the GPU's share where the worker's
-    Python launching the kernels, not the GPU, sets its pace: one process then leaves the GPU
-    idle between kernels, and more workers fill it."""
+    (no CUDA, or no CUPTI) or failed. A pass's wall time overstates the GPU's share where the
+    worker's Python launching the kernels, not the GPU, sets its pace: one process then leaves
+    the GPU idle between kernels, and more workers fill it."""
     import torch
     from torch.profiler import DeviceType, ProfilerActivity, profile
 

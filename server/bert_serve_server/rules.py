@@ -359,11 +359,11 @@ def derive(machine: Machine, given: QueueInputs) -> tuple[int, int, list[str]]:
             queue = int((heap_mib - BASE_HEAP_MIB) / request_mib / queues)
             if queue < max(1, given.workers):
                 raise StatedError(
-                    f"{given.workers} worker(s) leave a heap of {heap_mib} MiB ({limit}): past "
-                    f"the frontend's own {BASE_HEAP_MIB} MiB it holds {queue} request(s) of "
-                    f"{shown_request} (max_request_size) per queue, fewer than the workers take "
-                    "at once; state fewer workers, more memory, a smaller max_request_size, or a "
-                    "queue"
+                    f"the workers' {given.reserved_bytes // MIB} MiB leave a heap of {heap_mib} "
+                    f"MiB ({limit}): past the frontend's own {BASE_HEAP_MIB} MiB it holds "
+                    f"{queue} request(s) of {shown_request} (max_request_size) per model, fewer "
+                    f"than a model's {given.workers} worker(s) take at once; state more memory, "
+                    "fewer workers or models, a smaller max_request_size, or a queue"
                 )
             reasons.append(
                 f"queue cut to {queue}: a heap of {heap_mib} MiB ({limit}) holds {shown} of "

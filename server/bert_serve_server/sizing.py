@@ -25,13 +25,15 @@ The rule, in the order it is applied:
 - **Batch size**: the smallest whose measured rate (the median of ``measure.ROUNDS`` rounds) is
   within ``rules.NEAR_BEST`` of the best of ``rules.BATCH_SIZES``.
 - **Queue** (requests): what the workers drain in ``rules.PATIENT_S`` at that rate, one text a
-  request; on a GPU never more than the GPU drains (a batch per its measured device time).
+  request; on a GPU never more than the GPU drains (a batch per the GPU's measured busy time:
+  its kernels, timed by the profiler, else the pass's wall time).
   TorchServe has one size for every model's queue: with several models, the largest.
 - **Heap**: ``rules.BASE_HEAP_MIB`` plus each model's queue of requests of the largest body the
   frontend admits and the handler accepts (``max_request_size``, lists included; set to the
   handler's largest body where the config states none), within what the memory leaves beside
   the workers and the JVM's non-heap memory; where that binds, the queue is cut to what the
-  heap holds.
+  heap holds; where it holds fewer requests than the workers take at once (workers stated, or
+  several models' workers, beyond what the memory leaves), the start is refused with the reason.
 - **Stated settings win, the others follow them**: a stated queue gets a heap that holds it; a
   stated heap gets a queue cut to what it holds (a heap that holds fewer requests than there are
   workers is refused with the heap that would); a stated ``-Xms`` is a floor for a derived heap.

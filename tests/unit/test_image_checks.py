@@ -148,6 +148,7 @@ def test_the_whole_run_against_a_fake_engine(
     assert result["checks"] == [name for name, _ in CHECKS] + [
         "a workflow archive is refused and never runs",
         "the server package is installed, and no lab, client or test module",
+        "the server's commands work in the image: status, models, url, predict-url",
     ]
     assert result["image_bytes"] == 123456 and result["stop_s"] < result["grace_s"]
     assert result["processes"] and result["processes"][0]["pss_mib"] > 0

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import base64
 import json
+from pathlib import Path
 
 import yaml
+from bert_serve_server.config import ROOT
 
 from lab import pod
 from tests.unit.test_deploy import by_kind
@@ -68,3 +70,21 @@ def test_the_secret_is_a_json_map_of_base64_values_and_the_ulimits_fit() -> None
     assert 'default_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]' in conf
     assert 'infra_image = "localhost/pause:t"' in conf
     assert "infra_image" not in pod.containers_conf(None)
+
+
+def test_the_record_hash_follows_the_manifest_not_its_comments(tmp_path: Path) -> None:
+    """deployment.yaml's comments carry the image record's figures: rewriting them must not
+    make the pod record stale; a changed value must."""
+    for name in pod.MEASURED:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes((ROOT / name).read_bytes())
+    before = pod.measured_from(tmp_path)
+    manifest = tmp_path / "deploy" / "k8s" / "deployment.yaml"
+    manifest.write_text(manifest.read_text().replace("# ", "# figures of another run: ", 1))
+    assert pod.measured_from(tmp_path) == before
+    manifest.write_text(
+        manifest.read_text().replace(
+            "terminationGracePeriodSeconds: 90", "terminationGracePeriodSeconds: 91"
+        )
+    )
+    assert pod.measured_from(tmp_path) != before

@@ -189,7 +189,7 @@ def test_stated_workers_that_leave_no_room_for_a_queue_are_refused(
     1, and nearly every request got a 503); refused with what would run. A stated queue is
     the operator's to answer for: it runs."""
     pod = Stated(cores=2, memory_bytes=1536 * MIB, workers=2)
-    with pytest.raises(rules.StatedError, match="2 worker\\(s\\) leave a heap of 256 MiB"):
+    with pytest.raises(rules.StatedError, match="the workers' 1472 MiB leave a heap of 256 MiB"):
         sizing.resolve(store(tmp_path), gpus=0, stated=pod)
     queued = sizing.resolve(store(tmp_path), gpus=0, stated=replace(pod, queue=64))
     assert queued.properties["job_queue_size"] == "64"
