@@ -7,6 +7,7 @@ asked (BERT_SERVE_ACCESS_LOG_STDOUT). A real TorchServe with an archive whose ha
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -91,6 +92,7 @@ def crashed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, st
             stderr=subprocess.STDOUT,
         )
     try:
+        listening(inference, launcher)
         yield state, inference
     finally:
         subprocess.run(
@@ -101,6 +103,21 @@ def crashed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, st
             timeout=90,
         )
         launcher.wait(timeout=30)
+
+
+def listening(address: str, launcher: subprocess.Popen[bytes], timeout_s: float = 120) -> None:
+    """Until the frontend accepts connections on ``address``: a TCP connect, no request (the
+    access log must hold only the tests' own). Each test may then run first (any order)."""
+    host, port = address.removeprefix("http://").rsplit(":", 1)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection((host, int(port)), timeout=5).close()
+            return
+        except OSError:
+            if launcher.poll() is not None or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def wait_for(path: Path, text: str, timeout_s: float = 120) -> str:
