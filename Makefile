@@ -107,7 +107,7 @@ test: $(MAR)
 	bash scripts/test.sh
 
 ## test-client: the client's unit tests on every Python it supports (3.9 to 3.13), each in
-##        a clean venv with `pip install .` (PYTHONS="3.9 3.12" for some)
+##        a clean venv with the wheel `pip install .` builds, side by side (PYTHONS="3.9 3.12" for some)
 test-client:
 	bash scripts/test_client_pythons.sh
 

@@ -14,7 +14,12 @@
 # The home folder holds all the server writes (the root may be read-only): the sized config,
 # TorchServe's pid file and unpacked archives (TMPDIR, TEMP) and its logs (logs/); it is the
 # state folder `python3.11 -m bert_serve_server status` reads (BERT_SERVE_STATE_DIR).
+# What the sizing step measures of each archive (its rates by batch size, a worker's memory) is
+# kept there too (BERT_SERVE_MEASURE_CACHE, by the archive's sha256 and the measurement's
+# arguments): a container restarted in its pod (the home an emptyDir, which outlives it) starts
+# on the same plan without measuring again.
 export TMPDIR="$HOME/tmp" TEMP="$HOME/tmp"
+export BERT_SERVE_MEASURE_CACHE="${BERT_SERVE_MEASURE_CACHE:-$HOME/measured}"
 mkdir -p "$TMPDIR" || exit 1
 step=""
 stopping=""

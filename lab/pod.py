@@ -9,8 +9,9 @@ the proxy with the key, and the bars of deploy/README.md ("Stopping"):
 - SIGTERM to the pod while clients keep opening new connections for ``NEW_CONNECTIONS_S``
   (sent as kubelet sends it, ``stop_as_kubelet``): none refused, none reset, every accepted
   request answered; all containers exit 0 within the grace period;
-- the same SIGTERM with 2 workers forced (a config stating them, added as the last
-  ``--ts-config``, which the entrypoint's sizing and TorchServe take).
+- the same SIGTERM with 2 workers forced (a config stating them, and the rest as the image
+  test's stated container does, added as the last ``--ts-config``, which the entrypoint's
+  sizing and TorchServe take).
 
 What podman needs that a cluster has: an infra ("pause") image, built here from the same base
 when Debian's catatonit is absent; ``default_ulimits`` that fit this machine
@@ -42,6 +43,7 @@ from lab.image import (
     BURST_BODIES,
     PATIENT_CLIENTS,
     PATIENT_TIMEOUT_S,
+    STATED_ENV,
     grace_period_s,
     patient_clients,
 )
@@ -57,9 +59,6 @@ NEW_CONNECTIONS_S = 6.0
 than the proxy's stop delay (10 s), so every one of them must be accepted."""
 SIGTERM_AFTER_S = 2.0
 APP_CONTAINERS = ("torchserve", "proxy")
-FORCED_QUEUE = 64
-"""The queue stated beside the forced workers: 2 workers in the pod's memory leave a heap
-that holds no queue of its own (the start refuses them without one)."""
 ULIMITS = ("nofile=1024:1024", "nproc=1024:1024")
 """What lab/image.py's runs use on this machine: within its hard limits."""
 PAUSE = '#!/bin/sh\ntrap "exit 0" TERM INT\nwhile :; do sleep 3600 & wait $!; done\n'
@@ -390,17 +389,25 @@ def kill_frontend(pod: Pod) -> dict[str, Any]:
 
 
 def forced_workers_config(workers: int) -> str:
-    """The image's baked config with every model's workers stated, and the queue
-    (``FORCED_QUEUE``)."""
+    """The image's baked config with every model's workers stated, and what its start would
+    measure stated as the image test's step 7 states it (``STATED_ENV``: the batch size, the
+    queue, the heap), so that start measures nothing: the first pod's start (and the image
+    test's) measured the model; the subject here is the stop. (2 workers in the pod's memory
+    leave a derived heap that holds no queue: the start would refuse them.)"""
     from bert_serve_server.config import BASE_CONFIG, properties_text, read_properties
     from bert_serve_server.layout import container_properties
 
     properties = container_properties(read_properties(BASE_CONFIG))
     models = json.loads(properties["models"])
+    batch_size = int(STATED_ENV["BERT_SERVE_BATCH_SIZE"])
     for versions in models.values():
         for entry in versions.values():
-            entry |= {"minWorkers": workers, "maxWorkers": workers}
-    stated: dict[str, str] = {"models": json.dumps(models), "job_queue_size": str(FORCED_QUEUE)}
+            entry |= {"minWorkers": workers, "maxWorkers": workers, "batchSize": batch_size}
+    stated: dict[str, str] = {
+        "models": json.dumps(models),
+        "job_queue_size": STATED_ENV["BERT_SERVE_QUEUE"],
+        "vmargs": f"{properties.get('vmargs', '')} -Xmx{STATED_ENV['BERT_SERVE_HEAP']}".strip(),
+    }
     return properties_text(dict(properties) | stated)
 
 

@@ -21,6 +21,7 @@ if [ "$3" = "ready" ]; then
     exit 0
 fi
 echo sizing >> "$HOME/calls"
+echo "$BERT_SERVE_MEASURE_CACHE" > "$HOME/measure-cache"
 sleep "$SIZING_S"
 echo 1
 """
@@ -123,3 +124,20 @@ def test_the_stop_is_bounded_by_its_budget(tmp_path: Path) -> None:
     assert time.monotonic() - sent < 5
     process.kill()
     process.wait(timeout=10)
+
+
+def test_the_sizing_keeps_its_measurements_in_the_home(tmp_path: Path) -> None:
+    """The home is an emptyDir, which outlives a restarted container: its measurements too."""
+    process = start(tmp_path, sizing_s=0)
+    wait_for(tmp_path, "serve")
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=20) == 0
+    assert (tmp_path / "measure-cache").read_text().strip() == f"{tmp_path}/measured"
+
+
+def test_a_stated_measurement_folder_wins(tmp_path: Path) -> None:
+    process = start(tmp_path, sizing_s=0, BERT_SERVE_MEASURE_CACHE="/elsewhere")
+    wait_for(tmp_path, "serve")
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=20) == 0
+    assert (tmp_path / "measure-cache").read_text().strip() == "/elsewhere"

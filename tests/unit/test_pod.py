@@ -11,6 +11,7 @@ import yaml
 from bert_serve_server.config import ROOT
 
 from lab import pod
+from lab.image import STATED_ENV
 from tests.unit.test_deploy import by_kind
 
 IMAGES = {"torchserve": "bert-serve:t", "proxy": "bert-serve-proxy:t"}
@@ -51,10 +52,14 @@ def test_forced_workers_come_as_the_last_ts_config_from_a_configmap() -> None:
     )
     assert all(
         entry["minWorkers"] == entry["maxWorkers"] == 2
+        and entry["batchSize"] == int(STATED_ENV["BERT_SERVE_BATCH_SIZE"])
         for versions in models.values()
         for entry in versions.values()
     )
-    assert f"job_queue_size={pod.FORCED_QUEUE}" in config.splitlines()
+    lines = config.splitlines()
+    assert f"job_queue_size={STATED_ENV['BERT_SERVE_QUEUE']}" in lines
+    (vmargs,) = [line for line in lines if line.startswith("vmargs=")]
+    assert vmargs.endswith(f" -Xmx{STATED_ENV['BERT_SERVE_HEAP']}") and "log4j" in vmargs
     *maps, deployment = pod.kube_documents("t2", IMAGES, {}, config)
     assert maps[-1]["data"]["config.properties"] == config
     (torchserve,) = [

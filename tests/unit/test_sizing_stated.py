@@ -380,3 +380,22 @@ def test_a_measurement_is_remembered_in_the_cache_folder(
     assert len(list((tmp_path / "cache").iterdir())) == 3
     monkeypatch.delenv(measure.CACHE_ENV)
     assert measure.remembered("memory", mar, mtime, [2]) == {"answer": 4}
+
+
+def test_the_metrics_cost_tools_second_server_runs_the_first_ones_plan(
+    measured: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``lab.model_metrics_cost.stated_as``: what one start chose (its ``in_force`` report),
+    stated to another start of the same config, is sized the same without measuring."""
+    from lab.model_metrics_cost import stated_as
+
+    properties = store(tmp_path)
+    first = sizing.resolve(properties)
+    assert measured
+    overrides, env = stated_as(sizing.report(first))
+    no_measuring(monkeypatch)
+    second = sizing.resolve(properties | overrides)
+    assert entry_of(second) == entry_of(first)
+    for key in ("job_queue_size", "vmargs"):
+        assert second.properties[key] == first.properties[key]
+    assert env == {"OMP_NUM_THREADS": str(first.torch_threads)}
