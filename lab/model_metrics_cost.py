@@ -4,10 +4,10 @@ handler then emits none and computes none), loaded in turn at ``CLIENTS`` closed
 in rounds ordered A B B A ..., so a slow spell of a shared machine falls on both alike. Both
 run one plan: the first start's (measured), stated to the second (``stated_as``), since two
 starts may choose different batch sizes (issue 54), which would be measured in place of the
-metrics. The bar: throughput with the metrics within 2 % of without. Beside it, the CPU seconds the frontend
-and the workers spent per answered request in each server's turns (``cpu_ms_per_request``):
-what the metrics cost the machine, which the load generator's share of a small machine does
-not blur."""
+metrics. The bar: throughput with the metrics within 2 % of without. Beside it, the CPU
+seconds the frontend and the workers spent per answered request in each server's turns
+(``cpu_ms_per_request``): what the metrics cost the machine, which the load generator's share
+of a small machine does not blur."""
 
 from __future__ import annotations
 

@@ -11,6 +11,13 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p build
+# One measurement cache for both runs (tests/conftest.py makes one per run where none is set):
+# the integration layer's starts take what the unit layer measured of the same archive.
+if [ -z "${BERT_SERVE_MEASURE_CACHE:-}" ]; then
+    BERT_SERVE_MEASURE_CACHE="$(mktemp -d -t bert-serve-measured-XXXXXX)"
+    export BERT_SERVE_MEASURE_CACHE
+    trap 'rm -rf "$BERT_SERVE_MEASURE_CACHE"' EXIT
+fi
 pytest=(.venv/bin/python -m pytest -ra --durations=25)
 "${pytest[@]}" -m "not integration" -n auto --maxprocesses 4 \
     --junitxml=build/test-times-unit.xml "$@"

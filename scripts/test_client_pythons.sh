@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The client on every Python it supports (pyproject.toml's requires-python: 3.9 to 3.13), side by
-# side. For each: a clean venv under build/pythons/, the client's wheel (`pip install .` as one
-# build: requests and tqdm) and pytest, `bert-serve --help`, and the client's unit tests run against that installed copy
-# (--import-mode=importlib with no pythonpath: the checkout's bert_serve/ is not on the path).
+# The client on every Python it supports (pyproject.toml's requires-python: 3.9 to 3.13), side
+# by side. For each: a clean venv under build/pythons/, the client's wheel (`pip install .` as
+# one build: requests and tqdm) and pytest, `bert-serve --help`, and the client's unit tests
+# run against that installed copy (--import-mode=importlib with no pythonpath: the checkout's
+# bert_serve/ is not on the path).
 # Tests marked server_side read handler/ or PyYAML, which a client install lacks: the whole
 # suite (make test) runs them.
 #   PYTHONS  the versions to run (default "3.9 3.10 3.11 3.12 3.13"); each is pyenv's newest
