@@ -437,14 +437,17 @@ def pause_image(engine: list[str], base: str, tag: str, state: Path) -> str:
     return name
 
 
-def engine_env(engine: list[str], base: str, tag: str, state: Path) -> dict[str, str]:
-    """The environment podman runs with: this run's containers.conf."""
+def engine_env(
+    engine: list[str], base: str, tag: str, state: Path
+) -> tuple[dict[str, str], str | None]:
+    """The environment podman runs with (this run's containers.conf), and the infra image built
+    for the run, if one was."""
     import os
 
     infra = None if catatonit_present() else pause_image(engine, base, tag, state)
     conf = state / "containers.conf"
     conf.write_text(containers_conf(infra))
-    return dict(os.environ) | {"CONTAINERS_CONF": str(conf)}
+    return dict(os.environ) | {"CONTAINERS_CONF": str(conf)}, infra
 
 
 def run_pod_test(
@@ -457,7 +460,25 @@ def run_pod_test(
 ) -> dict[str, Any]:
     grace_s = grace_period_s(DEPLOYMENT)
     record: dict[str, Any] = {"images": images, "limits": container_limits(), "grace_s": grace_s}
-    env = engine_env(engine, base, tag, state)
+    env, infra = engine_env(engine, base, tag, state)
+    try:
+        return pods_run(engine, images, tag, state, say, env, record, grace_s)
+    finally:
+        if infra is not None:  # the run's own tag: no other run uses it
+            subprocess.run([*engine, "rmi", infra], capture_output=True, timeout=120, check=False)
+
+
+def pods_run(
+    engine: list[str],
+    images: dict[str, str],
+    tag: str,
+    state: Path,
+    say: Callable[[str], None],
+    env: dict[str, str],
+    record: dict[str, Any],
+    grace_s: int,
+) -> dict[str, Any]:
+    """The two pods of ``run_pod_test``, one after the other."""
     pod = Pod(engine, tag, state / "one-worker", images, env=env)
     try:
         say("kube play: the Deployment as written")

@@ -108,6 +108,18 @@ def test_the_right_key_passes_and_torchserve_never_sees_it(
     assert not [value for value in forwarded.headers.values() if KEY in value]
 
 
+@pytest.mark.parametrize("credentials", [f"bearer {KEY}", f"BEARER {KEY}", f"Bearer  {KEY}"])
+def test_the_scheme_is_read_in_any_case(
+    stub_behind_proxy: tuple[str, list[Seen]], credentials: str
+) -> None:
+    """RFC 7235: the auth scheme is case-insensitive, and one or more spaces follow it."""
+    url, _ = stub_behind_proxy
+    answered = requests.post(
+        f"{url}/predictions/bert", data=b"t", headers={"Authorization": credentials}, timeout=10
+    )
+    assert answered.status_code == 200
+
+
 def test_probes_pass_without_a_key(stub_behind_proxy: tuple[str, list[Seen]]) -> None:
     """/ping (kubelet, load balancers) needs no key, and a key sent there is not forwarded."""
     url, seen = stub_behind_proxy
