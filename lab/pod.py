@@ -462,43 +462,30 @@ def run_pod_test(
     record: dict[str, Any] = {"images": images, "limits": container_limits(), "grace_s": grace_s}
     env, infra = engine_env(engine, base, tag, state)
     try:
-        return pods_run(engine, images, tag, state, say, env, record, grace_s)
+        pod = Pod(engine, tag, state / "one-worker", images, env=env)
+        try:
+            say("kube play: the Deployment as written")
+            pod.play()
+            record["ready_s"] = wait_ready(pod)
+            say(f"ready after {record['ready_s']} s; {PATIENT_CLIENTS} patient clients")
+            record["patient"] = patient(pod)
+            say("killing the frontend")
+            record["frontend_killed"] = kill_frontend(pod)
+            say("SIGTERM while clients open new connections")
+            record["stop"] = stop_under_new_connections(pod, grace_s)
+        finally:
+            pod.remove()
+        forced = forced_workers_config(2)
+        pod = Pod(engine, f"{tag}-w2", state / "two-workers", images, forced, env=env)
+        try:
+            say("kube play with 2 workers forced")
+            pod.play()
+            record["two_workers"] = {"ready_s": wait_ready(pod)}
+            say("SIGTERM while clients open new connections, 2 workers")
+            record["two_workers"]["stop"] = stop_under_new_connections(pod, grace_s)
+        finally:
+            pod.remove()
     finally:
         if infra is not None:  # the run's own tag: no other run uses it
             subprocess.run([*engine, "rmi", infra], capture_output=True, timeout=120, check=False)
-
-
-def pods_run(
-    engine: list[str],
-    images: dict[str, str],
-    tag: str,
-    state: Path,
-    say: Callable[[str], None],
-    env: dict[str, str],
-    record: dict[str, Any],
-    grace_s: int,
-) -> dict[str, Any]:
-    """The two pods of ``run_pod_test``, one after the other."""
-    pod = Pod(engine, tag, state / "one-worker", images, env=env)
-    try:
-        say("kube play: the Deployment as written")
-        pod.play()
-        record["ready_s"] = wait_ready(pod)
-        say(f"ready after {record['ready_s']} s; {PATIENT_CLIENTS} patient clients")
-        record["patient"] = patient(pod)
-        say("killing the frontend")
-        record["frontend_killed"] = kill_frontend(pod)
-        say("SIGTERM while clients open new connections")
-        record["stop"] = stop_under_new_connections(pod, grace_s)
-    finally:
-        pod.remove()
-    pod = Pod(engine, f"{tag}-w2", state / "two-workers", images, forced_workers_config(2), env=env)
-    try:
-        say("kube play with 2 workers forced")
-        pod.play()
-        record["two_workers"] = {"ready_s": wait_ready(pod)}
-        say("SIGTERM while clients open new connections, 2 workers")
-        record["two_workers"]["stop"] = stop_under_new_connections(pod, grace_s)
-    finally:
-        pod.remove()
     return record

@@ -33,8 +33,10 @@ run_one() {
     "$venv/bin/python" -m pip install --quiet "$wheel" "pytest>=8,<10"
     "$venv/bin/python" -m pip check
     "$venv/bin/bert-serve" --help | grep -q classify
+    # a temporary folder of its own: pytest's shared one under /tmp is pruned by each run, and
+    # runs side by side removed each other's folders ("Directory not empty")
     "$venv/bin/pytest" -p no:cacheprovider --import-mode=importlib -o pythonpath= \
-        -m "not server_side" -q "${client_tests[@]}"
+        --basetemp "$venv/pytest-tmp" -m "not server_side" -q "${client_tests[@]}"
 }
 
 pythons=()

@@ -1,0 +1,43 @@
+"""lab.sizing_repeats: the start's rule applied to each fresh measurement, and the summary of
+the choices and the chosen rate's spread (the measurement faked: no model is loaded)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from bert_serve_server import measure
+
+from lab import sizing_repeats
+
+
+def test_each_run_gets_the_starts_choice_and_the_summary_counts_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    curves = iter(
+        [
+            {2: 50, 4: 60, 8: 70, 16: 80, 32: 95, 64: 100},  # 32 (95 >= 90)
+            {2: 50, 4: 60, 8: 70, 16: 80, 32: 85, 64: 100},  # 64
+            {2: 40, 4: 50, 8: 60, 16: 70, 32: 78, 64: 80},  # 32 (78 >= 72)
+        ]
+    )
+    calls: list[list[Any]] = []
+
+    def rates(what: str, mar: Path, args: list[Any]) -> dict[str, list[float]]:
+        calls.append([what, args])
+        curve = next(curves)
+        return {str(size): [rate - 1, rate, rate + 5] for size, rate in curve.items()}
+
+    monkeypatch.setattr(measure, "in_fresh_process", rates)
+    report = sizing_repeats.run(Path("x.mar"), runs=3, threads=2)
+    assert [run["batch_size"] for run in report["runs"]] == [32, 64, 32]
+    assert [run["rate"] for run in report["runs"]] == [95, 100, 78]
+    assert calls[0] == ["rates", [[2, 4, 8, 16, 32, 64], 2, 0]]
+    assert report["summary"] == {
+        "batch_sizes": {32: 2, 64: 1},
+        "most_common": 2,
+        "rate_min": 78,
+        "rate_max": 100,
+        "rate_spread": round(100 / 78 - 1, 3),
+    }
