@@ -30,8 +30,14 @@ def main() -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     for measured in report["runs"]:
-        print(measured)
-    print(report["summary"])
+        median = measured["by_median"]
+        print(
+            f"batchSize {measured['batch_size']} at {measured['rate']} texts/s (by the median: "
+            f"{median['batch_size']} at {median['rate']}), {measured['seconds']} s, "
+            f"{measured['cpu_per_wall']} CPU s a second"
+        )
+    print("best round:", report["summary"])
+    print("median round:", report["summary_by_median"])
     return 0
 
 

@@ -5,7 +5,10 @@ The rate is measured so that it repeats start after start: every batch size clas
 same ``SAMPLE_COUNT`` texts (their lengths spread as reviews' are), so each size sees the same
 lengths; the sizes are measured in rounds, each round going through every size once, so a
 moment of contention on a shared machine falls on all sizes alike; each size's rate is the
-median of its rounds (``rules.median_rates``). A worker's memory is the child's own peak
+best of its rounds (``rules.best_rates``): a round is only ever slowed by what else runs, and a
+cloud VM's core runs slower for seconds at a time, so the best round is the machine's own
+speed and repeats start after start more closely than the median (docs/configuration.md, "How
+much the choice repeats"). A worker's memory is the child's own peak
 resident set (``VmHWM``) after loading and its largest batch, with its unique and proportional
 sets (USS, PSS) beside it, in a process of its own (``measure_memory``): what one more worker
 costs the machine, as measured, not estimated.
@@ -27,10 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bert_serve_server.rules import BATCH_SIZES, DeviceLoad, median_rates
+from bert_serve_server.rules import BATCH_SIZES, DeviceLoad, best_rates
 
 ROUNDS = 5
-"""Rounds of every batch size: each size's rate is the median of this many."""
+"""Rounds of every batch size: each size's rate is the best of this many."""
 SAMPLE_COUNT = 64
 """Texts each batch size classifies per round (a multiple of every candidate size)."""
 MIN_ROUND_S = 0.2
@@ -381,8 +384,8 @@ def measured_samples(
 def measured_rates(
     mar: str, mtime_ns: int, batch_sizes: tuple[int, ...], threads: int, gpus: int
 ) -> dict[int, float]:
-    """Each batch size's median texts/s (``measured_samples``)."""
-    return median_rates(measured_samples(mar, mtime_ns, batch_sizes, threads, gpus))
+    """Each batch size's best texts/s of its rounds (``measured_samples``)."""
+    return best_rates(measured_samples(mar, mtime_ns, batch_sizes, threads, gpus))
 
 
 @functools.cache

@@ -6,7 +6,7 @@ The stages, each in its own module:
 - ``machine``: the CPUs paid for, the physical cores under them, the memory, the GPUs;
 - ``stated``: what the deployment states in environment variables (and ``plan``: a saved plan);
 - ``measure``: one worker of each archive, measured in a child process (its memory after loading
-  and its largest batch; its texts/s at each batch size, the median of rounds);
+  and its largest batch; its texts/s at each batch size, the best of rounds);
 - ``rules``: the pure rules from those to workers, threads, ``batchSize``, queue and heap;
 - here: the resolution of several models in one config, and ``Resolved``, the plan with its
   reasons; ``size_cli``: the image's command line.
@@ -22,7 +22,7 @@ The rule, in the order it is applied:
 - **Several models** (each version of a name counts as one): the cores left after the workers
   the config states are shared out equally; the memory cap takes one worker at a time from the
   model with the most.
-- **Batch size**: the smallest whose measured rate (the median of ``measure.ROUNDS`` rounds) is
+- **Batch size**: the smallest whose measured rate (the best of ``measure.ROUNDS`` rounds) is
   within ``rules.NEAR_BEST`` of the best of ``rules.BATCH_SIZES``.
 - **Queue** (requests): what the workers drain in ``rules.PATIENT_S`` at that rate, one text a
   request; on a GPU never more than the GPU drains (a batch per the GPU's measured busy time:

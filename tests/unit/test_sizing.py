@@ -181,6 +181,16 @@ def test_batch_size_is_the_smallest_near_the_best_rate() -> None:
     assert rules.batch_size_for({1: 10.0, 8: 60.0, 64: 200.0})[0] == 64, "a GPU-like curve"
 
 
+def test_each_sizes_rate_is_its_best_round() -> None:
+    """A round runs slower only while something else takes the core: a size measured in a
+    slow spell keeps the rate of its undisturbed round, and the choice follows that."""
+    samples = {16: [80.0, 81.0, 79.0], 32: [70.0, 68.0, 95.0], 64: [100.0, 99.0, 101.0]}
+    assert rules.best_rates(samples) == {16: 81.0, 32: 95.0, 64: 101.0}
+    chosen, why = rules.batch_size_for(rules.best_rates(samples))
+    assert chosen == 32
+    assert "the best of its rounds" in why and "95.0 at 32" in why
+
+
 def test_resolve_fills_what_the_shipped_config_leaves_out(
     machine_of_8_cores: list[tuple[tuple[int, ...], int]],
 ) -> None:

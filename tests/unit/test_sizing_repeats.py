@@ -1,5 +1,6 @@
-"""lab.sizing_repeats: the start's rule applied to each fresh measurement, and the summary of
-the choices and the chosen rate's spread (the measurement faked: no model is loaded)."""
+"""lab.sizing_repeats: the start's rule applied to each fresh measurement, by each size's best
+round and by its median, and the summary of the choices and the chosen rate's spread (the
+measurement faked: no model is loaded)."""
 
 from __future__ import annotations
 
@@ -11,28 +12,39 @@ from bert_serve_server import measure
 
 from lab import sizing_repeats
 
+SLOWED = 0.8
+"""A round run while something else held the core: every size's rate times this."""
 
-def test_each_run_gets_the_starts_choice_and_the_summary_counts_them(
+
+def test_each_run_gets_the_starts_choice_by_its_best_rounds_and_the_summary_counts_them(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     curves = iter(
         [
-            {2: 50, 4: 60, 8: 70, 16: 80, 32: 95, 64: 100},  # 32 (95 >= 90)
-            {2: 50, 4: 60, 8: 70, 16: 80, 32: 85, 64: 100},  # 64
-            {2: 40, 4: 50, 8: 60, 16: 70, 32: 78, 64: 80},  # 32 (78 >= 72)
+            # 32 by its best rounds (95 >= 90); its median, two rounds of three slowed (76),
+            # falls under 90 and the median's rule takes 64
+            ({2: 50, 4: 60, 8: 70, 16: 80, 32: 95, 64: 100}, {32: 2}),
+            ({2: 50, 4: 60, 8: 70, 16: 80, 32: 85, 64: 100}, {}),  # 64 by both
+            ({2: 40, 4: 50, 8: 60, 16: 70, 32: 78, 64: 80}, {16: 1}),  # 32 by both
         ]
     )
     calls: list[list[Any]] = []
 
     def rates(what: str, mar: Path, args: list[Any]) -> dict[str, list[float]]:
         calls.append([what, args])
-        curve = next(curves)
-        return {str(size): [rate - 1, rate, rate + 5] for size, rate in curve.items()}
+        curve, slowed = next(curves)
+        return {
+            str(size): [rate * SLOWED if i < slowed.get(size, 0) else rate for i in range(3)]
+            for size, rate in curve.items()
+        }
 
     monkeypatch.setattr(measure, "in_fresh_process", rates)
     report = sizing_repeats.run(Path("x.mar"), runs=3, threads=2)
     assert [run["batch_size"] for run in report["runs"]] == [32, 64, 32]
     assert [run["rate"] for run in report["runs"]] == [95, 100, 78]
+    assert [run["by_median"]["batch_size"] for run in report["runs"]] == [64, 64, 32]
+    assert report["runs"][0]["by_median"]["rates"][32] == 76
+    assert report["runs"][2]["samples"][16] == [56, 70, 70]
     assert calls[0] == ["rates", [[2, 4, 8, 16, 32, 64], 2, 0]]
     assert report["summary"] == {
         "batch_sizes": {32: 2, 64: 1},
@@ -41,3 +53,4 @@ def test_each_run_gets_the_starts_choice_and_the_summary_counts_them(
         "rate_max": 100,
         "rate_spread": round(100 / 78 - 1, 3),
     }
+    assert report["summary_by_median"]["batch_sizes"] == {64: 2, 32: 1}
