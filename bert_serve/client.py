@@ -69,13 +69,13 @@ DEFAULT_URL = "http://127.0.0.1:8080"
 DEFAULT_MODEL = "bert"
 # TorchServe counts a list request as one item of its batch: an idle worker takes every request
 # that arrives within maxBatchDelay, up to batchSize. With fewer requests in flight than
-# batchSize x workers (16 x 2 by default), most land on one worker while the others idle; measured
-# with the default server (make bench, client_lists), 16 texts x 32 in flight was 1.8x
-# as fast as 64 x 4.
+# batchSize x workers (both sized by the server at its start), most land on one worker while the
+# others idle; measured with the default server (make bench, client_lists), 16 texts x 32 in
+# flight was 1.8x as fast as 64 x 4.
 DEFAULT_CHUNK_SIZE = 16
 DEFAULT_CONCURRENCY = 32
-# The server's max_request_size (config/config.properties, TorchServe's default too; a unit
-# test keeps the two equal): a bigger body is refused 413 before any worker sees it.
+# The server's max_request_size (config/config.properties; TorchServe's own default is 6553500
+# bytes; a unit test keeps the two equal): a bigger body is refused 413 before any worker sees it.
 DEFAULT_MAX_REQUEST_BYTES = 1_048_576
 # The server's responseTimeout (config/model-config.yaml; a unit test keeps the two equal):
 # TorchServe kills a worker whose batch runs longer and answers that batch "Worker died.", so
