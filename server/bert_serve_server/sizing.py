@@ -189,22 +189,34 @@ def resolve(
         machine = replace(machine, gpus=0)  # every model on the CPU: sized as on a CPU machine
     workers_sized = {model.key for model in models if "minWorkers" not in model.entry}
     reasons: list[str] = [*machine.source, *stated.lines(), *planned]
-    threads = stated_threads or 1
-    if models and not on_gpu:
-        models, threads, why = cpu_workers_or_refused(machine, models, refused, stated_threads)
-        reasons += why
     stated_queue = int(properties["job_queue_size"]) if "job_queue_size" in properties else None
     rates: dict[str, float | None] = {}
     batch_reasons: list[str] = []
 
-    def step(model: Served) -> Served:
-        sized, rate, why = with_batch_size(model, threads, machine, stated_queue is None)
-        label = f"{model.key}: " if len(models) > 1 else ""
-        batch_reasons.extend(label + reason for reason in why)
-        rates[model.key] = rate
-        return sized
+    def batch_sized(models: list[Served], threads: int) -> list[Served]:
+        rates.clear()
+        batch_reasons.clear()
 
-    sized = each_model(models, refused, step)
+        def step(model: Served) -> Served:
+            sized, rate, why = with_batch_size(model, threads, machine, stated_queue is None)
+            label = f"{model.key}: " if len(models) > 1 else ""
+            batch_reasons.extend(label + reason for reason in why)
+            rates[model.key] = rate
+            return sized
+
+        return each_model(models, refused, step)
+
+    threads = stated_threads or 1
+    if models and not on_gpu:
+        while True:  # a model refused while its rate is measured gives its cores back
+            workers, threads, why = cpu_workers_or_refused(machine, models, refused, stated_threads)
+            sized = batch_sized(workers, threads)
+            if len(sized) == len(workers):
+                break
+            models = [model for model in models if model.key not in refused]
+        reasons += why
+    else:
+        sized = batch_sized(models, threads)
     loads: dict[str, DeviceLoad] = {}
     if on_gpu:
         sized, loads = with_device_loads(sized, on_gpu, refused, stated_queue is None)

@@ -347,6 +347,9 @@ def test_a_model_that_cannot_be_measured_is_refused_and_the_others_served(
     models = json.loads(resolved.properties["models"])
     assert set(models["a"]) == {"2"} and models["a"]["2"]["defaultVersion"] is True
     assert resolved.properties["load_models"] == "a-v2.mar,b.mar"
+    workers = {f"{n}:{v}": e["minWorkers"] for n, vs in models.items() for v, e in vs.items()}
+    assert workers == {"a:2": 6, "b:1.0": 2}, "a:1's 3 cores go to a:2 (b states its 2)"
+    assert not any(reason.startswith("a:1: batchSize") for reason in resolved.reasons)
 
 
 def gpu_load(device_ms: float, cpu_ms: float, gpu_gib: float = 1.0) -> rules.DeviceLoad:
