@@ -190,40 +190,24 @@ def resolve(
     workers_sized = {model.key for model in models if "minWorkers" not in model.entry}
     reasons: list[str] = [*machine.source, *stated.lines(), *planned]
     stated_queue = int(properties["job_queue_size"]) if "job_queue_size" in properties else None
-    rates: dict[str, float | None] = {}
-    batch_reasons: list[str] = []
 
-    def batch_sized(models: list[Served], threads: int) -> list[Served]:
-        rates.clear()
-        batch_reasons.clear()
-
-        def step(model: Served) -> Served:
-            sized, rate, why = with_batch_size(model, threads, machine, stated_queue is None)
-            label = f"{model.key}: " if len(models) > 1 else ""
-            batch_reasons.extend(label + reason for reason in why)
-            rates[model.key] = rate
-            return sized
-
-        return each_model(models, refused, step)
+    def batches(models: list[Served], threads: int) -> BatchSized:
+        return batch_sized(models, threads, machine, stated_queue is None, refused)
 
     threads = stated_threads or 1
     if models and not on_gpu:
-        while True:  # a model refused while its rate is measured gives its cores back
-            workers, threads, why = cpu_workers_or_refused(machine, models, refused, stated_threads)
-            sized = batch_sized(workers, threads)
-            if len(sized) == len(workers):
-                break
-            models = [model for model in models if model.key not in refused]
+        batched, threads, why = cpu_sized(machine, models, refused, stated_threads, batches)
         reasons += why
     else:
-        sized = batch_sized(models, threads)
+        batched = batches(models, threads)
+    sized, rates = batched.models, batched.rates
     loads: dict[str, DeviceLoad] = {}
     if on_gpu:
         sized, loads = with_device_loads(sized, on_gpu, refused, stated_queue is None)
         if sized:
             sized, threads, why = with_workers(machine, sized, loads, on_gpu, stated_threads)
             reasons += why
-    reasons += batch_reasons
+    reasons += batched.reasons
     resolved = dict(properties)
     holding = [model for model in sized if holds_a_model(model.mar)]
     if holding and (any(rates.get(m.key) for m in sized) or stated_queue is not None):
@@ -284,6 +268,54 @@ def cpu_workers_or_refused(
             refused[error.key] = str(error)
             models = [model for model in models if model.key != error.key]
     return [], threads or 1, []
+
+
+@dataclass
+class BatchSized:
+    """The models with their batch sizes, each one's rate there, and why."""
+
+    models: list[Served]
+    rates: dict[str, float | None] = field(default_factory=dict)
+    reasons: list[str] = field(default_factory=list)
+
+
+def batch_sized(
+    models: list[Served],
+    threads: int,
+    machine: Machine,
+    measure_queue: bool,
+    refused: dict[str, str],
+) -> BatchSized:
+    """``with_batch_size`` of each model; one whose own code fails is added to ``refused``."""
+    batched = BatchSized([])
+
+    def step(model: Served) -> Served:
+        sized, rate, why = with_batch_size(model, threads, machine, measure_queue)
+        label = f"{model.key}: " if len(models) > 1 else ""
+        batched.reasons.extend(label + reason for reason in why)
+        batched.rates[model.key] = rate
+        return sized
+
+    batched.models = each_model(models, refused, step)
+    return batched
+
+
+def cpu_sized(
+    machine: Machine,
+    models: list[Served],
+    refused: dict[str, str],
+    stated_threads: int | None,
+    batches: Callable[[list[Served], int], BatchSized],
+) -> tuple[BatchSized, int, list[str]]:
+    """On the CPU: the workers and threads (``cpu_workers_or_refused``), then each model's batch
+    size (``batches``); a model refused while its rate is measured gives its cores back, the
+    workers sized again without it."""
+    while True:
+        workers, threads, why = cpu_workers_or_refused(machine, models, refused, stated_threads)
+        batched = batches(workers, threads)
+        if len(batched.models) == len(workers):
+            return batched, threads, why
+        models = [model for model in models if model.key not in refused]
 
 
 def sized_queue(
