@@ -56,9 +56,15 @@ def test_each_request_gets_its_start_and_the_route_timeout(
     assert stated.headers["X-Request-Timeout"] == "0.5"
 
 
-@pytest.mark.parametrize("stated", ["61", "60.5", "3600", "1e3", "-1", "soon", "0x10"])
-def test_a_wait_past_the_proxys_own_or_not_a_number_becomes_the_route_timeout(
-    stub_behind_proxy: tuple[str, list[Seen]], stated: str
+@pytest.mark.parametrize(
+    ("stated", "forwarded"),
+    [
+        *[(wait, wait) for wait in ("0", "7", "59.999", "60", "60.0", "05")],
+        *[(wait, ROUTE_TIMEOUT) for wait in ("61", "60.5", "3600", "1e3", "-1", "soon", "0x10")],
+    ],
+)
+def test_a_clients_wait_passes_up_to_the_proxys_own_and_no_further(
+    stub_behind_proxy: tuple[str, list[Seen]], stated: str, forwarded: str
 ) -> None:
     """The proxy gives up at the route's timeout: a client that says it waits longer, or says
     it in a form the handler does not read, is forwarded as waiting that long, no longer."""
@@ -69,21 +75,7 @@ def test_a_wait_past_the_proxys_own_or_not_a_number_becomes_the_route_timeout(
         headers=AUTHORIZED | {"X-Request-Timeout": stated},
         timeout=10,
     ).raise_for_status()
-    assert seen[-1].headers["X-Request-Timeout"] == ROUTE_TIMEOUT
-
-
-@pytest.mark.parametrize("stated", ["0", "7", "59.999", "60", "60.0", "05"])
-def test_a_wait_within_the_proxys_own_passes_as_the_client_stated_it(
-    stub_behind_proxy: tuple[str, list[Seen]], stated: str
-) -> None:
-    url, seen = stub_behind_proxy
-    requests.post(
-        f"{url}/predictions/bert",
-        data=b"text",
-        headers=AUTHORIZED | {"X-Request-Timeout": stated},
-        timeout=10,
-    ).raise_for_status()
-    assert seen[-1].headers["X-Request-Timeout"] == stated
+    assert seen[-1].headers["X-Request-Timeout"] == forwarded
 
 
 def test_connections_to_the_upstream_stay_open(stub_behind_proxy: tuple[str, list[Seen]]) -> None:
