@@ -2,7 +2,7 @@
 rate measurement of an archive taken N times, each in a fresh process, with the choice each
 makes and the spread of the chosen rate.
 
-    python scripts/sizing_repeats.py --out build/sizing-repeats.json [--runs 8] [--threads 1]
+    python scripts/sizing_repeats.py --out build/sizing-repeats.json [--runs 8] [--threads 1] [--probe]
 """
 
 from __future__ import annotations
@@ -25,8 +25,13 @@ def main() -> int:
     parser.add_argument("--mar", type=Path, default=ROOT / "model_store" / "bert.mar")
     parser.add_argument("--runs", type=int, default=8, help="fresh measurements, in a row")
     parser.add_argument("--threads", type=int, default=1, help="torch threads, as a worker's")
+    parser.add_argument(
+        "--probe",
+        action="store_true",
+        help="measure on CPU 0 beside a fixed product on CPU 1: the machine's speed (lab.sizing_repeats)",
+    )
     args = parser.parse_args()
-    report = run(args.mar, args.runs, args.threads)
+    report = run(args.mar, args.runs, args.threads, args.probe)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     for measured in report["runs"]:
@@ -38,6 +43,8 @@ def main() -> int:
         )
     print("best round:", report["summary"])
     print("median round:", report["summary_by_median"])
+    if "at_steady_speed" in report:
+        print("over the probe's speed:", report["at_steady_speed"])
     return 0
 
 

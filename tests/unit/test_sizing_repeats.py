@@ -54,3 +54,21 @@ def test_each_run_gets_the_starts_choice_by_its_best_rounds_and_the_summary_coun
         "rate_spread": round(100 / 78 - 1, 3),
     }
     assert report["summary_by_median"]["batch_sizes"] == {64: 2, 32: 1}
+
+
+def test_over_the_probes_speed_a_run_in_a_slow_spell_gets_the_rate_of_a_steady_machine() -> None:
+    runs = [
+        {"rate": 100.0, "probe_per_s": 1000.0},
+        {"rate": 80.0, "probe_per_s": 800.0},  # the whole machine 20 % slower: the same
+        {"rate": 90.0, "probe_per_s": 1200.0},  # faster machine, slower measurement: lower
+    ]
+    steady = sizing_repeats.at_steady_speed(runs)
+    assert steady["rates"] == [100.0, 100.0, 75.0]
+    assert steady["rate_spread"] == round(100 / 75 - 1, 3)
+    assert steady["probe_spread"] == 0.5
+
+
+def test_the_speed_probe_runs_on_its_cpu_for_the_blocks_seconds() -> None:
+    with sizing_repeats.speed_probe(0) as rate:
+        assert rate == []
+    assert len(rate) == 1 and rate[0] > 0
