@@ -140,8 +140,13 @@ def test_thresholds_follow_the_queue_sizing_and_the_route_timeout() -> None:
     (queue,) = [a for a in alerts() if a["alert"] == "BertServeQueueNearBound"]
     threshold = float(re.findall(r">\s*([\d.e]+)\s*$", str(queue["expr"]).strip())[0])
     assert threshold == pytest.approx(0.8 * sizing.PATIENT_S)
-    route = re.search(r'""\s+(\d+);', PROXY_CONF.read_text())
+    conf = PROXY_CONF.read_text()
+    route = re.search(
+        r"map \$http_x_request_timeout \$request_timeout \{.*?default (\d+);", conf, re.S
+    )
+    gives_up = re.search(r"proxy_read_timeout (\d+)s;", conf)
     assert route and float(route.group(1)) == sizing.PATIENT_S
+    assert gives_up and float(gives_up.group(1)) == sizing.PATIENT_S
 
 
 RECORDED = ("bert_serve:label_psi:rate10m", "bert_serve:truncated_share:rate10m")
