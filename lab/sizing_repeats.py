@@ -142,7 +142,7 @@ def run(mar: Path, runs: int, threads: int, probe: bool = False) -> dict[str, An
     measured = [one_run(mar, threads, probe) for _ in range(runs)]
     steady = {"at_steady_speed": at_steady_speed(measured)} if probe else {}
     return {
-        "command": "python scripts/sizing_repeats.py --out FILE",
+        "command": "python scripts/sizing_repeats.py --out FILE" + " --probe" * probe,
         "machine": describe(),
         "archive": str(mar),
         "threads": threads,
