@@ -5,11 +5,14 @@ container engine works: ``python fake_engine.py STATE_DIR VERB ARGS...``.
 ports as the image does (``served``); ``inspect``, ``exec`` (the management API's model
 description, the readiness probe: not ready at first), ``kill``, ``stats``, ``logs`` and ``rm``
 act on it. On SIGTERM the stub answers every connection it was sent (those still in the listen
-backlog too), then exits 0 and records that, as the image's entrypoint does.
+backlog too), then exits 0 and records that, as the image's entrypoint does. As an engine
+does, ``inspect`` reads the stub's process: a stub that died without recording its exit (a
+signal) is not running, with code 137; ``logs`` holds what the stub wrote to stderr.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import select
@@ -110,17 +113,30 @@ class StubServer(ThreadingHTTPServer):
 # those a client had already begun (one event-loop turn, milliseconds); 0.5 s is over 100x that
 # even on a loaded 2-core machine. The wait itself is exact: it counts, it does not guess.
 QUIET_S = 0.5
+# A drain still running this long after SIGTERM writes every thread's stack to the stub's log
+# (the image test's grace is 90 s): a hung stop then says where it hangs.
+STACKS_AFTER_S = 30.0
 
 
 def serve(exit_file: Path, ports: list[int]) -> None:
     """The stub image: one server per published port until SIGTERM, then, as the entrypoint
-    drains, every connection it was sent answered, then exit 0."""
-    servers = [StubServer(port) for port in ports]
+    drains, every connection it was sent answered, then exit 0. Any other end of its own
+    records exit code 1 (the traceback is in its log)."""
+    try:
+        drain_on_sigterm([StubServer(port) for port in ports])
+    except BaseException:
+        exit_file.write_text("1")
+        raise
+    exit_file.write_text("0")
+
+
+def drain_on_sigterm(servers: list[StubServer]) -> None:
     for server in servers:
         threading.Thread(target=server.serve_forever, daemon=True).start()
     stopped = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())
     stopped.wait()
+    faulthandler.dump_traceback_later(STACKS_AFTER_S)
     quiet_since = time.monotonic()
     while time.monotonic() - quiet_since < QUIET_S:
         time.sleep(0.02)
@@ -129,16 +145,25 @@ def serve(exit_file: Path, ports: list[int]) -> None:
     for server in servers:
         server.shutdown()
         server.server_close()
-    exit_file.write_text("0")
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie (an orphan stays one where PID 1 reaps none)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 class Box:
-    """One container: the stub's pid (``name.json``) and, once it stopped, its exit code
-    (``name.exit``), in the state folder."""
+    """One container: the stub's pid (``name.json``), its stderr (``name.log``) and, once it
+    stopped, its exit code (``name.exit``), in the state folder."""
 
     def __init__(self, state: Path, name: str) -> None:
         self.record = state / f"{name}.json"
         self.exit_file = state / f"{name}.exit"
+        self.log = state / f"{name}.log"
 
     @property
     def pid(self) -> int:
@@ -150,7 +175,12 @@ class Box:
 
     @property
     def running(self) -> bool:
-        return self.record.exists() and not self.exit_file.exists()
+        return self.record.exists() and not self.exit_file.exists() and alive(self.pid)
+
+    @property
+    def exit_code(self) -> str:
+        """The stub's own record of its exit; 137, as an engine says, for one killed."""
+        return self.exit_file.read_text() if self.exit_file.exists() else "137"
 
 
 KNOWN_MODEL_TYPES = ("bert",)
@@ -172,9 +202,10 @@ def run(state: Path, args: list[str]) -> str:
         return name
     ports = [args[i + 1].split(":")[1] for i, arg in enumerate(args) if arg == "--publish"]
     command = [sys.executable, __file__, str(state), "serve", str(box.exit_file), *ports]
-    stub = subprocess.Popen(
-        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-    )
+    with box.log.open("ab") as log:
+        stub = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True
+        )
     env = dict(args[i + 1].split("=", 1) for i, arg in enumerate(args) if arg == "--env")
     box.record.write_text(json.dumps({"pid": stub.pid, "env": env}))
     return name
@@ -195,10 +226,8 @@ def logs(state: Path, args: list[str]) -> str:
     box = Box(state, args[-1])
     if box.record.exists() and "log" in json.loads(box.record.read_text()):
         return str(json.loads(box.record.read_text())["log"])
-    env = box.env
-    return "\n".join(
-        f"sizing: stated: {name.lower()} {value} ({name})" for name, value in env.items()
-    )
+    stated = [f"sizing: stated: {name.lower()} {value} ({name})" for name, value in box.env.items()]
+    return "\n".join(stated + (box.log.read_text().splitlines() if box.log.exists() else []))
 
 
 def inspect(state: Path, args: list[str]) -> str:
@@ -206,7 +235,7 @@ def inspect(state: Path, args: list[str]) -> str:
     return {
         "{{.State.Running}}": "true" if box.running else "false",
         "{{.State.Pid}}": str(box.pid),
-        "{{.State.ExitCode}}": "0" if box.running else box.exit_file.read_text(),
+        "{{.State.ExitCode}}": "0" if box.running else box.exit_code,
     }[args[args.index("--format") + 1]]
 
 
@@ -238,7 +267,10 @@ def exec_(state: Path, args: list[str]) -> str:
 
 
 def kill(state: Path, args: list[str]) -> str:
-    os.kill(Box(state, args[-1]).pid, signal.SIGTERM)
+    box = Box(state, args[-1])
+    if not box.running:  # as podman: "can only kill running containers"
+        sys.exit(f"{args[-1]} is not running (exit code {box.exit_code})")
+    os.kill(box.pid, signal.SIGTERM)
     return ""
 
 

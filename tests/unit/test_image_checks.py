@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+import time
 import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -171,6 +173,27 @@ def tiny_archive(path: Path) -> Path:
         archive.writestr("model/config.json", json.dumps({"model_type": "bert"}))
         archive.writestr("handler/__init__.py", "")
     return path
+
+
+def test_the_fake_engine_sees_its_stub_killed_as_an_engine_would(tmp_path: Path) -> None:
+    """A stub that dies without recording its exit (SIGKILL from outside) is not running, its
+    exit code is 137 and a stop of it fails at once, as with podman; before, it stayed
+    "running" and a stop waited out the whole grace period. Its orphan stays a zombie where
+    PID 1 reaps none, which counts as dead too."""
+    engine = [sys.executable, fake_engine.__file__, str(tmp_path)]
+    container = image.Container.of(engine, "bert-serve:x")
+    container.start()
+    pid = int(container.state("Pid"))
+    assert container.state("Running") == "true"
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while fake_engine.alive(pid):
+        assert time.monotonic() < deadline, "SIGKILL did not end the stub"
+        time.sleep(0.1)
+    assert (container.state("Running"), container.state("ExitCode")) == ("false", "137")
+    with pytest.raises(RuntimeError, match="not running"):
+        container.run("kill", "--signal", "TERM", container.name)
+    container.remove()
 
 
 @pytest.mark.parametrize("known", [True, False])
