@@ -1,7 +1,8 @@
 """The test suite's profile from the JUnit XML scripts/test.sh writes: the slowest tests (each
 with its fixtures' setup and teardown) and each file's total, as Markdown for docs/testing.md.
 
-    python -m lab.test_profile build/test-times-unit.xml build/test-times.xml --top 25
+    python -m lab.test_profile build/test-times-unit.xml build/test-times.xml \
+        build/test-times-alone.xml --top 25
 """
 
 from __future__ import annotations

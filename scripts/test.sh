@@ -4,9 +4,14 @@
 #   header prints the seed; `--randomly-seed=N` repeats an order, `-p no:randomly` keeps the
 #   files' order) spread over one pytest-xdist process per CPU, at most 4: they start no server;
 # - the integration layer (a real torchserve on free local ports, the curl smoke script, the
-#   image) in file order on one process: its tests load the whole machine and some time it.
+#   image) in file order, in two runs: first every test not marked `alone` over one pytest-xdist
+#   process per CPU, at most 4, each file whole on one process (its servers start one at a
+#   time, half a machine of 2 cores each: a start is mostly one thread); then the `alone`
+#   tests (chaos, the image and pod, the operating run with Prometheus, the soak, the defaults'
+#   bars) on one process: they load the whole machine and check what it does under load.
 # Every test's time (its fixtures' setup and teardown included) goes to JUnit XML,
-# build/test-times-unit.xml and build/test-times.xml: docs/testing.md's profile is read from them.
+# build/test-times-unit.xml, build/test-times.xml and build/test-times-alone.xml:
+# docs/testing.md's profile is read from them.
 # Arguments go to both runs (a run that selects no test is not a failure).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -22,15 +27,18 @@ pytest=(.venv/bin/python -m pytest -ra --durations=25)
 "${pytest[@]}" -m "not integration" -n auto --maxprocesses 4 \
     --junitxml=build/test-times-unit.xml "$@"
 unit=$?
-"${pytest[@]}" -m integration -p no:randomly --junitxml=build/test-times.xml "$@"
+"${pytest[@]}" -m "integration and not alone" -p no:randomly -n auto --maxprocesses 4 \
+    --dist loadfile --junitxml=build/test-times.xml "$@"
 integration=$?
-for status in "$unit" "$integration"; do
+"${pytest[@]}" -m "integration and alone" -p no:randomly --junitxml=build/test-times-alone.xml "$@"
+alone=$?
+for status in "$unit" "$integration" "$alone"; do
     # 5: no test selected (arguments that name only one layer's tests)
     if [ "$status" -ne 0 ] && [ "$status" -ne 5 ]; then
         exit "$status"
     fi
 done
-if [ "$unit" -eq 5 ] && [ "$integration" -eq 5 ]; then
+if [ "$unit" -eq 5 ] && [ "$integration" -eq 5 ] && [ "$alone" -eq 5 ]; then
     echo "no test selected" >&2
     exit 5
 fi

@@ -1,9 +1,10 @@
 """One real TorchServe for the whole session, on free 127.0.0.1 ports, always stopped.
 
 Every test under tests/integration/ is marked ``integration`` (``make unit`` leaves them out).
-Tests marked ``runs_last`` (the container image build) run after all others: they load the
-machine for minutes and write outside the checkout, so whatever they leave behind cannot touch
-another test's fixtures.
+Tests marked ``alone`` run after the others, one at a time with nothing beside them
+(scripts/test.sh runs the rest over several processes); among them, those marked ``runs_last``
+(the container image build) run last: they load the machine for minutes and write outside the
+checkout, so whatever they leave behind cannot touch another test's fixtures.
 """
 
 from __future__ import annotations

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.conftest import MAR_PATH, ROOT
 
 
@@ -98,6 +100,7 @@ def test_floor_smoke_run_takes_a_lone_request_apart(tmp_path) -> None:
     assert results["machine"]["cpu_model"] and "p50_met" in results["bars"]
 
 
+@pytest.mark.alone  # its bar of no refused patient client holds on a machine to itself
 def test_defaults_check_runs_on_a_stand_in_model() -> None:
     """`make check-defaults` on the fast stand-in with one-second levels: every level ran and
     was answered; the sizing it reports is what the server ran. Its bars need a quiet machine

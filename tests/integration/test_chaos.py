@@ -11,6 +11,9 @@ import pytest
 
 from tests.conftest import MAR_PATH, ROOT
 
+# alone (scripts/test.sh): kills, overload and a spike, checked under its own load only
+pytestmark = pytest.mark.alone
+
 PARTS = (
     "poisoning_soak",
     "worker_crash",

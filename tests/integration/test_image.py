@@ -30,6 +30,9 @@ from bert_serve_server import measure, served, sizing
 from lab.image import pod_limits
 from tests.conftest import MAR_PATH, ROOT
 
+# alone (scripts/test.sh): the pod's limits, 256 patient clients, stops within the grace
+pytestmark = pytest.mark.alone
+
 # From nothing (debootstrap base + first build + run) 7 to 12 min on a loaded machine of this
 # project; a rebuild with nothing changed plus the run, 2.5 min (deploy/README.md).
 TIMEOUT_S = 30 * 60

@@ -50,6 +50,9 @@ from tests.promql import (
     with_variables,
 )
 
+# alone (scripts/test.sh): bursts meant to be refused, late requests meant to expire
+pytestmark = pytest.mark.alone
+
 MODELS = ("bert", "tiny")
 RATE_WINDOW = "15s"
 """$__rate_interval: 15 scrapes at the 1 s interval of this run."""
