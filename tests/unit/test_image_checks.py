@@ -183,17 +183,19 @@ def test_the_fake_engine_sees_its_stub_killed_as_an_engine_would(tmp_path: Path)
     engine = [sys.executable, fake_engine.__file__, str(tmp_path)]
     container = image.Container.of(engine, "bert-serve:x")
     container.start()
-    pid = int(container.state("Pid"))
-    assert container.state("Running") == "true"
-    os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 60
-    while fake_engine.alive(pid):
-        assert time.monotonic() < deadline, "SIGKILL did not end the stub"
-        time.sleep(0.1)
-    assert (container.state("Running"), container.state("ExitCode")) == ("false", "137")
-    with pytest.raises(RuntimeError, match="not running"):
-        container.run("kill", "--signal", "TERM", container.name)
-    container.remove()
+    try:
+        pid = int(container.state("Pid"))
+        assert container.state("Running") == "true"
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while fake_engine.alive(pid):
+            assert time.monotonic() < deadline, "SIGKILL did not end the stub"
+            time.sleep(0.1)
+        assert (container.state("Running"), container.state("ExitCode")) == ("false", "137")
+        with pytest.raises(RuntimeError, match="not running"):
+            container.run("kill", "--signal", "TERM", container.name)
+    finally:
+        container.remove()  # a stub still running (an assertion failed first) is killed
 
 
 @pytest.mark.parametrize("known", [True, False])
