@@ -16,6 +16,7 @@ costs the machine, as measured, not estimated.
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import json
@@ -363,11 +364,17 @@ def remembered(what: str, mar: str, mtime_ns: int, args: list[Any]) -> Any:
     path = Path(folder) / f"{hashlib.sha256(key.encode()).hexdigest()}.json"
     if path.is_file():
         return json.loads(path.read_text())
-    answer = in_fresh_process(what, Path(mar), args)
     path.parent.mkdir(parents=True, exist_ok=True)
-    scratch = path.with_suffix(f".{os.getpid()}.tmp")
-    scratch.write_text(json.dumps(answer))
-    scratch.replace(path)  # atomic: a process reading it sees all of it or nothing
+    # One measurer per key: a second start asking while the first measures waits for its
+    # answer (two measurements side by side would each see half the machine, and be wrong).
+    with path.with_suffix(".lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if path.is_file():
+            return json.loads(path.read_text())
+        answer = in_fresh_process(what, Path(mar), args)
+        scratch = path.with_suffix(f".{os.getpid()}.tmp")
+        scratch.write_text(json.dumps(answer))
+        scratch.replace(path)  # atomic: a process reading it sees all of it or nothing
     return answer
 
 

@@ -6,6 +6,8 @@ measurements are faked; no model is loaded."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 import zipfile
 from dataclasses import replace
 from pathlib import Path
@@ -377,9 +379,41 @@ def test_a_measurement_is_remembered_in_the_cache_folder(
     assert measure.remembered("memory", *archive("copy/bert.mar", b"one"), [2]) == {"answer": 1}
     assert measure.remembered("memory", *archive("other.mar", b"two"), [2]) == {"answer": 2}
     assert measure.remembered("rates", mar, mtime, [2]) == {"answer": 3}
-    assert len(list((tmp_path / "cache").iterdir())) == 3
+    assert len(list((tmp_path / "cache").glob("*.json"))) == 3
     monkeypatch.delenv(measure.CACHE_ENV)
     assert measure.remembered("memory", mar, mtime, [2]) == {"answer": 4}
+
+
+def test_starts_asking_at_once_share_one_measurement(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two starts that ask for the same measurement at once (the suite's processes, a user's
+    starts side by side) measure once: the second waits for the first's answer rather than
+    measuring beside it, on half the machine."""
+    started: list[str] = []
+
+    def fresh(what: str, mar: Path, args: list[Any]) -> Any:
+        started.append(threading.current_thread().name)
+        time.sleep(0.5)  # long enough for the other ask to arrive while this one measures
+        return {"answer": len(started)}
+
+    mar = tmp_path / "bert.mar"
+    mar.write_bytes(b"one")
+    monkeypatch.setattr(measure, "in_fresh_process", fresh)
+    monkeypatch.setenv(measure.CACHE_ENV, str(tmp_path / "cache"))
+    together = threading.Barrier(2)
+    answers: list[Any] = []
+
+    def ask() -> None:
+        together.wait()
+        answers.append(measure.remembered("rates", str(mar), mar.stat().st_mtime_ns, [2]))
+
+    threads = [threading.Thread(target=ask) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert answers == [{"answer": 1}, {"answer": 1}] and len(started) == 1, started
 
 
 def test_the_metrics_cost_tools_second_server_runs_the_first_ones_plan(
