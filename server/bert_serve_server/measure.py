@@ -343,7 +343,8 @@ def exception_line(stderr: str) -> str:
 
 CACHE_ENV = "BERT_SERVE_MEASURE_CACHE"
 """A folder where measurements outlive the process: each archive's content measured once per
-kind of measurement and arguments, by whichever start comes first, wherever its copies lie.
+kind of measurement and arguments, by whichever start comes first (one that asks while another
+measures waits for that answer), wherever its copies lie.
 The test suite sets it for its whole run (dozens of servers, several processes, a few archives
 and their copies); unset, each process measures once per archive version."""
 
