@@ -4,11 +4,11 @@ The experiments (``lab.chaos``, one module each), each on its own server (in the
 those on the default config share one) with a pass/fail verdict computed from its numbers: a poisoning soak (10 % malformed traffic), a
 worker SIGKILL under load, a burst over a small queue, a body over the frontend's limit, a
 restart in the same state folder, and the kill runs (--kills worker kills per load level,
-counting the requests nobody answers) with the configured maxBatchDelay and with 2 ms. Every
+counting the requests nobody answers) with the configured maxBatchDelay and with 20 ms. Every
 loop is bounded in count and time.
 
     python scripts/chaos.py --out docs/chaos              # the full run (make chaos)
-    python scripts/chaos.py --quick --out /tmp/chaos      # every duration a few seconds, 2 kills
+    python scripts/chaos.py --quick --out /tmp/chaos      # every duration a few seconds, 2 kills (1 at 20 ms)
     python scripts/chaos.py --only kill_runs kill_runs_long_delay --kills 50 --out docs/chaos
     python scripts/chaos.py --only spike --forms stamped --no-peer --set job_queue_size=160 \
         --out build/spike-queue160     # the spike under another config (or model_store=DIR)
@@ -45,7 +45,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=30.0, help="soak duration")
     parser.add_argument("--quick", action="store_true", help="every duration a few seconds")
     parser.add_argument("--only", nargs="+", choices=EXPERIMENTS, help="run these parts only")
-    parser.add_argument("--kills", type=int, help="worker kills per load level (50; quick: 3)")
+    parser.add_argument(
+        "--kills", type=int, help="worker kills per load level (50; quick: 2, 1 at 20 ms)"
+    )
     parser.add_argument(
         "--set", nargs="*", default=[], metavar="KEY=VALUE", help="spike: config overrides"
     )

@@ -48,6 +48,8 @@ class Durations:
     overload_requests: int = 400
     overload_concurrency: int = 200
     kills: int = 50
+    long_delay_kills: int = 50
+    """The kill runs' at maxBatchDelay 20 ms (``kill_runs_long_delay``)."""
     spike_s: float = 15.0
     spike_set: dict[str, str] = field(default_factory=dict)
     """config.properties overrides for the spike part's server (``--set``): to compare
@@ -70,13 +72,15 @@ def part_server(d: Durations, overrides: dict[str, str] | None = None) -> Iterat
 
 
 def durations(seconds: float, quick: bool, kills: int | None = None) -> Durations:
-    """``kills`` per load level of the kill runs: 2 in the quick form (a replaced worker killed again), 50 otherwise."""
+    """``kills`` per load level of the kill runs, 50 by default; in the quick form 2 (a
+    replaced worker killed again), and 1 in the long-delay runs (their wider window)."""
     if quick:
         return Durations(
             soak_s=min(seconds, 4.0),
             crash_before_kill_s=1.0,
             crash_after_recovery_s=1.0,
             kills=2 if kills is None else kills,
+            long_delay_kills=1 if kills is None else kills,
             spike_s=2.0,
         )
     return Durations(
@@ -84,6 +88,7 @@ def durations(seconds: float, quick: bool, kills: int | None = None) -> Duration
         crash_before_kill_s=3.0,
         crash_after_recovery_s=5.0,
         kills=50 if kills is None else kills,
+        long_delay_kills=50 if kills is None else kills,
     )
 
 

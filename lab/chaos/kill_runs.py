@@ -263,20 +263,20 @@ def totals(levels: dict[str, dict[str, Any]]) -> dict[str, int]:
     }
 
 
-def kill_runs_with(d: Durations, overrides: dict[str, str] | None) -> dict[str, Any]:
-    """Every load level on one server started with ``overrides``."""
+def kill_runs_with(d: Durations, overrides: dict[str, str] | None, kills: int) -> dict[str, Any]:
+    """Every load level on one server started with ``overrides``, ``kills`` kills each."""
     with part_server(d, overrides) as server:
         model = server.model()
         levels = {
-            level.name: run_level(server, level, d.kills, seed) for seed, level in enumerate(LEVELS)
+            level.name: run_level(server, level, kills, seed) for seed, level in enumerate(LEVELS)
         }
     counts = totals(levels)
     complete = all(
-        level["kills"] == d.kills and "error" not in level and level["silently_lost"] == 0
+        level["kills"] == kills and "error" not in level and level["silently_lost"] == 0
         for level in levels.values()
     )
     result: dict[str, Any] = {
-        "kills_per_level": d.kills,
+        "kills_per_level": kills,
         "workers": len(model.get("workers", [])),
         "batch_size": model.get("batchSize"),
         "max_batch_delay_ms": model.get("maxBatchDelay"),
@@ -287,7 +287,7 @@ def kill_runs_with(d: Durations, overrides: dict[str, str] | None) -> dict[str, 
     }
     result["passed"] = complete and counts["client_failed"] == counts["client_hung"] == 0
     result["summary"] = (
-        f"{d.kills} kills x {len(levels)} loads, maxBatchDelay {result['max_batch_delay_ms']} ms: "
+        f"{kills} kills x {len(levels)} loads, maxBatchDelay {result['max_batch_delay_ms']} ms: "
         f"raw HTTP {counts['raw_no_answer']} of {counts['raw_requests']} unanswered within "
         f"{NO_ANSWER_DEADLINE_S:.0f} s, {counts['raw_worker_died']} 'Worker died.'; Client "
         f"{counts['client_failed']} failed, {counts['client_hung']} hung of "
@@ -298,9 +298,10 @@ def kill_runs_with(d: Durations, overrides: dict[str, str] | None) -> dict[str, 
 
 def run(d: Durations) -> dict[str, Any]:
     """The kill runs with the server's own batch settings (config/config.properties)."""
-    return kill_runs_with(d, None)
+    return kill_runs_with(d, None, d.kills)
 
 
 def run_long_delay(d: Durations) -> dict[str, Any]:
     """The same with maxBatchDelay 20 ms (the default before 2 ms): a ten times wider window."""
-    return kill_runs_with(d, {"models": models_entry(max_batch_delay=LONG_DELAY_MS)})
+    overrides = {"models": models_entry(max_batch_delay=LONG_DELAY_MS)}
+    return kill_runs_with(d, overrides, d.long_delay_kills)

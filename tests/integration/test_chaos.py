@@ -42,7 +42,8 @@ def test_chaos_quick_passes_every_part(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "chaos.json").read_text())
     assert {part: report[part]["passed"] for part in PARTS} == dict.fromkeys(PARTS, True)
     assert result.stdout.strip().splitlines()[-1] == f"chaos: {len(PARTS)} passed, 0 failed"
-    for part in ("kill_runs", "kill_runs_long_delay"):
+    # 2 kills a level (a replaced worker killed again), 1 at the long delay (its wider window)
+    for part, kills in (("kill_runs", 2), ("kill_runs_long_delay", 1)):
         levels = report[part]["levels"].values()
-        assert [level["kills"] for level in levels] == [2, 2]
+        assert [level["kills"] for level in levels] == [kills, kills]
         assert report[part]["client_failed"] == report[part]["client_hung"] == 0
