@@ -5,6 +5,7 @@ and how long their forward passes took, and what they expired."""
 from __future__ import annotations
 
 import re
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,9 @@ BATCH_LINE = re.compile(
 TIMES_LINE = re.compile(
     r"sub_batches=\[([^\]]*)\] .*? forward_ms=([\d.]+) threads=\d+ expired=(\d+)"
 )
+LOG_LAG_S = 10.0
+"""How long ``logged_batches`` waits for a worker's lines: TorchServe's frontend copies them
+into the model log after the answers have gone out, milliseconds later on a quiet machine."""
 SMALL_BATCH_TEXTS = 4
 """Batches of at most this many texts worked on, against full ones (``FULL_BATCH_TEXTS``):
 their forward time per text shows how much of a batch's time is fixed."""
@@ -95,3 +99,23 @@ class LogWindow:
         with self.path.open(encoding="utf-8", errors="replace") as handle:
             handle.seek(self.offset)
             return handle.read()
+
+
+def logged_batches(
+    path: Path, offset: int, items: int, within_s: float = LOG_LAG_S
+) -> tuple[list[int], int]:
+    """The sizes of the batches logged after ``offset`` (``batch_size=N``) once they hold
+    ``items`` requests, or what is there after ``within_s``; and the offset after the last
+    whole line read, where the next window starts. Read at once after the answers, the last
+    lines may not be written yet: a count falls short, and a window started then takes in
+    lines of the requests before it."""
+    deadline = time.monotonic() + within_s
+    while True:
+        with path.open("rb") as log:
+            log.seek(offset)
+            gained = log.read()
+        whole = gained[: gained.rfind(b"\n") + 1]
+        sizes = [int(size) for size in re.findall(rb"batch_size=(\d+)", whole)]
+        if sum(sizes) >= items or time.monotonic() > deadline:
+            return sizes, offset + len(whole)
+        time.sleep(0.1)

@@ -10,7 +10,6 @@ pipeline answers, one request at a time and under concurrent traffic.
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +20,7 @@ import requests
 from bert_serve_server import control as torchserve_ctl
 from bert_serve_server.archive import package, package_variant
 
+from lab.batchlog import logged_batches
 from tests.heads import ITEMS, Reference, largest_difference
 from tests.integration.conftest import model_log, stated_settings
 
@@ -66,9 +66,7 @@ def test_deberta_answers_like_the_pipeline_alone_and_batched(served: Served) -> 
     assert max(differences) <= TOLERANCE
     log = model_log(server).read_text()
     assert "attention eager: DebertaV2ForSequenceClassification has no sdpa attention" in log
-    with model_log(server).open() as lines:
-        lines.seek(log_offset)
-        sizes = [int(size) for size in re.findall(r"batch_size=(\d+)", lines.read())]
+    sizes, _ = logged_batches(model_log(server), log_offset, 4 * len(ITEMS))
     assert max(sizes) > 1, f"no request was batched: {sizes}"
 
 

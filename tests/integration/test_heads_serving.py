@@ -9,7 +9,6 @@ and under concurrent mixed traffic every request must get exactly its answer whe
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -20,6 +19,7 @@ import requests
 from bert_serve_server.archive import package
 from bert_serve_server.control import Server, running
 
+from lab.batchlog import logged_batches
 from tests.heads import ITEMS, Reference, largest_difference
 from tests.integration.conftest import model_log, stated_settings
 
@@ -131,9 +131,10 @@ def test_concurrent_mixed_traffic_answers_each_request_as_alone(served: Served) 
     when sent alone (same status, same error, same scores within 1e-4), in batches > 1."""
     kind, _, server = served
     jobs = mixed_traffic()
+    before = model_log(server).stat().st_size
     alone = [comparable(post(server, body, content_type)) for body, content_type in jobs]
     assert {status for status, _ in alone} == {200, 400}
-    log_offset = model_log(server).stat().st_size
+    _, log_offset = logged_batches(model_log(server), before, len(jobs))
 
     with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
         together = list(pool.map(lambda job: comparable(post(server, *job)), jobs))
@@ -141,9 +142,7 @@ def test_concurrent_mixed_traffic_answers_each_request_as_alone(served: Served) 
     for (status, body), (expected_status, expected_body) in zip(together, alone, strict=True):
         assert status == expected_status, body
         assert_same_answer(body, expected_body)
-    with model_log(server).open() as log:
-        log.seek(log_offset)
-        sizes = [int(size) for size in re.findall(r"batch_size=(\d+)", log.read())]
+    sizes, _ = logged_batches(model_log(server), log_offset, len(jobs))
     print(f"{kind}: batch sizes formed under mixed traffic: {sizes}")
     assert sum(sizes) == len(jobs)
     assert max(sizes) > 1, f"no request was batched: {sizes}"

@@ -16,6 +16,7 @@ from bert_serve_server import rules, sizing
 from bert_serve_server.config import configured_model
 from bert_serve_server.served import archive_limits
 
+from lab.batchlog import logged_batches
 from tests.conftest import MAR_PATH, ROOT
 from tests.integration.conftest import model_log
 
@@ -222,8 +223,9 @@ GOOD_TEXTS = [
 def test_batch_poisoning_does_not_spread(server, predict_url) -> None:
     """48 concurrent requests, a quarter malformed: every valid one answers 200 with the same
     scores as when sent alone, every malformed one gets its own 4xx, and batches really formed."""
+    before = model_log(server).stat().st_size
     alone = {text: post(server, predict_url, text.encode()).json()["scores"] for text in GOOD_TEXTS}
-    log_offset = model_log(server).stat().st_size
+    _, log_offset = logged_batches(model_log(server), before, len(GOOD_TEXTS))
     jobs = [("good", text.encode(), "text/plain", text) for text in GOOD_TEXTS * 4 + GOOD_TEXTS[:4]]
     jobs += [("bad", data, content_type, code) for data, content_type, code in BAD_ITEMS * 2]
     jobs = jobs[::2] + jobs[1::2]
@@ -244,9 +246,7 @@ def test_batch_poisoning_does_not_spread(server, predict_url) -> None:
             assert 400 <= response.status_code < 500
             assert response.json()["error"]["code"] == expected
 
-    with model_log(server).open() as log:
-        log.seek(log_offset)
-        sizes = [int(size) for size in re.findall(r"batch_size=(\d+)", log.read())]
+    sizes, _ = logged_batches(model_log(server), log_offset, len(jobs))
     print(f"batch sizes formed under the poisoning load: {sizes}")
     assert sum(sizes) == 48
     assert max(sizes) > 1, f"no request was batched: {sizes}"
