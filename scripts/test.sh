@@ -3,12 +3,14 @@
 # - the unit layer (every test not marked integration) in random order (pytest-randomly: the
 #   header prints the seed; `--randomly-seed=N` repeats an order, `-p no:randomly` keeps the
 #   files' order) spread over one pytest-xdist process per CPU, at most 4: they start no server;
+#   a process that runs out of tests takes some of another's (--dist worksteal: a module of
+#   long tests shuffled to the end no longer runs on one process while the other waits);
 # - the integration layer (a real torchserve on free local ports, the curl smoke script, the
 #   image) in file order, in two runs: first every test not marked `alone` over one pytest-xdist
 #   process per CPU, at most 4, each file whole on one process (its servers start one at a
 #   time, half a machine of 2 cores each: a start is mostly one thread); then the `alone`
-#   tests (chaos, the image and pod, the operating run with Prometheus, the soak, the defaults'
-#   bars) on one process: they load the whole machine and check what it does under load.
+#   tests (chaos, the image and pod, the operating run with Prometheus, the defaults' bars) on
+#   one process: they load the whole machine and check what it does under load.
 # Every test's time (its fixtures' setup and teardown included) goes to JUnit XML,
 # build/test-times-unit.xml, build/test-times.xml and build/test-times-alone.xml:
 # docs/testing.md's profile is read from them.
@@ -24,7 +26,7 @@ if [ -z "${BERT_SERVE_MEASURE_CACHE:-}" ]; then
     trap 'rm -rf "$BERT_SERVE_MEASURE_CACHE"' EXIT
 fi
 pytest=(.venv/bin/python -m pytest -ra --durations=25)
-"${pytest[@]}" -m "not integration" -n auto --maxprocesses 4 \
+"${pytest[@]}" -m "not integration" -n auto --maxprocesses 4 --dist worksteal \
     --junitxml=build/test-times-unit.xml "$@"
 unit=$?
 "${pytest[@]}" -m "integration and not alone" -p no:randomly -n auto --maxprocesses 4 \

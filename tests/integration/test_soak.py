@@ -15,9 +15,6 @@ from bert_serve_server import measure, served, sizing
 
 from tests.conftest import MAR_PATH, ROOT
 
-# alone (scripts/test.sh): memory and throughput sampled over the run
-pytestmark = pytest.mark.alone
-
 
 def test_soak_tool_samples_memory_rps_and_logs(tmp_path: Path) -> None:
     if not MAR_PATH.is_file():
