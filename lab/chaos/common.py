@@ -49,7 +49,7 @@ class Durations:
     overload_concurrency: int = 200
     kills: int = 50
     long_delay_kills: int = 50
-    """The kill runs' at maxBatchDelay 20 ms (``kill_runs_long_delay``)."""
+    """Kills per load level of the kill runs at maxBatchDelay 20 ms (``kill_runs_long_delay``)."""
     spike_s: float = 15.0
     spike_set: dict[str, str] = field(default_factory=dict)
     """config.properties overrides for the spike part's server (``--set``): to compare
