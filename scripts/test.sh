@@ -11,6 +11,11 @@
 #   time, half a machine of 2 cores each: a start is mostly one thread); then the `alone`
 #   tests (chaos, the image and pod, the operating run with Prometheus, the defaults' bars) on
 #   one process: they load the whole machine and check what it does under load.
+# The whole suite (no arguments) with a container engine: the image test's two images are built
+# beside the unit and integration runs (`make image`, its output in build/image-build.log; a
+# build waits on its disk and, on a machine without the layers, on Debian's and PyPI's archives
+# more than on the CPU), and the `alone` run waits for the build. The test takes the images from
+# BERT_SERVE_TEST_IMAGES; run any other way, it builds them itself.
 # Every test's time (its fixtures' setup and teardown included) goes to JUnit XML,
 # build/test-times-unit.xml, build/test-times.xml and build/test-times-alone.xml:
 # docs/testing.md's profile is read from them.
@@ -20,11 +25,35 @@ cd "$(dirname "$0")/.."
 mkdir -p build
 # One measurement cache for both runs (tests/conftest.py makes one per run where none is set):
 # the integration layer's starts take what the unit layer measured of the same archive.
+made_cache=""
 if [ -z "${BERT_SERVE_MEASURE_CACHE:-}" ]; then
     BERT_SERVE_MEASURE_CACHE="$(mktemp -d -t bert-serve-measured-XXXXXX)"
     export BERT_SERVE_MEASURE_CACHE
-    trap 'rm -rf "$BERT_SERVE_MEASURE_CACHE"' EXIT
+    made_cache=1
 fi
+build=""
+engine=()
+images=()
+if [ "$#" -eq 0 ] && engine_line="$(bash scripts/container_engine.sh 2>/dev/null)"; then
+    read -ra engine <<<"$engine_line"
+    tag="test-$$"
+    images=("bert-serve:$tag" "bert-serve-proxy:$tag")
+    export BERT_SERVE_TEST_IMAGES="${images[*]}"
+    export BERT_SERVE_TEST_IMAGE_LOG="$PWD/build/image-build.log"
+    # its own process group (timeout's), killed whole past the image test's 30 minutes
+    timeout --kill-after=30 1800 make --no-print-directory image IMAGE="${images[0]}" \
+        PROXY_IMAGE="${images[1]}" >"$BERT_SERVE_TEST_IMAGE_LOG" 2>&1 &
+    build=$!
+fi
+cleanup() {
+    [ -z "$made_cache" ] || rm -rf "$BERT_SERVE_MEASURE_CACHE"
+    if [ -n "$build" ]; then
+        kill "$build" 2>/dev/null
+        "${engine[@]}" rmi --force "${images[@]}" >/dev/null 2>&1
+    fi
+    return 0
+}
+trap cleanup EXIT
 pytest=(.venv/bin/python -m pytest -ra --durations=25)
 "${pytest[@]}" -m "not integration" -n auto --maxprocesses 4 --dist worksteal \
     --junitxml=build/test-times-unit.xml "$@"
@@ -32,6 +61,11 @@ unit=$?
 "${pytest[@]}" -m "integration and not alone" -p no:randomly -n auto --maxprocesses 4 \
     --dist loadfile --junitxml=build/test-times.xml "$@"
 integration=$?
+if [ -n "$build" ]; then
+    BERT_SERVE_TEST_IMAGE_STATUS=0
+    wait "$build" || BERT_SERVE_TEST_IMAGE_STATUS=$?
+    export BERT_SERVE_TEST_IMAGE_STATUS
+fi
 "${pytest[@]}" -m "integration and alone" -p no:randomly --junitxml=build/test-times-alone.xml "$@"
 alone=$?
 for status in "$unit" "$integration" "$alone"; do

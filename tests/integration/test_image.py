@@ -14,6 +14,9 @@ is a failure.
 
 It runs after every other test (``runs_last``), and the build runs in its own process group,
 killed whole when it runs past TIMEOUT_S, so a hung build leaves nothing running behind it.
+Under `make test` the images are built beside the other tests (scripts/test.sh): their names
+are in ``BERT_SERVE_TEST_IMAGES``, the build's output in ``BERT_SERVE_TEST_IMAGE_LOG`` and its
+exit status in ``BERT_SERVE_TEST_IMAGE_STATUS``, judged here as this test's own build would be.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import os
 import re
 import signal
 import subprocess
+from pathlib import Path
 
 import pytest
 from bert_serve_server import measure, served, sizing
@@ -55,6 +59,32 @@ def run_process_group(command: list[str], timeout_s: float) -> tuple[int, str]:
     return process.returncode, output
 
 
+def images_named(tag: str) -> tuple[str, str]:
+    return f"bert-serve:{tag}", f"bert-serve-proxy:{tag}"
+
+
+def built_beside() -> tuple[tuple[str, str], int, str] | None:
+    """The images scripts/test.sh built beside the other tests, with that build's exit status
+    and output; None where no build was made for this test."""
+    names = os.environ.get("BERT_SERVE_TEST_IMAGES", "").split()
+    if not names:
+        return None
+    image, proxy_image = names
+    status = int(os.environ.get("BERT_SERVE_TEST_IMAGE_STATUS", "-1"))  # -1: never waited for
+    log = Path(os.environ["BERT_SERVE_TEST_IMAGE_LOG"])
+    output = log.read_text(errors="replace") if log.is_file() else f"{log} is missing"
+    return (image, proxy_image), status, output
+
+
+def check_build(returncode: int, output: str) -> None:
+    """A build (or run) that failed for an unreachable package archive is a skip, saying so;
+    any other failure fails the test with the end of its output."""
+    unreachable = ARCHIVE_UNREACHABLE.search(output)
+    if returncode != 0 and unreachable:
+        pytest.skip(unreachable.group(0))
+    assert returncode == 0, output[-6000:]
+
+
 @pytest.mark.runs_last
 def test_image_builds_answers_and_stops_cleanly() -> None:
     engine = subprocess.run(
@@ -62,20 +92,20 @@ def test_image_builds_answers_and_stops_cleanly() -> None:
     )
     if engine.returncode != 0:
         pytest.skip(f"no container engine: {engine.stderr.strip()}")
-    image = f"bert-serve:test-{os.getpid()}"
-    proxy_image = f"bert-serve-proxy:test-{os.getpid()}"
+    built = built_beside()
+    image, proxy_image = built[0] if built else images_named(f"test-{os.getpid()}")
     out = ROOT / "build" / "image" / f"image-test-{os.getpid()}.json"
     pod_out = ROOT / "build" / "image" / f"pod-test-{os.getpid()}.json"
     try:
+        if built:
+            check_build(*built[1:])
         returncode, output = run_process_group(
-            ["make", "--no-print-directory", "image", "image-test", "pod-test", f"IMAGE={image}",
-             f"PROXY_IMAGE={proxy_image}", f"IMAGE_TEST_OUT={out}", f"POD_TEST_OUT={pod_out}"],
+            ["make", "--no-print-directory", *([] if built else ["image"]), "image-test",
+             "pod-test", f"IMAGE={image}", f"PROXY_IMAGE={proxy_image}", f"IMAGE_TEST_OUT={out}",
+             f"POD_TEST_OUT={pod_out}"],
             TIMEOUT_S,
         )  # fmt: skip
-        unreachable = ARCHIVE_UNREACHABLE.search(output)
-        if returncode != 0 and unreachable:
-            pytest.skip(unreachable.group(0))
-        assert returncode == 0, output[-6000:]
+        check_build(returncode, output)
         result = json.loads(out.read_text())
         assert result["ready_s"] > 0 and result["stop_s"] < result["grace_s"]
         roles = [process["role"] for process in result["processes"]]
