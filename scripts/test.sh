@@ -12,10 +12,11 @@
 #   tests (chaos, the image and pod, the operating run with Prometheus, the defaults' bars) on
 #   one process: they load the whole machine and check what it does under load.
 # The whole suite (no arguments) with a container engine: the image test's two images are built
-# beside the unit and integration runs (`make image`, its output in build/image-build.log; a
-# build waits on its disk and, on a machine without the layers, on Debian's and PyPI's archives
-# more than on the CPU), and the `alone` run waits for the build. The test takes the images from
-# BERT_SERVE_TEST_IMAGES; run any other way, it builds them itself.
+# beside the integration tests not marked `alone` (`make image`, its output in
+# build/image-build.log), whose first minute, the session servers' starts, leaves a core idle;
+# a build waits on its disk and, on a machine without the layers, on Debian's and PyPI's
+# archives more than on the CPU. The `alone` run waits for the build. The test takes the images
+# from BERT_SERVE_TEST_IMAGES; run any other way, it builds them itself.
 # Every test's time (its fixtures' setup and teardown included) goes to JUnit XML,
 # build/test-times-unit.xml, build/test-times.xml and build/test-times-alone.xml:
 # docs/testing.md's profile is read from them.
@@ -34,17 +35,6 @@ fi
 build=""
 engine=()
 images=()
-if [ "$#" -eq 0 ] && engine_line="$(bash scripts/container_engine.sh 2>/dev/null)"; then
-    read -ra engine <<<"$engine_line"
-    tag="test-$$"
-    images=("bert-serve:$tag" "bert-serve-proxy:$tag")
-    export BERT_SERVE_TEST_IMAGES="${images[*]}"
-    export BERT_SERVE_TEST_IMAGE_LOG="$PWD/build/image-build.log"
-    # its own process group (timeout's), killed whole past the image test's 30 minutes
-    timeout --kill-after=30 1800 make --no-print-directory image IMAGE="${images[0]}" \
-        PROXY_IMAGE="${images[1]}" >"$BERT_SERVE_TEST_IMAGE_LOG" 2>&1 &
-    build=$!
-fi
 cleanup() {
     [ -z "$made_cache" ] || rm -rf "$BERT_SERVE_MEASURE_CACHE"
     if [ -n "$build" ]; then
@@ -58,6 +48,17 @@ pytest=(.venv/bin/python -m pytest -ra --durations=25)
 "${pytest[@]}" -m "not integration" -n auto --maxprocesses 4 --dist worksteal \
     --junitxml=build/test-times-unit.xml "$@"
 unit=$?
+if [ "$#" -eq 0 ] && engine_line="$(bash scripts/container_engine.sh 2>/dev/null)"; then
+    read -ra engine <<<"$engine_line"
+    tag="test-$$"
+    images=("bert-serve:$tag" "bert-serve-proxy:$tag")
+    export BERT_SERVE_TEST_IMAGES="${images[*]}"
+    export BERT_SERVE_TEST_IMAGE_LOG="$PWD/build/image-build.log"
+    # its own process group (timeout's), killed whole past the image test's 30 minutes
+    timeout --kill-after=30 1800 make --no-print-directory image IMAGE="${images[0]}" \
+        PROXY_IMAGE="${images[1]}" >"$BERT_SERVE_TEST_IMAGE_LOG" 2>&1 &
+    build=$!
+fi
 "${pytest[@]}" -m "integration and not alone" -p no:randomly -n auto --maxprocesses 4 \
     --dist loadfile --junitxml=build/test-times.xml "$@"
 integration=$?
