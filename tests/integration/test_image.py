@@ -59,10 +59,6 @@ def run_process_group(command: list[str], timeout_s: float) -> tuple[int, str]:
     return process.returncode, output
 
 
-def images_named(tag: str) -> tuple[str, str]:
-    return f"bert-serve:{tag}", f"bert-serve-proxy:{tag}"
-
-
 def built_beside() -> tuple[tuple[str, str], int, str] | None:
     """The images scripts/test.sh built beside the other tests, with that build's exit status
     and output; None where no build was made for this test."""
@@ -93,7 +89,8 @@ def test_image_builds_answers_and_stops_cleanly() -> None:
     if engine.returncode != 0:
         pytest.skip(f"no container engine: {engine.stderr.strip()}")
     built = built_beside()
-    image, proxy_image = built[0] if built else images_named(f"test-{os.getpid()}")
+    tag = f"test-{os.getpid()}"
+    image, proxy_image = built[0] if built else (f"bert-serve:{tag}", f"bert-serve-proxy:{tag}")
     out = ROOT / "build" / "image" / f"image-test-{os.getpid()}.json"
     pod_out = ROOT / "build" / "image" / f"pod-test-{os.getpid()}.json"
     try:
