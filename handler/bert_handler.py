@@ -92,7 +92,6 @@ class BertHandler(BaseHandler):  # type: ignore[misc]
         )
         self.pace = Pace()
         self.explain_budget = Budget.for_timeout(config.get("responseTimeout"))
-        self.explain_budget.calibrate(self.loaded, self.settings)
         self.initialized = True
 
     def classify(self, texts: Sequence[TextInput]) -> tuple[list[Prediction], BatchStats]:

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from captum.attr import LayerIntegratedGradients
 
 from handler.errors import ErrorCode
 from handler.inference import Explanation, TextInput, TokenizedText, model_inputs, tokenize
@@ -88,7 +87,7 @@ class Budget:
         self.per_token_step = measured if previous is None else 0.7 * previous + 0.3 * measured
 
     def calibrate(self, loaded: LoadedModel, settings: HandlerSettings) -> None:
-        """One small explanation, timed, so that the first request has an estimate."""
+        """One small explanation, timed, so that the first text explained has an estimate."""
         options = ExplainOptions(n_steps=min(CALIBRATION_STEPS, settings.explain_steps))
         explain(loaded, CALIBRATION_TEXT, options, settings, self)
 
@@ -99,8 +98,18 @@ def explain_all(
     settings: HandlerSettings,
     budget: Budget | None = None,
 ) -> list[Explanation | Rejected]:
-    """Each text explained alone, in order, within one ``budget``; a model failure is its 500."""
-    left = None if budget is None else Budget(budget.seconds, budget.per_token_step)
+    """Each text explained alone, in order, within one ``budget``; a model failure is its 500.
+    A worker's first explanations calibrate the budget first (``Budget.calibrate``), inside
+    the batch's share: a worker that is never asked for one never pays for it at its start."""
+    left = None
+    if budget is not None:
+        started = time.perf_counter()
+        if budget.per_token_step is None:
+            try:
+                budget.calibrate(loaded, settings)
+            except Exception:  # the texts' own explanations answer the failure, each its 500
+                logger.exception("timing an explanation for the budget failed")
+        left = Budget(budget.seconds - (time.perf_counter() - started), budget.per_token_step)
     outcomes: list[Explanation | Rejected] = []
     for text, options in items:
         started = time.perf_counter()
@@ -128,6 +137,10 @@ def explain(
 ) -> Explanation | Rejected:
     """One text's explanation, or why it has none; may raise if the model fails. A text over
     the ``budget`` is refused; an explained one's time is recorded in it."""
+    # Captum (and the matplotlib it imports) loads at a worker's first explanation, before
+    # its timing, rather than at every worker's start.
+    from captum.attr import LayerIntegratedGradients
+
     steps = settings.explain_steps if options.n_steps is None else options.n_steps
     if steps > settings.explain_steps:
         return Rejected(

@@ -10,9 +10,10 @@ once every worker is READY again, and right after each kill sends one probe requ
 kind (the issue's ``curl`` right after ``kill -9``). It counts:
 
 - raw HTTP (aiohttp, no retries): answers by status, and requests with no answer within
-  NO_ANSWER_DEADLINE_S (``client_timeout``): a raw client without a timeout would hang on them;
-- ``bert_serve.Client`` with its defaults (retries, per-attempt deadline): calls that failed and
-  calls that did not return within the client's own worst case (``client_hung``).
+  ``Durations.attempt_s`` (``client_timeout``): a raw client without a timeout would hang on them;
+- ``bert_serve.Client`` with its defaults (retries, backoff) and ``attempt_s`` as its
+  per-attempt deadline (its default but in the quick form): calls that failed and calls that
+  did not return within the client's own worst case (``client_hung``).
 
 The bar: 0 failed and 0 hung ``bert_serve.Client`` calls. Raw HTTP's counts are reported.
 """
@@ -32,13 +33,11 @@ import aiohttp
 from bert_serve_server.config import models_entry
 from bert_serve_server.control import Server
 
-from bert_serve.client import DEFAULT_TIMEOUT_S, BertServeError, Client
+from bert_serve.client import BertServeError, Client
 from lab.chaos.common import RECOVERY_LIMIT_S, Durations, part_server
 from lab.corpus import make_corpus
 from lab.load import ClosedLoop, Job, Outcome, json_job, percentile, send, statuses
 
-# What docs/chaos/README.md tells a raw HTTP client to use (curl -m 70): responseTimeout + 10 s.
-NO_ANSWER_DEADLINE_S = DEFAULT_TIMEOUT_S
 MAX_PAUSE_S = 2.0
 SETTLE_S = 2.0
 HUNG = "client_hung"
@@ -62,8 +61,13 @@ class ClientSender:
     timing out, every backoff at its cap) is recorded as ``client_hung``; a raised error as
     ``client_error_<code>``. The client's sleep hook counts its retries, per call."""
 
-    def __init__(self, server: Server, threads: int) -> None:
-        self.client = Client(server.inference_url, token=server.key("inference"), sleep=self._sleep)
+    def __init__(self, server: Server, threads: int, attempt_s: float) -> None:
+        self.client = Client(
+            server.inference_url,
+            token=server.key("inference"),
+            timeout=attempt_s,
+            sleep=self._sleep,
+        )
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kill-runs")
         attempts = self.client.retries + 1
         self.limit_s = (
@@ -140,7 +144,7 @@ class KillSeries:
     log: KillLog = field(default_factory=KillLog)
 
     async def run(self) -> None:
-        timeout = aiohttp.ClientTimeout(total=NO_ANSWER_DEADLINE_S)
+        timeout = aiohttp.ClientTimeout(total=self.probe_sender.client.timeout)
         async with aiohttp.ClientSession(timeout=timeout) as session:
             try:
                 await self._kill_all(session)
@@ -172,11 +176,14 @@ class KillSeries:
 
 
 def raw_counts(outcomes: list[Outcome]) -> dict[str, Any]:
+    """``slowest_answer_s``: the longest wait for an HTTP answer, to hold against the deadline."""
+    answered = [o.ms for o in outcomes if o.status.isdigit()]
     return {
         "requests": len(outcomes),
         "statuses": statuses(outcomes),
         "no_answer_within_deadline": sum(o.status == "client_timeout" for o in outcomes),
         "worker_died_answers": sum(WORKER_DIED in o.body for o in outcomes),
+        "slowest_answer_s": round(max(answered, default=0.0) / 1000, 2),
     }
 
 
@@ -191,7 +198,7 @@ def client_counts(outcomes: list[Outcome], sender: ClientSender) -> dict[str, An
         "hung": sum(o.status == HUNG for o in outcomes),
         "retried_calls": sender.calls_retried,
         "retries": sender.retries,
-        "slower_than_one_attempt": sum(o.ms > NO_ANSWER_DEADLINE_S * 1000 for o in outcomes),
+        "slower_than_one_attempt": sum(o.ms > sender.client.timeout * 1000 for o in outcomes),
     }
 
 
@@ -202,20 +209,21 @@ def seconds_summary(values: list[float]) -> dict[str, float]:
     }
 
 
-def run_level(server: Server, level: Level, kills: int, seed: int) -> dict[str, Any]:
-    """One load level: the loads, the kill series beside them, and what every request got."""
+def run_level(
+    server: Server, level: Level, kills: int, seed: int, attempt_s: float
+) -> dict[str, Any]:
+    """One load level: the loads, the kill series beside them, and what every request got,
+    each answer waited for ``attempt_s``."""
     corpus = make_corpus()
-    sender = ClientSender(server, level.client_threads)
-    probe_sender = ClientSender(server, kills)
+    sender = ClientSender(server, level.client_threads, attempt_s)
+    probe_sender = ClientSender(server, kills, attempt_s)
     bound_s = kills * (MAX_PAUSE_S + RECOVERY_LIMIT_S) + 60
 
     def job_for(n: int) -> Job:
         return json_job(corpus[n % len(corpus)])
 
     url, headers = server.predict_url, server.headers()
-    raw = ClosedLoop(
-        url, headers, job_for, level.raw_clients, bound_s, request_timeout_s=NO_ANSWER_DEADLINE_S
-    )
+    raw = ClosedLoop(url, headers, job_for, level.raw_clients, bound_s, request_timeout_s=attempt_s)
     calls = ClosedLoop(url, headers, job_for, level.client_threads, bound_s, sender=sender)
     series = KillSeries(server, [raw, calls], probe_sender, corpus, kills, random.Random(seed))
     try:
@@ -268,7 +276,8 @@ def kill_runs_with(d: Durations, overrides: dict[str, str] | None, kills: int) -
     with part_server(d, overrides) as server:
         model = server.model()
         levels = {
-            level.name: run_level(server, level, kills, seed) for seed, level in enumerate(LEVELS)
+            level.name: run_level(server, level, kills, seed, d.attempt_s)
+            for seed, level in enumerate(LEVELS)
         }
     counts = totals(levels)
     complete = all(
@@ -280,8 +289,8 @@ def kill_runs_with(d: Durations, overrides: dict[str, str] | None, kills: int) -
         "workers": len(model.get("workers", [])),
         "batch_size": model.get("batchSize"),
         "max_batch_delay_ms": model.get("maxBatchDelay"),
-        "no_answer_deadline_s": NO_ANSWER_DEADLINE_S,
-        "client_settings": {"timeout_s": DEFAULT_TIMEOUT_S, "retries": Client().retries},
+        "no_answer_deadline_s": d.attempt_s,
+        "client_settings": {"timeout_s": d.attempt_s, "retries": Client().retries},
         "levels": levels,
         **counts,
     }
@@ -289,7 +298,7 @@ def kill_runs_with(d: Durations, overrides: dict[str, str] | None, kills: int) -
     result["summary"] = (
         f"{kills} kills x {len(levels)} loads, maxBatchDelay {result['max_batch_delay_ms']} ms: "
         f"raw HTTP {counts['raw_no_answer']} of {counts['raw_requests']} unanswered within "
-        f"{NO_ANSWER_DEADLINE_S:.0f} s, {counts['raw_worker_died']} 'Worker died.'; Client "
+        f"{d.attempt_s:.0f} s, {counts['raw_worker_died']} 'Worker died.'; Client "
         f"{counts['client_failed']} failed, {counts['client_hung']} hung of "
         f"{counts['client_calls']} ({counts['client_retried_calls']} answered after a retry)"
     )

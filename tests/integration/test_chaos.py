@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from lab.chaos.common import QUICK_ATTEMPT_S
 from tests.conftest import MAR_PATH, ROOT
 
 # alone (scripts/test.sh): kills, overload and a spike, checked under its own load only
@@ -47,3 +48,5 @@ def test_chaos_quick_passes_every_part(tmp_path: Path) -> None:
         levels = report[part]["levels"].values()
         assert [level["kills"] for level in levels] == [kills, kills]
         assert report[part]["client_failed"] == report[part]["client_hung"] == 0
+        # a dropped request waits the quick form's deadline, not the client's default 70 s
+        assert report[part]["client_settings"]["timeout_s"] == QUICK_ATTEMPT_S

@@ -200,6 +200,39 @@ def test_a_batch_over_its_time_budget_refuses_the_texts_it_cannot_fit(loaded) ->
     assert isinstance(fewer[0], Explanation)
 
 
+def test_a_workers_first_explanations_time_the_budget_inside_their_share(
+    loaded, monkeypatch
+) -> None:
+    """A worker starts with its budget untimed; its first batch of explanations times one
+    small explanation before the first text, and that time comes out of the batch's share."""
+    import time
+
+    from handler.explain import Budget, explain_all
+
+    _, model = loaded("roberta")
+    items = [(TEXTS[0], ExplainOptions())]
+    budget = Budget.for_timeout(60)
+    (explained,) = explain_all(model, items, SETTINGS, budget)
+    assert isinstance(explained, Explanation)
+    assert budget.per_token_step is not None and budget.per_token_step > 0
+
+    def slow_calibration(self: Budget, *args: Any) -> None:
+        time.sleep(0.3)
+        self.per_token_step = 1e-12  # any text fits what is left but for the calibration's time
+
+    monkeypatch.setattr(Budget, "calibrate", slow_calibration)
+    (refused,) = explain_all(model, items, SETTINGS, Budget(seconds=0.1))
+    assert isinstance(refused, Rejected) and refused.code == ErrorCode.EXPLAIN_TOO_LONG
+
+    def failed_calibration(self: Budget, *args: Any) -> None:
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(Budget, "calibrate", failed_calibration)
+    untimed = Budget.for_timeout(60)
+    (answered,) = explain_all(model, items, SETTINGS, untimed)
+    assert isinstance(answered, Explanation) and untimed.per_token_step is not None
+
+
 def test_explain_all_answers_a_model_failure_per_text(loaded, monkeypatch) -> None:
     import handler.explain
     from handler.explain import explain_all

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +18,7 @@ from handler.native import decode_request
 from handler.precision import cpu_has_native_bf16
 from handler.protocol import IncomingRequest, Rejected, ValidText, is_explanation
 from handler.scoring import ExplainOptions
+from tests.conftest import ROOT
 from tests.worker_harness import Sent, predict
 
 JSON = "application/json"
@@ -176,7 +181,10 @@ def test_a_non_finite_explanation_fails_only_its_text(tiny_worker, monkeypatch) 
     its own 500 in valid JSON; the other explanations and the prediction are answered."""
     import handler.explain
 
-    service = tiny_worker().service  # built (and calibrated) before the patch
+    worker = tiny_worker()
+    # the budget's timing explanation (a worker's first) runs before the patch
+    worker.handler.explain_budget.calibrate(worker.handler.loaded, worker.handler.settings)
+    service = worker.service
     original = handler.explain.summarize
     calls = []
 
@@ -222,3 +230,30 @@ def test_a_bf16_worker_answers_explanations_in_strict_json(tiny_worker) -> None:
     bodies = [strict_json(answer.body) for answer in answers]
     assert len(bodies[0]["importances"]) == len(bodies[0]["words"])
     assert bodies[2]["label"] == "negative" and bodies[2]["n_steps"] == 20
+
+
+def test_a_worker_starts_without_captum_and_explains_when_asked(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """A worker's start neither imports Captum nor times an explanation (in a fresh process:
+    this one has imported Captum already); its first explanation does both."""
+    code = textwrap.dedent(
+        f"""
+        import sys
+        from pathlib import Path
+        from tests.worker_harness import Sent, build_worker, predict
+        worker = build_worker(Path({str(tmp_path)!r}), Path({str(tiny_model_dir)!r}))
+        print("captum" in sys.modules, worker.handler.explain_budget.per_token_step)
+        sent = Sent(b"fine", "text/plain", {EXPLANATIONS!r})
+        (answer,) = predict(worker.service, [sent])
+        print(answer.status, "captum" in sys.modules, worker.handler.explain_budget.per_token_step)
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    started, explained = result.stdout.splitlines()[-2:]
+    assert started == "False None"
+    status, imported, pace = explained.split()
+    assert (status, imported) == ("200", "True") and float(pace) > 0
