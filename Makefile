@@ -29,7 +29,7 @@ install:
 	@[ -z "$(TORCH)" ] || [ "$$(cat $(VENV)/.torch-build 2>/dev/null)" = "$(TORCH)" ] || rm -f $(STAMP)
 	@$(MAKE) --no-print-directory $(STAMP)
 
-$(STAMP): pyproject.toml server/pyproject.toml $(LOCK) scripts/install.sh scripts/torch_build.sh
+$(STAMP): pyproject.toml server/pyproject.toml $(LOCK) requirements/excludes.txt scripts/install.sh scripts/torch_build.sh
 	TORCH=$(TORCH) bash scripts/install.sh $(VENV)
 	touch $@
 

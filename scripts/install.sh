@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Create the virtual environment for developing the project: the server and dev extras at the
-# versions of requirements/server.lock, the client and the server package (server/), both
-# editable, and the checkout itself on the venv's path, since handler/ and the lab (lab/) are
-# not installable and run from here. Then check the torch build it got.
+# versions of requirements/server.lock (uv leaves out requirements/excludes.txt's), the client
+# and the server package (server/), both editable, and the checkout itself on the venv's path,
+# since handler/ and the lab (lab/) are not installable and run from here. Then check the
+# torch build it got.
 #   TORCH, TORCH_INDEX  the torch build, cpu (default) or cuda, and its index
 #                       (scripts/torch_build.sh). Unset, TORCH keeps the venv's build, so
 #                       reinstalling after a change to pyproject.toml keeps a CUDA venv CUDA;
@@ -51,8 +52,10 @@ case "$installer" in
 from bert_serve_server.environment import uv_arguments
 listed = subprocess.run([sys.argv[1], "-m", "pip", "config", "list"], capture_output=True, text=True)
 print(*uv_arguments(listed.stdout), sep="\n")' "$python")
-        "$uv" pip install --quiet --python "$venv/bin/python" --index-strategy unsafe-best-match \
-            "${pip_sources[@]}" "${torch_index_args[@]}" -c "$constraints" -e ".[server,dev]" -e ./server
+        # UV_EXCLUDE, not --excludes: a uv on PATH too old for it installs them instead of failing
+        UV_EXCLUDE="$PWD/requirements/excludes.txt" "$uv" pip install --quiet \
+            --python "$venv/bin/python" --index-strategy unsafe-best-match "${pip_sources[@]}" \
+            "${torch_index_args[@]}" -c "$constraints" -e ".[server,dev]" -e ./server
         ;;
     pip)
         "$venv/bin/python" -m pip --version >/dev/null 2>&1 || "$venv/bin/python" -m ensurepip --upgrade >/dev/null

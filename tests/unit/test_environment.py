@@ -161,3 +161,37 @@ global.constraint='/etc/pip/constraints.txt'
         "--constraint", "/etc/pip/constraints.txt",
     ]  # fmt: skip
     assert uv_arguments("") == []
+
+
+EXCLUDED_IMPORTS = {"sentence_transformers", "sklearn", "scipy"}
+"""The modules of requirements/excludes.txt's packages and of what only they require."""
+
+
+def test_the_packages_uv_leaves_out_are_imported_nowhere() -> None:
+    """scripts/install.sh leaves requirements/excludes.txt's packages out of uv's installs:
+    no module of the checkout may import them, nor the packages only they bring."""
+    import ast
+
+    excluded = [
+        line.split("#", 1)[0].strip()
+        for line in (ROOT / "requirements" / "excludes.txt").read_text().splitlines()
+    ]
+    assert [name for name in excluded if name] == ["sentence-transformers"]
+    locked = parse_lock(LOCK.read_text())
+    assert {"sentence-transformers", "scikit-learn", "scipy"} <= set(locked), "pins for pip"
+    importers = []
+    folders = ("bert_serve", "handler", "lab", "scripts", "server", "tests", "deploy")
+    for path in (p for folder in folders for p in (ROOT / folder).rglob("*.py")):
+        if "build" in path.relative_to(ROOT).parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = (
+                [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
+            if any(name.split(".")[0] in EXCLUDED_IMPORTS for name in names):
+                importers.append(str(path.relative_to(ROOT)))
+    assert importers == []
