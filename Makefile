@@ -64,7 +64,8 @@ first-answer: | $(STAMP)
 $(MAR_SOURCE): $(MODEL_DIR)/config.json $(REFERENCE) FORCE | $(STAMP)
 	@$(PACKAGE) --stamp-only
 
-# --checked: the stamp's recipe, which always runs first, has just checked the folder.
+# --checked: the stamp's recipe, which always runs first, has just checked the folder (or found
+# it unchanged since it was checked and packaged by the handler's current code).
 $(MAR): $(MAR_SOURCE) handler/*.py server/bert_serve_server/package.py server/bert_serve_server/archive.py server/bert_serve_server/reference.py | $(STAMP)
 	$(PACKAGE) --checked
 

@@ -131,6 +131,18 @@ def update_stamp(stamp: Path, record: str) -> bool:
     return True
 
 
+def checked_before(archive: Path, record: str, handler_dir: Path = HANDLER_DIR) -> bool:
+    """The stamp holds ``record`` and the archive was packaged after both it and the handler's
+    code (whose folder check ``--stamp-only`` runs) last changed: that folder passed this very
+    check then, and checking it again only costs an import of torch and transformers."""
+    stamp = stamp_for(archive)
+    if not (archive.is_file() and stamp.is_file() and stamp.read_text() == record):
+        return False
+    built = archive.stat().st_mtime_ns
+    code = [stamp, *handler_dir.glob("*.py")]
+    return all(path.stat().st_mtime_ns <= built for path in code)
+
+
 def stage(model_dir: Path, staging: Path, record: str, profile: str | None = None) -> None:
     shutil.copytree(
         HANDLER_DIR, staging / "handler", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")

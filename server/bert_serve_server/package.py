@@ -28,6 +28,7 @@ from pathlib import Path
 from bert_serve_server.archive import (
     MODEL_CONFIG,
     check_model_dir,
+    checked_before,
     package,
     source_record,
     stamp_for,
@@ -77,12 +78,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--checked",
         action="store_true",
-        help="skip the folder check: --stamp-only just ran it with these arguments (make does)",
+        help="skip the folder check: --stamp-only has just checked these arguments (make does)",
     )
     parser.add_argument(
         "--stamp-only",
         action="store_true",
-        help="only refresh the archive's .source stamp (rewritten when the source changed)",
+        help="only check the folder and refresh the archive's .source stamp (rewritten when "
+        "the source changed); an unchanged source the archive was packaged from since the "
+        "handler's code last changed is not checked again",
     )
     args = parser.parse_args(argv)
     for what in ("name", "version"):
@@ -98,11 +101,12 @@ def main(argv: list[str] | None = None) -> int:
             variant_config_for(archive), model_config, handler_changes={"precision": args.precision}
         )
     if args.stamp_only:
+        record = source_record(model_dir, model_config, args.name, args.version, reference)
+        if checked_before(archive, record):
+            return 0
         check_model_dir(model_dir, model_config)
         stamp = stamp_for(archive)
-        if update_stamp(
-            stamp, source_record(model_dir, model_config, args.name, args.version, reference)
-        ):
+        if update_stamp(stamp, record):
             print(f"{stamp.name}: the model folder or handler config changed; repackaging")
         return 0
     archive = package(

@@ -172,6 +172,36 @@ def test_make_checks_the_folder_once_and_stores_the_weights(
     assert set(kinds.values()) == {zipfile.ZIP_STORED}
 
 
+def test_an_unchanged_source_is_checked_once(
+    head_model_dir: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--stamp-only (every make of the .mar) checks the folder again only where the source, or
+    the handler's code that checks it, changed since the archive was packaged."""
+    from bert_serve_server import package as package_cli
+
+    archive = tmp_path / "store" / "bert.mar"
+    model_dir = head_model_dir("single_label")
+    make_mar(archive, model_dir)
+    checks: list[Path] = []
+    monkeypatch.setattr(package_cli, "check_model_dir", lambda folder, _: checks.append(folder))
+    stamp_only = [
+        "--model-dir",
+        str(model_dir),
+        "--export-path",
+        str(archive.parent),
+        "--stamp-only",
+    ]
+    assert package_cli.main(stamp_only) == 0 and checks == []
+
+    os.utime(archive, (0, 0))  # packaged before the handler's code last changed
+    assert package_cli.main(stamp_only) == 0 and checks == [model_dir]
+    make_mar(archive, model_dir)
+    config = tmp_path / "model-config.yaml"
+    config.write_text(MODEL_CONFIG.read_text().replace("max_length: 128", "max_length: 64"))
+    assert package_cli.main([*stamp_only, "--model-config", str(config)]) == 0
+    assert checks == [model_dir, model_dir]
+
+
 def test_make_refuses_a_folder_that_cannot_be_served(tmp_path: Path) -> None:
     """--checked skips only a check that --stamp-only, which make always runs first, passed:
     a folder without weights still stops make before anything is archived."""
