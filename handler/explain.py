@@ -99,8 +99,8 @@ def explain_all(
     budget: Budget | None = None,
 ) -> list[Explanation | Rejected]:
     """Each text explained alone, in order, within one ``budget``; a model failure is its 500.
-    A worker's first explanations calibrate the budget first (``Budget.calibrate``), inside
-    the batch's share: a worker that is never asked for one never pays for it at its start."""
+    Before a worker's first explanation its budget is timed (``Budget.calibrate``), out of the
+    batch's share: a worker never asked for an explanation spends nothing on them at its start."""
     left = None
     if budget is not None:
         started = time.perf_counter()
