@@ -47,6 +47,21 @@ from bert_serve.models import DEFAULT_MANAGEMENT_URL, ServedModel, list_models
 
 EXIT_OK, EXIT_ITEM_FAILED, EXIT_FAILED = 0, 1, 2
 KEY_FILE_CANDIDATES = (Path("key_file.json"), Path(".run") / "key_file.json")
+KEY_OPTIONS = ("--token", "--key")
+"""Options whose value is a key. TorchServe's keys are URL-safe base64 and one in 64 begins with
+"-", which argparse takes for an option: ``--token -r3_aubd`` is read as ``--token=-r3_aubd``."""
+
+
+def keys_joined(argv: list[str]) -> list[str]:
+    """``argv`` with each key option joined to the word after it (``KEY_OPTIONS``), up to ``--``."""
+    joined: list[str] = []
+    words = iter(argv)
+    for word in words:
+        if word == "--":
+            return [*joined, word, *words]
+        value = next(words, None) if word in KEY_OPTIONS else None
+        joined.append(word if value is None else f"{word}={value}")
+    return joined
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -94,7 +109,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     add_token_arguments(models, "management")
     models.add_argument("--json", action="store_true", help="one JSON object per version")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(keys_joined(sys.argv[1:] if argv is None else argv))
     if args.command == "models":
         return args
     if args.command == "explain":

@@ -565,6 +565,17 @@ def test_cli_token_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     assert cli.resolve_token(cli.parse_args(["classify", "--token", "flag", "x"])) == "flag"
 
 
+def test_cli_takes_keys_that_begin_with_a_dash() -> None:
+    """TorchServe's keys are URL-safe base64: one in 64 begins with "-" (this one did, in CI)."""
+    args = cli.parse_args(["explain", "great film", "--token", "-r3_aubd", "--url", "http://h"])
+    assert (args.token, args.text, args.url) == ("-r3_aubd", "great film", "http://h")
+    assert cli.parse_args(["classify", "--key", "-k", "x"]).key == "-k"
+    assert cli.parse_args(["models", "--token", "--json"]).token == "--json"
+    assert cli.parse_args(["classify", "--", "--token"]).text == "--token"
+    with pytest.raises(SystemExit):
+        cli.parse_args(["classify", "x", "--token"])
+
+
 def test_item_result_json_shapes() -> None:
     assert ItemResult(error=ItemError("empty_text", "m")).to_json() == {
         "error": {"code": "empty_text", "message": "m"}
