@@ -63,6 +63,9 @@ DEFAULT_RESPONSE_TIMEOUT_S = 120.0
 """TorchServe's own default, for a model config that sets none."""
 CALIBRATION_TEXT = "a short text to time one explanation step at worker start"
 CALIBRATION_STEPS = 4
+CALIBRATION_RUNS = 3
+"""Small explanations timed one after another; the fastest sets the pace. The first pays the
+worker's cold start, and on a shared machine any one run can fall in another process's burst."""
 
 
 @dataclass
@@ -72,6 +75,8 @@ class Budget:
     seconds: float
     per_token_step: float | None = None
     """Seconds per token per step, smoothed over the explanations measured."""
+    refused: bool = False
+    """Whether a text was refused on this budget's estimate."""
 
     @classmethod
     def for_timeout(cls, response_timeout_s: float | None) -> Budget:
@@ -87,9 +92,15 @@ class Budget:
         self.per_token_step = measured if previous is None else 0.7 * previous + 0.3 * measured
 
     def calibrate(self, loaded: LoadedModel, settings: HandlerSettings) -> None:
-        """One small explanation, timed, so that the first text explained has an estimate."""
+        """Small explanations timed (``CALIBRATION_RUNS``), so that the first text explained
+        has an estimate: the fastest one's pace."""
         options = ExplainOptions(n_steps=min(CALIBRATION_STEPS, settings.explain_steps))
-        explain(loaded, CALIBRATION_TEXT, options, settings, self)
+        paces = []
+        for _ in range(CALIBRATION_RUNS):
+            run = Budget(math.inf)
+            explain(loaded, CALIBRATION_TEXT, options, settings, run)
+            paces += [] if run.per_token_step is None else [run.per_token_step]
+        self.per_token_step = min(paces, default=None)
 
 
 def explain_all(
@@ -100,7 +111,9 @@ def explain_all(
 ) -> list[Explanation | Rejected]:
     """Each text explained alone, in order, within one ``budget``; a model failure is its 500.
     Before a worker's first explanation its budget is timed (``Budget.calibrate``), out of the
-    batch's share: a worker never asked for an explanation spends nothing on them at its start."""
+    batch's share: a worker never asked for an explanation spends nothing on them at its start.
+    A pace that refused a text is timed again before the next batch, so that a slow spell
+    refuses texts only while it lasts, not until a shorter text is explained."""
     left = None
     if budget is not None:
         started = time.perf_counter()
@@ -125,6 +138,8 @@ def explain_all(
             left.seconds -= time.perf_counter() - started
             if budget is not None and isinstance(outcome, Explanation):
                 budget.per_token_step = left.per_token_step
+    if budget is not None and left is not None and left.refused:
+        budget.per_token_step = None
     return outcomes
 
 
@@ -158,6 +173,7 @@ def explain(
             "/predictions for its label",
         )
     if budget is not None and budget.estimate(tokens, steps) > budget.seconds:
+        budget.refused = True
         return Rejected(
             ErrorCode.EXPLAIN_TOO_LONG,
             f"explaining this text ({tokens} tokens, {steps} steps) would take about "

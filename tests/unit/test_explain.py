@@ -196,8 +196,10 @@ def test_a_batch_over_its_time_budget_refuses_the_texts_it_cannot_fit(loaded) ->
     (refused,) = explain_all(model, [(TEXTS[0], ExplainOptions())], SETTINGS, tight)
     assert isinstance(refused, Rejected) and refused.code == ErrorCode.EXPLAIN_TOO_LONG
     assert "would take about" in refused.message and "responseTimeout" in refused.message
+    assert tight.per_token_step is None  # timed again before its next batch
+    tight = Budget(seconds=0.5 * estimate, per_token_step=budget.per_token_step)
     fewer = explain_all(model, [(TEXTS[0], ExplainOptions(n_steps=20))], SETTINGS, tight)
-    assert isinstance(fewer[0], Explanation)
+    assert isinstance(fewer[0], Explanation) and tight.per_token_step is not None
 
 
 def test_a_workers_first_explanations_time_the_budget_inside_their_share(
@@ -231,6 +233,38 @@ def test_a_workers_first_explanations_time_the_budget_inside_their_share(
     untimed = Budget.for_timeout(60)
     (answered,) = explain_all(model, items, SETTINGS, untimed)
     assert isinstance(answered, Explanation) and untimed.per_token_step is not None
+
+
+def test_the_fastest_timing_sets_the_pace_and_a_slow_spell_is_timed_again(
+    loaded, monkeypatch
+) -> None:
+    """The budget is timed by CALIBRATION_RUNS small explanations and takes the fastest, so
+    one run in a burst of load does not price every text out; and a pace that refused a text
+    is timed again before the next batch, which then explains the text the burst refused."""
+    import handler.explain as explain_module
+    from handler.explain import CALIBRATION_RUNS, Budget, explain_all
+
+    _, model = loaded("roberta")
+    paces = iter([0.5, 1e-9, 0.2])  # the second run is the fastest
+    calls = []
+
+    def timed(loaded_model: Any, text: Any, options: Any, settings: Any, budget: Budget) -> Any:
+        calls.append(text)
+        budget.per_token_step = next(paces)
+
+    monkeypatch.setattr(explain_module, "explain", timed)
+    budget = Budget(seconds=30)
+    budget.calibrate(model, SETTINGS)
+    assert budget.per_token_step == 1e-9 and len(calls) == CALIBRATION_RUNS == 3
+    monkeypatch.undo()
+
+    slow = Budget(seconds=30, per_token_step=10.0)  # a pace timed in a burst: 10 s a token-step
+    items = [(TEXTS[0], ExplainOptions(n_steps=4))]
+    (refused,) = explain_all(model, items, SETTINGS, slow)
+    assert isinstance(refused, Rejected) and refused.code == ErrorCode.EXPLAIN_TOO_LONG
+    assert slow.per_token_step is None
+    (explained,) = explain_all(model, items, SETTINGS, slow)
+    assert isinstance(explained, Explanation) and 0 < (slow.per_token_step or 0) < 10.0
 
 
 def test_explain_all_answers_a_model_failure_per_text(loaded, monkeypatch) -> None:
