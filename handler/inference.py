@@ -133,19 +133,19 @@ def to_prediction(
     logits: Sequence[float] | None = None,
     multi_label_threshold: float | None = None,
 ) -> Prediction:
-    """The best label, every label's score, and for a multi-label model the labels it gives."""
+    """The best label, every label's score, and for a multi-label model the labels it gives.
+    Labels are ranked by score, ties broken by logit (``ranked``)."""
 
     def by_label(values: Sequence[float]) -> dict[str, float]:
         return {label: float(value) for label, value in zip(labels, values, strict=True)}
 
-    best = max(range(len(scores)), key=lambda i: scores[i])
+    order = ranked(scores, logits)
     given = None
     if multi_label_threshold is not None:
-        order = sorted(range(len(scores)), key=lambda i: scores[i], reverse=True)
         given = [labels[i] for i in order if scores[i] >= multi_label_threshold]
     return Prediction(
-        label=labels[best],
-        score=float(scores[best]),
+        label=labels[order[0]],
+        score=float(scores[order[0]]),
         scores=by_label(scores),
         truncated=truncated,
         labels=given,
@@ -153,20 +153,31 @@ def to_prediction(
     )
 
 
+def ranked(scores: Sequence[float], logits: Sequence[float] | None = None) -> list[int]:
+    """Label indices best first: by score, then by logit where float32 rounded two scores to
+    the same value (sigmoids of logits from about 17 up are all 1.0), then in label order.
+    The label, ``labels`` and ``top_k`` all rank by this one order, so they never disagree."""
+    tie_break = scores if logits is None else logits
+    return sorted(range(len(scores)), key=lambda i: (-scores[i], -tie_break[i], i))
+
+
 def with_options(prediction: Prediction, options: ScoreOptions) -> Prediction:
     """The prediction as one request asked for it: logits or scores, top k or every label;
-    ``label`` and ``labels`` stay the model's decision."""
+    ``label`` and ``labels`` stay the model's decision (the first of the top k)."""
     if options == ScoreOptions():
         return prediction
-    scores = prediction.scores
+    names = list(prediction.scores)
+    logits = None if prediction.raw_scores is None else list(prediction.raw_scores.values())
+    answered = prediction.scores
     if options.raw_scores:
         if prediction.raw_scores is None:
             raise AssertionError("raw scores were asked for but not kept; this is a bug")
-        scores = prediction.raw_scores
+        answered = prediction.raw_scores
+    order = list(range(len(names)))
     if options.top_k is not None:
-        best_first = sorted(scores.items(), key=lambda item: item[1], reverse=True)
-        scores = dict(best_first[: options.top_k])
-    return replace(prediction, score=scores[prediction.label], scores=scores, raw_scores=None)
+        order = ranked(list(prediction.scores.values()), logits)[: options.top_k]
+    scores = {names[i]: answered[names[i]] for i in order}
+    return replace(prediction, score=answered[prediction.label], scores=scores, raw_scores=None)
 
 
 def model_inputs(

@@ -153,27 +153,46 @@ def text_slots(requests: Sequence[Texts | Rejected]) -> list[tuple[Slot, ValidTe
 def classify_slots(
     slots: Sequence[tuple[Slot, TextInput]], classifier: Classifier
 ) -> tuple[dict[Slot, ItemOutcome], BatchStats]:
-    """Every text in one call, each result at its place; a failure is a 500 for all of them."""
+    """Every text in one call, each result at its place. If that call fails (not for memory),
+    each text is classified alone, so a text that breaks the model is a 500 for itself only."""
     texts = [text for _, text in slots]
     if not texts:
         return {}, BatchStats()
+    outcomes, stats = _classified(texts, classifier)
+    if stats is None and len(texts) > 1 and not isinstance(outcomes[0], OutOfMemory):
+        logger.warning("classifying %d texts failed; classifying each alone", len(texts))
+        alone = [_classified([text], classifier) for text in texts]
+        outcomes = [each[0][0] for each in alone]
+        stats = BatchStats(texts=len(texts))
+    results: dict[Slot, ItemOutcome] = {
+        slot: finite_or_rejected(outcome) if isinstance(outcome, Prediction) else _failed(outcome)
+        for (slot, _), outcome in zip(slots, outcomes, strict=True)
+    }
+    return results, stats or BatchStats(texts=len(texts))
+
+
+def _failed(error: Exception) -> Rejected:
+    if isinstance(error, OutOfMemory):
+        message = "the device ran out of memory on this batch; retry later or with shorter texts"
+    else:
+        message = "the model failed on this batch; retry later"
+    return Rejected(ErrorCode.INTERNAL_ERROR, message)
+
+
+def _classified(
+    texts: Sequence[TextInput], classifier: Classifier
+) -> tuple[list[Prediction | Exception], BatchStats | None]:
+    """The classifier's predictions, or its failure once per text (and no stats)."""
     try:
         predictions, stats = classifier(texts)
         if len(predictions) != len(texts):
             raise AssertionError(
                 f"classifier returned {len(predictions)} predictions for {len(texts)} texts; this is a bug"
             )
-        return {
-            slot: finite_or_rejected(p) for (slot, _), p in zip(slots, predictions, strict=True)
-        }, stats
-    except OutOfMemory:
-        logger.exception("classifying a batch of %d texts ran out of memory", len(texts))
-        message = "the device ran out of memory on this batch; retry later or with shorter texts"
-    except Exception:
+        return list(predictions), stats
+    except Exception as error:
         logger.exception("classifying a batch of %d texts failed", len(texts))
-        message = "the model failed on this batch; retry later"
-    failure = Rejected(ErrorCode.INTERNAL_ERROR, message)
-    return {slot: failure for slot, _ in slots}, BatchStats(texts=len(texts))
+        return [error] * len(texts), None
 
 
 NOT_FINITE = Rejected(
@@ -237,7 +256,13 @@ def _answered(valid: ValidText, result: ItemOutcome | None) -> ItemOutcome:
         )
     if isinstance(result, Rejected | Explanation):
         return result
-    return with_options(result, valid.options)
+    try:
+        return with_options(result, valid.options)
+    except Exception:
+        logger.exception("applying %s to a prediction failed; this is a bug", valid.options)
+        return Rejected(
+            ErrorCode.INTERNAL_ERROR, "this item's options could not be applied (server bug)"
+        )
 
 
 def classify_valid(
@@ -259,10 +284,18 @@ def classify_valid(
 
 
 def respond(protocol: WireProtocol[Any], outcome: Outcome, request_id: str) -> Response:
-    """The protocol that decoded the request answers it."""
-    if isinstance(outcome, Rejected):
-        return protocol.refuse(outcome, request_id)
-    return protocol.render(outcome.request, outcome.items, request_id)
+    """The protocol that decoded the request answers it; a render that raises is this
+    request's 500 alone."""
+    try:
+        if isinstance(outcome, Rejected):
+            return protocol.refuse(outcome, request_id)
+        return protocol.render(outcome.request, outcome.items, request_id)
+    except Exception:
+        logger.exception("request %s: rendering its answer raised; this is a bug", request_id)
+        failure = Rejected(
+            ErrorCode.INTERNAL_ERROR, "the answer could not be rendered (server bug)"
+        )
+        return FALLBACK.refuse(failure, request_id)
 
 
 def answer_batch(
@@ -275,8 +308,9 @@ def answer_batch(
     pace: deadline.Pace | None = None,
     explainer: Explainer | None = None,
 ) -> tuple[list[Response], list[Headers]]:
-    """One response per request, in order, and each one's timing headers; an unexpected failure
-    answers 500 to this batch only. ``received``: ``perf_counter()`` at receipt; ``now``: unix
+    """One response per request, in order, and each one's timing headers. Each stage answers
+    an item's failure as that item's outcome; the catch around the batch is for bugs in the
+    batch's own code (``expire``, ``classify_valid``'s bookkeeping), and answers 500 to it. ``received``: ``perf_counter()`` at receipt; ``now``: unix
     time the batch began. ``pace`` gets the batch's time unless it explained texts."""
     received = time.perf_counter() if received is None else received
     began = time.time() if now is None else now

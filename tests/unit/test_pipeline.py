@@ -10,15 +10,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from handler import pipeline
 from handler.decoding import validate_text
 from handler.errors import ErrorCode
-from handler.inference import BatchStats, Prediction
+from handler.inference import BatchStats, OutOfMemory, Prediction, to_prediction, with_options
 from handler.pipeline import IncomingRequest, ListOutcome, Response, answer_batch, classify_valid
 from handler.protocol import Rejected, ValidText
+from handler.scoring import ScoreFunction, ScoreOptions, apply_score_function
 from handler.settings import HandlerSettings
 
 MAX_CHARS = 30
@@ -176,10 +178,12 @@ def test_empty_batch() -> None:
     "error", [RuntimeError("CUDA out of memory"), ValueError("x"), MemoryError()]
 )
 def test_classifier_failure_gives_500_to_valid_items_only(error: Exception) -> None:
-    """A model failure answers 500 to the valid items; the bad items keep their own 4xx."""
+    """A model that fails on every text answers 500 to the valid items, each after a try
+    alone; the bad items keep their own 4xx."""
     classifier = FakeClassifier(error=error)
     responses = answer_batch(mixed_requests(), classifier, SETTINGS)[0]
-    assert len(classifier.calls) == 1
+    valid = [text for *_, text in MIXED if text is not None]
+    assert classifier.calls == [valid] + [[text] for text in valid]
     for response, (request, status, code, _) in zip(responses, MIXED, strict=True):
         if code is None:
             assert_error(response, request.request_id, 500, ErrorCode.INTERNAL_ERROR)
@@ -198,6 +202,41 @@ def test_wrong_prediction_count_gives_500_to_valid_items_only(drop: int, extra: 
             assert_error(response, request.request_id, 500, ErrorCode.INTERNAL_ERROR)
         else:
             assert_error(response, request.request_id, status, code)
+
+
+class PoisonClassifier(FakeClassifier):
+    """Fails any call that holds the text "poison", as a model can fail on one input."""
+
+    def __call__(self, texts: Sequence[str]) -> tuple[list[Prediction], BatchStats]:
+        if "poison" in texts:
+            self.calls.append(list(texts))
+            raise RuntimeError("index out of range in self")
+        return super().__call__(texts)
+
+
+def test_a_text_that_breaks_the_model_fails_alone() -> None:
+    """The batch is classified again text by text: the poison text answers 500, and its
+    batch-mates their own predictions."""
+    texts = ["a fine film", "poison", "a dull film"]
+    requests = [json_request({"text": text}, f"r{i}") for i, text in enumerate(texts)]
+    classifier = PoisonClassifier()
+    responses = answer_batch(requests, classifier, SETTINGS)[0]
+    assert_success(responses[0], "r0", texts[0])
+    assert_error(responses[1], "r1", 500, ErrorCode.INTERNAL_ERROR)
+    assert_success(responses[2], "r2", texts[2])
+    assert classifier.calls == [texts, *([text] for text in texts)]
+
+
+def test_an_out_of_memory_batch_is_not_retried_text_by_text() -> None:
+    """Memory is the batch's, not a text's: retrying each alone would only repeat it."""
+    classifier = FakeClassifier(error=OutOfMemory("out of memory on 2 texts"))
+    responses = answer_batch(
+        [json_request({"text": "a"}, "r0"), json_request({"text": "b"}, "r1")], classifier, SETTINGS
+    )[0]
+    assert len(classifier.calls) == 1
+    for response, request_id in zip(responses, ["r0", "r1"], strict=True):
+        assert_error(response, request_id, 500, ErrorCode.INTERNAL_ERROR)
+        assert "out of memory" in body_of(response)["error"]["message"]
 
 
 def test_classify_valid_puts_results_back_at_their_indices() -> None:
@@ -429,3 +468,70 @@ def test_a_text_whose_scores_are_not_finite_fails_alone(broken: Prediction) -> N
     assert_error(responses[1], "r1", 500, ErrorCode.INTERNAL_ERROR)
     assert "NaN or infinity" in body_of(responses[1])["error"]["message"]
     assert_success(responses[2], "r2", "dull")
+
+
+LABEL_NAMES = ["a", "b", "c", "d", "e", "f"]
+SATURATED = [17.0, 18.0, 20.0, 88.0, 1e4, -17.0, -88.0, -1e4]
+logit = st.one_of(st.floats(-1e4, 1e4, width=32), st.sampled_from(SATURATED))
+
+
+@st.composite
+def headed_items(draw: st.DrawFn) -> tuple[ScoreFunction, float | None, list[list[float]]]:
+    """A head (its score function, multi-label or not, labels) and the logits of a few texts."""
+    function = draw(st.sampled_from(list(ScoreFunction)))
+    labels = draw(st.integers(1, len(LABEL_NAMES)))
+    threshold = draw(st.one_of(st.none(), st.floats(0.0, 1.0)))
+    rows = draw(st.lists(st.lists(logit, min_size=labels, max_size=labels), min_size=1, max_size=4))
+    return function, threshold, rows
+
+
+@settings(max_examples=1000, deadline=None)
+@given(
+    head=headed_items(),
+    options=st.lists(
+        st.fixed_dictionaries(
+            {},
+            optional={"top_k": st.integers(1, len(LABEL_NAMES) + 2), "raw_scores": st.booleans()},
+        ),
+        min_size=4,
+        max_size=4,
+    ),
+)
+def test_no_head_logits_or_options_fail_an_item_or_its_neighbour(
+    head: tuple[ScoreFunction, float | None, list[list[float]]], options: list[dict[str, Any]]
+) -> None:
+    """Random heads, logits (saturated included) and options through the real scoring: every
+    text answers 200 with its label among its scores, and a plain neighbour too."""
+    function, threshold, rows = head
+    labels = LABEL_NAMES[: len(rows[0])]
+
+    def classifier(texts: Sequence[Any]) -> tuple[list[Prediction], BatchStats]:
+        logits = [rows[int(text.split()[-1])] if text != "plain" else rows[0] for text in texts]
+        scores = apply_score_function(function, torch.tensor(logits, dtype=torch.float32))
+        return [
+            to_prediction(row, labels, False, raw, threshold)
+            for row, raw in zip(scores.tolist(), logits, strict=True)
+        ], BatchStats(texts=len(texts))
+
+    requests = [
+        json_request({"text": f"text {i}", **options[i]}, f"r{i}") for i in range(len(rows))
+    ]
+    responses = answer_batch(
+        [*requests, json_request({"text": "plain"}, "plain")], classifier, SETTINGS
+    )[0]
+    for response in responses:
+        assert response.status == 200, response.body
+        body = body_of(response)
+        assert body["score"] == body["scores"][body["label"]]
+
+
+def test_a_saturated_multi_label_tie_keeps_the_label_in_its_top_k() -> None:
+    """Two logits over about 17 both round to a sigmoid of 1.0 in float32: the label is the
+    larger logit's, and top_k 1 with raw_scores keeps it (a KeyError failed the batch)."""
+    logits = [18.0, 20.0]
+    scores = torch.sigmoid(torch.tensor(logits)).tolist()
+    assert scores[0] == scores[1] == 1.0
+    prediction = to_prediction(scores, ["a", "b"], False, logits, 0.5)
+    assert prediction.label == "b" and prediction.labels == ["b", "a"]
+    cut = with_options(prediction, ScoreOptions(top_k=1, raw_scores=True))
+    assert (cut.label, cut.score, cut.scores) == ("b", 20.0, {"b": 20.0})
