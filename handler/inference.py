@@ -78,24 +78,49 @@ class BatchStats:
     """Each text's tokens, in the order given (the reference profile's input length)."""
 
 
+TOKENIZE_CHUNK_CHARS = 1 << 18
+"""Characters per call of the tokenizer. It tokenizes each text whole before it truncates and
+keeps the overflow until the call returns (about 34 bytes a character): a batch of long lists
+in one call held hundreds of MiB. Per chunk it holds about 9 MiB, and a chunk of short texts
+still has hundreds of them for its threads."""
+
+
 def tokenize(tokenizer: Any, texts: Sequence[TextInput], max_length: int) -> list[TokenizedText]:
-    """One call of the Rust backend for the whole batch, singles and pairs mixed, not padded,
-    truncated as transformers' ``truncation=True`` does (reconfigured each call, as it does)."""
+    """The batch in a few calls of the Rust backend (chunks of ``TOKENIZE_CHUNK_CHARS``),
+    singles and pairs mixed, not padded, truncated as transformers' ``truncation=True`` does
+    (reconfigured each call, as it does); only the tokens kept are kept."""
     backend = tokenizer.backend_tokenizer
     backend.enable_truncation(
         max_length, strategy="longest_first", direction=tokenizer.truncation_side
     )
     backend.no_padding()
-    encodings = backend.encode_batch(list(texts), add_special_tokens=True)
-    return [
-        TokenizedText(
-            input_ids=list(encoding.ids),
-            truncated=bool(encoding.overflowing),
-            token_type_ids=list(encoding.type_ids),
-            special_tokens_mask=list(encoding.special_tokens_mask),
-        )
-        for encoding in encodings
-    ]
+    tokenized: list[TokenizedText] = []
+    for chunk in chunks(texts, TOKENIZE_CHUNK_CHARS):
+        tokenized += [
+            TokenizedText(
+                input_ids=list(encoding.ids),
+                truncated=bool(encoding.overflowing),
+                token_type_ids=list(encoding.type_ids),
+                special_tokens_mask=list(encoding.special_tokens_mask),
+            )
+            for encoding in backend.encode_batch(chunk, add_special_tokens=True)
+        ]
+    return tokenized
+
+
+def chunks(texts: Sequence[TextInput], max_chars: int) -> list[list[TextInput]]:
+    """Consecutive runs of ``texts`` of at most ``max_chars`` characters each (a longer text
+    alone), in order."""
+    runs: list[list[TextInput]] = []
+    size = max_chars
+    for text in texts:
+        chars = len(text) if isinstance(text, str) else len(text[0]) + len(text[1])
+        if size + chars > max_chars:
+            runs.append([])
+            size = 0
+        runs[-1].append(text)
+        size += chars
+    return runs
 
 
 def plan_sub_batches(lengths: Sequence[int], max_batch_tokens: int) -> list[list[int]]:

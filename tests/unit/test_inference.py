@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from handler.inference import classify, collate, plan_sub_batches, tokenize
+from handler import inference
+from handler.inference import TextInput, classify, collate, plan_sub_batches, tokenize
 from handler.model import label_names, load_model, select_device
 from handler.settings import HandlerSettings
 
@@ -123,3 +127,65 @@ def test_eager_attention_matches_sdpa(tiny_model_dir: Path) -> None:
     for got, expected in zip(predictions, reference, strict=True):
         assert sum(got.scores.values()) == pytest.approx(1.0, abs=1e-5)
         assert got.scores == pytest.approx(expected.scores, abs=1e-4)
+
+
+def test_long_texts_are_tokenized_in_bounded_chunks_with_the_same_tokens(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tokenizer keeps a whole text's overflow until its call returns: no call may hold
+    more than TOKENIZE_CHUNK_CHARS characters (a long text alone), and the tokens kept are
+    those of one call over everything."""
+    loaded = load_model(tiny_model_dir, HandlerSettings(), gpu_id=None)
+    long = "a long review of a film that goes on " * 260
+    texts: list[TextInput] = [long + str(i) for i in range(8)]
+    texts += ["short", (long, "a pair"), "x " * 20_000, "another short one"]
+    monkeypatch.setattr(inference, "TOKENIZE_CHUNK_CHARS", 30_000)
+    backend = loaded.tokenizer.backend_tokenizer
+    whole = backend.encode_batch(texts, add_special_tokens=True)
+    calls: list[int] = []
+
+    class Spy:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(backend, name)
+
+        def encode_batch(self, batch: list[TextInput], **kwargs: Any) -> Any:
+            calls.append(
+                sum(len(t) if isinstance(t, str) else len(t[0]) + len(t[1]) for t in batch)
+            )
+            return backend.encode_batch(batch, **kwargs)
+
+    spied = type("Tok", (), {"backend_tokenizer": Spy(), "truncation_side": "right"})()
+    items = tokenize(spied, texts, max_length=64)
+    assert len(calls) > 1 and all(size <= 30_000 or size == 40_000 for size in calls), calls
+    expected = tokenize(loaded.tokenizer, texts, max_length=64)
+    assert [item.input_ids for item in items] == [item.input_ids for item in expected]
+    assert [item.truncated for item in items] == [True] * 8 + [False, True, True, False]
+    assert len(whole) == len(texts)
+
+
+def test_tokenizing_the_largest_batch_holds_little_memory(tiny_model_dir: Path) -> None:
+    """1,024 texts of ~9,600 characters (a batch of 16 full lists) added 334 MiB of peak RSS
+    when tokenized in one call; in chunks, the texts themselves and a few MiB."""
+    script = f"""
+import resource
+import sys
+sys.path.insert(0, {str(Path(__file__).parents[2])!r})
+from handler.inference import tokenize
+from handler.model import load_model
+from handler.settings import HandlerSettings
+from pathlib import Path
+loaded = load_model(Path({str(tiny_model_dir)!r}), HandlerSettings(), gpu_id=None)
+texts = [("a long review of a film that goes on and on " * 220) + str(i) for i in range(1024)]
+tokenize(loaded.tokenizer, texts[:8], 128)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+items = tokenize(loaded.tokenizer, texts, 128)
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+assert all(len(item.input_ids) == 128 for item in items)
+print((after - before) / 1024)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    grown_mib = float(done.stdout.split()[-1])
+    assert grown_mib < 100, f"tokenizing grew peak RSS by {grown_mib:.0f} MiB"
