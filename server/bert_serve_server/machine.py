@@ -10,7 +10,13 @@ physical cores under them, the memory and the GPUs. Read from sysfs and the cgro
 - **Cores** (``Machine.cores``): the physical cores those CPUs sit on (sysfs ``topology``:
   hyperthreads of one core share its units), never more than the CPUs paid for. Workers follow
   the cores; the torch threads follow the CPUs (``rules.threads_for``).
-- **Memory**: the cgroup limit, else the machine's.
+- **Memory** (``Machine.memory_bytes``): the least of the cgroup's memory limit (the least
+  ``memory.max``, or v1 ``memory.limit_in_bytes``, of this process's cgroup and those above it),
+  the physical memory, and a stated memory (``BERT_SERVE_MEMORY``, ``stated.with_stated``): a
+  limit larger than the machine (a fake 1 TiB ``memory.max``) is not memory the pod can use, and
+  a stated value can only lower what there is. The reasons say which one bound it. A pod with no
+  memory limit is sized for the node's memory: state its request (the Downward API's
+  ``requests.memory`` in ``BERT_SERVE_MEMORY``).
 """
 
 from __future__ import annotations
@@ -26,6 +32,12 @@ DEFAULT_CPU_WEIGHT = 100
 """cgroup v2's ``cpu.weight`` when nothing set it: read as no CPU request."""
 DEFAULT_CPU_SHARES = 1024
 """cgroup v1's ``cpu.shares`` when nothing set it: read as no CPU request."""
+PROC_CGROUP = Path("/proc/self/cgroup")
+NO_LIMIT_BYTES = 2**60
+"""cgroup v1 writes "no limit" as a huge number (2**63 less a page); any limit this large is none."""
+CGROUP_LIMIT = "the cgroup limit"
+PHYSICAL = "the physical memory"
+STATED = "the stated BERT_SERVE_MEMORY"
 
 
 @dataclass(frozen=True)
@@ -38,12 +50,23 @@ class Machine:
     """The smallest of the GPUs' memories (0: no GPU, or not known)."""
     cpus: float = 0.0
     """Logical CPUs paid for (hyperthreads counted); 0: as many as ``cores``."""
-    source: tuple[str, ...] = ()
-    """How each value was read or stated, for the reasons."""
+    cpu_source: str = ""
+    """How the CPUs were read, for the reasons."""
+    memory_bounds: tuple[tuple[str, int], ...] = ()
+    """Each bound on the memory that was known (``CGROUP_LIMIT``, ``PHYSICAL``, ``STATED``) and
+    its bytes; ``memory_bytes`` is the least of them."""
 
     @property
     def logical_cpus(self) -> float:
         return self.cpus or self.cores
+
+    @property
+    def source(self) -> tuple[str, ...]:
+        """How each value was read or stated, for the reasons."""
+        lines = [f"machine: {self.cpu_source}"] if self.cpu_source else []
+        if self.memory_bounds:
+            lines.append(f"machine: {memory_line(self.memory_bounds)}")
+        return tuple(lines)
 
 
 def cgroup_cores(root: Path = CGROUP) -> float | None:
@@ -78,13 +101,81 @@ def cgroup_cpu_request(root: Path = CGROUP) -> float | None:
     return None
 
 
-def cgroup_memory(root: Path = CGROUP) -> int | None:
-    for path in (root / "memory.max", root / "memory" / "memory.limit_in_bytes"):
-        if path.is_file():
-            text = path.read_text().strip()
-            # v1 writes "no limit" as a huge number
-            return None if text == "max" or int(text) >= 2**60 else int(text)
-    return None
+def own_cgroups(proc_cgroup: Path = PROC_CGROUP) -> tuple[str, str]:
+    """This process's cgroup paths (v2's unified one, v1's memory controller's), from
+    ``/proc/self/cgroup``; "/" where it names none (in a container's own namespace, its root)."""
+    unified = memory = "/"
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        return unified, memory
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            unified = path or "/"
+        elif "memory" in controllers.split(","):
+            memory = path or "/"
+    return unified, memory
+
+
+def limit_in(path: Path) -> int | None:
+    """The memory limit one cgroup file states, None for none (or no such file)."""
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return None if text == "max" or int(text) >= NO_LIMIT_BYTES else int(text)
+
+
+def cgroup_memory(root: Path = CGROUP, own: tuple[str, str] | None = None) -> int | None:
+    """The least memory limit of this process's cgroup and every cgroup above it (each one's
+    limit applies), v2 ``memory.max`` or v1 ``memory.limit_in_bytes``; None where none is set.
+    ``own``: the (v2, v1 memory) cgroup paths, ``own_cgroups()`` by default."""
+    unified, memory = own if own is not None else own_cgroups()
+    limits = []
+    for base, path, name in (
+        (root, unified, "memory.max"),
+        (root / "memory", memory, "memory.limit_in_bytes"),
+    ):
+        folder = base / path.strip("/")
+        while True:
+            found = limit_in(folder / name)
+            if found is not None:
+                limits.append(found)
+            if folder == base or base not in folder.parents:
+                break
+            folder = folder.parent
+    return min(limits, default=None)
+
+
+def physical_memory() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def least_memory(bounds: tuple[tuple[str, int], ...]) -> tuple[str, int]:
+    """The bound that binds: the least (the first of equal ones)."""
+    return min(bounds, key=lambda bound: bound[1])
+
+
+def memory_line(bounds: tuple[tuple[str, int], ...]) -> str:
+    """The memory sized for, the bound that set it, and the others beside it."""
+    name, least = least_memory(bounds)
+    others = [f"{other} {size // 2**20} MiB" for other, size in bounds if other != name]
+    if not any(other == CGROUP_LIMIT for other, _ in bounds):
+        others.append("no cgroup limit")
+    line = f"{least // 2**20} MiB of memory, bound by {name}"
+    line += f" ({', '.join(others)})" if others else ""
+    if name == PHYSICAL and len(others) == 1 and others[0] == "no cgroup limit":
+        line += (
+            ": a pod without a memory limit is sized for its node's memory unless it states its "
+            "request in BERT_SERVE_MEMORY"
+        )
+    return line
+
+
+def bounds_of(limit: int | None, physical: int) -> tuple[tuple[str, int], ...]:
+    physical_bound = ((PHYSICAL, physical),)
+    return physical_bound if limit is None else ((CGROUP_LIMIT, limit), *physical_bound)
 
 
 def physical_cores(cpus: set[int], topology: Path = CPU_TOPOLOGY) -> int:
@@ -115,16 +206,22 @@ def paid_cpus(affinity: int, root: Path = CGROUP) -> tuple[float, str]:
     return float(affinity), f"{affinity} CPUs (this process's affinity, no quota or request)"
 
 
-def read_machine(gpus: int, cgroup: Path = CGROUP, topology: Path = CPU_TOPOLOGY) -> Machine:
+def read_machine(
+    gpus: int,
+    cgroup: Path = CGROUP,
+    topology: Path = CPU_TOPOLOGY,
+    own: tuple[str, str] | None = None,
+    physical: int | None = None,
+) -> Machine:
     """The CPUs paid for and the physical cores under them (never more than those CPUs); the
-    cgroup's memory limit, else the machine's; with ``gpus`` of its GPUs (their memory read
-    here)."""
+    least of the cgroup's memory limit and the physical memory (``physical``, read here unless
+    given); with ``gpus`` of its GPUs (their memory read here)."""
     affinity = os.sched_getaffinity(0)
     cpus, cpu_source = paid_cpus(len(affinity), cgroup)
     cores = min(float(physical_cores(affinity, topology)), cpus)
-    limit = cgroup_memory(cgroup)
-    memory = limit or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    memory_source = "cgroup limit" if limit else "the machine's, no cgroup limit"
+    bounds = bounds_of(
+        cgroup_memory(cgroup, own), physical_memory() if physical is None else physical
+    )
     gpu_memory = 0
     if gpus:
         import torch
@@ -132,14 +229,12 @@ def read_machine(gpus: int, cgroup: Path = CGROUP, topology: Path = CPU_TOPOLOGY
         gpu_memory = min(torch.cuda.get_device_properties(i).total_memory for i in range(gpus))
     return Machine(
         cores=cores,
-        memory_bytes=memory,
+        memory_bytes=least_memory(bounds)[1],
         gpus=gpus,
         gpu_memory_bytes=gpu_memory,
         cpus=cpus,
-        source=(
-            f"machine: {cpu_source}, {cores:g} physical core(s) under them",
-            f"machine: {memory // 2**20} MiB of memory ({memory_source})",
-        ),
+        cpu_source=f"{cpu_source}, {cores:g} physical core(s) under them",
+        memory_bounds=bounds,
     )
 
 

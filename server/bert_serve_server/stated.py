@@ -3,7 +3,8 @@ image or its config (a Kubernetes Deployment's ``env``, or a ConfigMap through `
 
 =========================  ====================================================================
 ``BERT_SERVE_CORES``       the cores (and CPUs) to size for, in place of what the cgroup says
-``BERT_SERVE_MEMORY``      the memory to size for: bytes, or a quantity (``4Gi``, ``1536Mi``, ``2G``)
+``BERT_SERVE_MEMORY``      the memory to size for: bytes, or a quantity (``4Gi``, ``1536Mi``, ``2G``);
+                           never more than the cgroup limit and the physical memory
 ``BERT_SERVE_WORKERS``     workers of every model (``minWorkers`` = ``maxWorkers``)
 ``BERT_SERVE_THREADS``     torch threads per worker (``OMP_NUM_THREADS``, if set, still wins)
 ``BERT_SERVE_BATCH_SIZE``  ``batchSize`` of every model
@@ -25,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from bert_serve_server.machine import Machine
+from bert_serve_server.machine import PHYSICAL, STATED, Machine, least_memory
 
 PREFIX = "BERT_SERVE_"
 QUANTITY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]i?|[kKmMgGtT])?[bB]?\s*$")
@@ -132,7 +133,9 @@ def with_stated(
     if stated.cores is not None:
         machine = replace(machine, cores=stated.cores, cpus=stated.cores)
     if stated.memory_bytes is not None:
-        machine = replace(machine, memory_bytes=stated.memory_bytes)
+        bounds = machine.memory_bounds or ((PHYSICAL, machine.memory_bytes),)
+        bounds = (*bounds, (STATED, stated.memory_bytes))
+        machine = replace(machine, memory_bytes=least_memory(bounds)[1], memory_bounds=bounds)
     properties = dict(properties)
     if stated.queue is not None:
         properties["job_queue_size"] = str(stated.queue)

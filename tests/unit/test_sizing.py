@@ -765,7 +765,9 @@ def test_a_64_thread_host(
     (cgroup / "memory.max").write_text(f"{256 * GIB}\n")
     (cgroup / "cpu.max").write_text(f"{quota or 'max 100000'}\n")
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
-    read = functools.partial(host.read_machine, cgroup=cgroup, topology=topology)
+    read = functools.partial(
+        host.read_machine, cgroup=cgroup, topology=topology, physical=512 * GIB
+    )
     monkeypatch.setattr(sizing, "read_machine", read)
     monkeypatch.setattr(sizing, "measured_rates", lambda *args: dict.fromkeys(args[2], 50.0))
     monkeypatch.setattr(served, "measured_memory", lambda mar, mtime_ns: WORKER)
