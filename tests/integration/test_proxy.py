@@ -1,10 +1,14 @@
 """The NGINX proxy shipped in deploy/k8s/proxy/, run for real where nginx is installed: it
-refuses a request without the key (401, JSON) but lets /ping through, never forwards the key,
-stamps each request's start and wait, keeps its connections to TorchServe open, adds
-Retry-After to a 503, and a deadline it stamps reaches the handler."""
+refuses a request without the key (401, JSON) but lets /ping through, and only as /ping (no
+raw form of it walks around the key to another route), never forwards the key, stamps each
+request's start and wait, keeps its connections to TorchServe open, adds Retry-After to a 503,
+and a deadline it stamps reaches the handler."""
 
 from __future__ import annotations
 
+import http.client
+import json
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +27,68 @@ pytestmark = pytest.mark.skipif(
 ROUTE_TIMEOUT = "60"
 KEY = "k3y-" + "0123456789abcdef" * 3
 AUTHORIZED = {"Authorization": f"Bearer {KEY}"}
+AROUND_PING = (
+    # dot segments: nginx resolves them to /ping, TorchServe routes the segments as they are
+    "/predictions/bert/1.0/../../../ping",
+    "/predictions/bert/../../ping",
+    "/explanations/bert/1.0/../../../ping",
+    "/explanations/bert/../../ping",
+    "/ping/../predictions/bert",
+    "/ping/../explanations/bert",
+    "/./ping",
+    "/predictions/./../ping",
+    # their percent-encodings, and encoded slashes
+    "/predictions/bert/1.0/%2e%2e/%2e%2e/%2e%2e/ping",
+    "/predictions/bert/1.0/%2E%2e/%2e%2E/%2E%2E/ping",
+    "/predictions/bert/1.0/.%2e/%2e./../ping",
+    "/explanations/bert/%2e%2e/%2e%2e/ping",
+    "/predictions/bert/1.0/..%2f..%2f..%2fping",
+    "/predictions/bert/1.0/..%2F..%2F..%2Fping",
+    "/predictions%2fbert%2f1.0%2f..%2f..%2f..%2fping",
+    "/predictions/bert/1.0/../../../%70ing",
+    "/%70ing",
+    "/%70%69%6e%67",
+    # doubled slashes
+    "//ping",
+    "///ping",
+    "/predictions//bert/../../ping",
+    "//predictions/bert/1.0/../../../ping",
+    "/predictions/bert/1.0//../../../ping",
+    # ";" parameters
+    "/ping;x",
+    "/predictions/bert;/../../ping",
+    "/predictions/bert;x/../../ping",
+    "/predictions;/bert/1.0/../../../ping",
+    # a query on /ping, and a backslash, a fragment and the absolute form
+    "/ping?x=/../predictions/bert",
+    "/ping?/../../predictions/bert",
+    "/predictions/bert/1.0/../../../ping?x=1",
+    "/predictions/bert/1.0/..\\..\\..\\ping",
+    "/predictions/bert/1.0/../../../ping#x",
+    "http://localhost/predictions/bert/1.0/../../../ping",
+    "/ping",
+)
+"""Request targets sent as they are, without the key: every one either gets no further than
+the proxy or reaches the upstream as exactly ``/ping``."""
+HEALTHY = b'{"status":"Healthy"}'
+"""TorchServe's /ping answer, whitespace aside."""
+
+
+def send_raw(
+    url: str, target: str, body: bytes = b"x", content_type: str = "text/plain"
+) -> tuple[int, bytes]:
+    """POST ``target`` byte for byte over a socket (requests and urllib would normalize it),
+    without a key; the status and body of the answer."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=60) as connection:
+        head = (
+            f"POST {target} HTTP/1.1\r\nHost: {host}\r\nContent-Type: {content_type}\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        )
+        connection.sendall(head.encode("latin-1") + body)
+        answer = http.client.HTTPResponse(connection)
+        answer.begin()
+        return answer.status, answer.read()
 
 
 @pytest.fixture
@@ -152,6 +218,23 @@ def test_probes_pass_without_a_key(stub_behind_proxy: tuple[str, list[Seen]]) ->
     assert requests.get(f"{url}/ping/x", timeout=10).status_code == 401
 
 
+def test_no_raw_form_of_ping_reaches_another_route(
+    stub_behind_proxy: tuple[str, list[Seen]],
+) -> None:
+    """nginx picks the keyless /ping by the path it has normalized; the upstream gets exactly
+    /ping, never the path the client sent, which TorchServe would route as it stands."""
+    url, seen = stub_behind_proxy
+    leaked = {}
+    for target in AROUND_PING:
+        before = len(seen)
+        status, _ = send_raw(url, target)
+        forwarded = [request.path for request in seen[before:]]
+        if forwarded not in ([], ["/ping"]):
+            leaked[target] = (status, forwarded)
+    assert leaked == {}, f"reached the upstream as another path than /ping: {sorted(leaked)}"
+    assert send_raw(url, "/ping")[0] == 200 and seen[-1].path == "/ping"
+
+
 @pytest.mark.parametrize("key", ["", "short-key", "k" * 31 + "!"], ids=["empty", "short", "bad"])
 def test_a_proxy_without_a_usable_key_serves_nothing_but_ping(tmp_path: Path, key: str) -> None:
     """An empty, short or odd key (a Secret set wrong) answers 500 saying so, even to a request
@@ -194,3 +277,22 @@ def test_torchserve_behind_the_proxy(pod_server: Server, tmp_path: Path) -> None
         )
         assert late.status_code == 504, late.text
         assert late.json()["error"]["code"] == "deadline_exceeded"
+
+
+def test_torchserve_serves_no_prediction_around_the_key(pod_server: Server, tmp_path: Path) -> None:
+    """TorchServe with its token auth off, as in the pod, behind the proxy: no raw form of
+    /ping without the key gets a prediction or an explanation, and /ping answers Healthy."""
+    upstream = pod_server.inference_url.removeprefix("http://")
+    text = b"A fine film."
+    with running_proxy(upstream, tmp_path / "nginx", KEY) as url:
+        served = {}
+        for target in AROUND_PING:
+            status, body = send_raw(url, target, text)
+            if status == 200 and b"".join(body.split()) != HEALTHY:
+                served[target] = body[:120]
+        assert served == {}, f"answered other than /ping's Healthy, with no key: {sorted(served)}"
+        status, body = send_raw(url, "/ping", text)
+        assert status == 200 and json.loads(body)["status"] == "Healthy"
+        json_body = json.dumps({"text": "A fine film."}).encode()
+        for route in ("/predictions/bert", "/explanations/bert"):
+            assert send_raw(url, route, json_body, "application/json")[0] == 401, route

@@ -104,20 +104,32 @@ def kserve(kind: str) -> dict[str, Any]:
     return found[0]
 
 
+def runtime_container(name: str) -> dict[str, Any]:
+    (found,) = [
+        container
+        for container in kserve("ServingRuntime")["spec"]["containers"]
+        if container["name"] == name
+    ]
+    return dict(found)
+
+
 def test_kserve_containers_are_valid_containers() -> None:
-    """The ServingRuntime's container, and the InferenceService's container fields (all but
-    KServe's own), are valid core Containers (tests/unit/test_kserve.py checks the rest of
-    both against KServe's CRDs)."""
-    (runtime_container,) = kserve("ServingRuntime")["spec"]["containers"]
+    """The ServingRuntime's pod (its containers and volumes), and the InferenceService's
+    container fields (all but KServe's own), are valid core Pods (tests/unit/test_kserve.py
+    checks the rest of both against KServe's CRDs)."""
+    runtime = kserve("ServingRuntime")["spec"]
     model = dict(kserve("InferenceService")["spec"]["predictor"]["model"])
     for key in ("modelFormat", "protocolVersion", "storageUri", "runtime"):
         model.pop(key, None)
-    for container in (runtime_container, {"name": "kserve-container", **model}):
+    for spec in (
+        {"containers": runtime["containers"], "volumes": runtime.get("volumes", [])},
+        {"containers": [{"name": "kserve-container", **model}]},
+    ):
         pod = {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {"name": "kserve-predictor"},
-            "spec": {"containers": [container]},
+            "spec": spec,
         }
         kubernetes_validate.validate(pod, KUBERNETES_VERSION, strict=True)
 
@@ -287,8 +299,8 @@ def test_kserve_runtime_matches_the_layout_and_deployment(
     container: dict[str, Any], layout_config: dict[str, str]
 ) -> None:
     """The ServingRuntime runs the Deployment's image the way the Deployment does: the image's
-    entrypoint, the inference port, the same probes, user and footprint, and Prometheus
-    pointed at the metrics port; the InferenceService asks for the same footprint."""
+    entrypoint, its user and footprint, and Prometheus pointed at the metrics port; the
+    InferenceService asks for the same footprint."""
     isvc, runtime = kserve("InferenceService"), kserve("ServingRuntime")
     assert (isvc["apiVersion"], runtime["apiVersion"]) == (
         "serving.kserve.io/v1beta1",
@@ -297,24 +309,64 @@ def test_kserve_runtime_matches_the_layout_and_deployment(
     model = isvc["spec"]["predictor"]["model"]
     assert model["runtime"] == runtime["metadata"]["name"]
     assert "REPLACE" in model["storageUri"], "the bucket is a placeholder and must say so"
-    (served,) = runtime["spec"]["containers"]
+    served = runtime_container("kserve-container")
     assert served["image"] == container["image"]
     assert served["resources"] == container["resources"] == model["resources"]
-    inference = port(layout_config["inference_address"])
-    assert [entry["containerPort"] for entry in served["ports"]] == [inference]
     assert [*served["command"], *served["args"]] == json.loads(
         dockerfile_instruction("ENTRYPOINT")[0]
     ), "the runtime runs the image's own entrypoint"
-    assert served["startupProbe"] == container["startupProbe"], "startup: the same command"
-    for probe in ("readinessProbe", "livenessProbe"):
-        assert served[probe]["httpGet"] == {"path": "/ping", "port": inference}, probe
-        timing = {key: value for key, value in container[probe].items() if key != "exec"}
-        assert {key: value for key, value in served[probe].items() if key != "httpGet"} == timing
     assert served["securityContext"]["runAsUser"] == int(dockerfile_instruction("USER")[-1])
     annotations = runtime["spec"]["annotations"]
     assert int(annotations["prometheus.kserve.io/port"]) == port(layout_config["metrics_address"])
     assert annotations["prometheus.kserve.io/path"] == "/metrics"
     assert isvc["metadata"]["annotations"]["serving.kserve.io/enable-prometheus-scraping"] == "true"
+
+
+def test_kserve_reaches_torchserve_only_through_the_proxy(
+    container: dict[str, Any], layout_config: dict[str, str]
+) -> None:
+    """The image's TorchServe has token auth off, so KServe's pod runs the Deployment's proxy
+    too: the proxy is the one container with a port (Knative routes to it; KServe's Standard
+    mode by its name, transformer-container), with the Deployment's image, port, key, config
+    and mounts; TorchServe's inference listens on the pod's loopback, as in the Deployment, and
+    it declares no port and no probe (Knative refuses a probe on a container without the port,
+    unless its multi-container-probing feature is on). The probes are the proxy's, on /ping,
+    with the Deployment's timings."""
+    assert layout_config["disable_token_authorization"] == "true"
+    containers = kserve("ServingRuntime")["spec"]["containers"]
+    assert {entry["name"] for entry in containers} == {"kserve-container", "transformer-container"}
+    (fronted,) = [entry for entry in containers if entry.get("ports")]
+    assert fronted["name"] == "transformer-container"
+    served = runtime_container("kserve-container")
+    env = {entry["name"]: entry["value"] for entry in served["env"]}
+    pod_env = {entry["name"]: entry["value"] for entry in container["env"]}
+    assert env == pod_env
+    assert env["BERT_SERVE_INFERENCE_ADDRESS"] == (
+        f"http://127.0.0.1:{port(layout_config['inference_address'])}"
+    )
+    assert not {"startupProbe", "readinessProbe", "livenessProbe"} & set(served)
+    pod_proxy = pod_container("proxy")
+    for key in ("image", "env", "volumeMounts", "resources"):
+        assert fronted[key] == pod_proxy[key], key
+    proxy_port = named_port(pod_proxy, "proxy")
+    assert [entry["containerPort"] for entry in fronted["ports"]] == [proxy_port]
+    assert env["BERT_SERVE_DRAIN_WAIT_PORT"] == str(proxy_port)
+    for key in ("runAsUser", "runAsGroup", "readOnlyRootFilesystem", "allowPrivilegeEscalation"):
+        assert fronted["securityContext"][key] == pod_proxy["securityContext"][key], key
+    volumes = {entry["name"]: entry for entry in kserve("ServingRuntime")["spec"]["volumes"]}
+    pod_volumes = {
+        entry["name"]: entry
+        for entry in by_kind("Deployment")["spec"]["template"]["spec"]["volumes"]
+    }
+    for mount in fronted["volumeMounts"]:
+        assert volumes[mount["name"]] == pod_volumes[mount["name"]], mount["name"]
+    for probe in ("startupProbe", "readinessProbe"):
+        assert fronted[probe]["httpGet"] == {"path": "/ping", "port": proxy_port}, probe
+        timing = {key: value for key, value in container[probe].items() if key != "exec"}
+        assert {key: value for key, value in fronted[probe].items() if key != "httpGet"} == timing
+    assert fronted["livenessProbe"] == pod_proxy["livenessProbe"] | {
+        "tcpSocket": {"port": proxy_port}
+    }
 
 
 def mebibytes(quantity: str) -> float:

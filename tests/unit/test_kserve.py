@@ -25,6 +25,15 @@ RUNTIME_KINDS = ("ServingRuntime", "ClusterServingRuntime")
 # KServe's protocol names (pkg/constants: ProtocolV1, ProtocolV2, ProtocolGRPCV1, ProtocolGRPCV2)
 PROTOCOLS = {"v1", "v2", "grpc-v1", "grpc-v2"}
 COMPONENTS = ("predictor", "transformer", "explainer")
+# KServe's container names (pkg/constants: InferenceServiceContainerName, the model server, and
+# TransformerContainerName, the one in front of it in the same pod, whose port Standard mode's
+# Service targets)
+MODEL_SERVER, IN_FRONT = "kserve-container", "transformer-container"
+# Knative's ports a container may not take (pkg/apis/serving/k8s_validation.go: the
+# queue-proxy's HTTP, HTTP/2, admin and metrics ports and the profiler's) and port names
+KNATIVE_RESERVED_PORTS = {8012, 8013, 8022, 9090, 9091, 8008}
+KNATIVE_PORT_NAMES = {"", "http1", "h2c"}
+PROBES = ("startupProbe", "readinessProbe", "livenessProbe")
 # The CRDs are 2 MB of YAML: libyaml's safe loader reads them in a fraction of the time.
 LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -113,12 +122,17 @@ def test_strict_validation_rejects_a_misspelt_field_and_a_wrong_type(
     """Guards the test above: a typo in a probe's name or a port given as a word must fail,
     and KServe's own stock runtime must pass."""
     (runtime,) = [doc for doc in shipped() if doc["kind"] in RUNTIME_KINDS]
+    (served,) = [
+        index
+        for index, container in enumerate(runtime["spec"]["containers"])
+        if container.get("ports")
+    ]
     misspelt = copy.deepcopy(runtime)
-    container = misspelt["spec"]["containers"][0]
+    container = misspelt["spec"]["containers"][served]
     container["readinesProbe"] = container.pop("readinessProbe")
     assert any("readinesProbe" in error for error in errors(misspelt, crd_schemas))
     wrong_type = copy.deepcopy(runtime)
-    wrong_type["spec"]["containers"][0]["ports"][0]["containerPort"] = "http"
+    wrong_type["spec"]["containers"][served]["ports"][0]["containerPort"] = "http"
     assert errors(wrong_type, crd_schemas)
     (stock,) = documents(CRDS / "kserve-torchserve-runtime.yaml")
     assert errors(stock, crd_schemas) == []
@@ -152,3 +166,29 @@ def test_every_inference_service_names_a_runtime_shipped_here() -> None:
         spec = runtime["spec"]
         assert not any(entry.get("autoSelect") for entry in spec["supportedModelFormats"]), name
         assert set(spec["protocolVersions"]) <= PROTOCOLS, name
+
+
+def test_each_runtime_keeps_knatives_rules_for_a_pod_of_several_containers() -> None:
+    """Knative serves a pod of several containers only so: one container declares a port (the
+    one it routes to), one port, not the queue-proxy's; without its multi-container-probing
+    feature (off by default) only that container has probes, and they ask its port. KServe
+    merges the InferenceService into kserve-container and, with another container in front,
+    Standard mode's Service targets the port of the one named transformer-container."""
+    for runtime in [doc for doc in shipped() if doc["kind"] in RUNTIME_KINDS]:
+        name = runtime["metadata"]["name"]
+        containers = runtime["spec"]["containers"]
+        names = [container["name"] for container in containers]
+        assert MODEL_SERVER in names, name
+        (served,) = [container for container in containers if container.get("ports")]
+        assert len(containers) == 1 or served["name"] == IN_FRONT, name
+        (serving_port,) = served["ports"]
+        assert serving_port["containerPort"] not in KNATIVE_RESERVED_PORTS, name
+        assert serving_port.get("name", "") in KNATIVE_PORT_NAMES, name
+        for container in containers:
+            probes = [probe for probe in PROBES if probe in container]
+            if container is not served:
+                assert probes == [], f"{name}.{container['name']}: probes Knative refuses"
+            for probe in probes:
+                action = container[probe].get("httpGet") or container[probe].get("tcpSocket")
+                if action is not None:
+                    assert action["port"] == serving_port["containerPort"], (name, probe)
