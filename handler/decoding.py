@@ -6,6 +6,7 @@ fields. Nothing here raises for bad input: every outcome is a value.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from handler.errors import ErrorCode
@@ -20,8 +21,25 @@ def media_type(content_type: str | None) -> str:
     return (content_type or "").split(";", 1)[0].strip().lower()
 
 
+JSON_MEDIA_TYPES = ("application/json", "text/json")
+BOM = "\ufeff"
+
+
 def is_json(media: str) -> bool:
-    return media == "application/json" or media.endswith("+json")
+    """JSON's media type, its old ``text/json`` and any ``+json`` suffix."""
+    return media in JSON_MEDIA_TYPES or media.endswith("+json")
+
+
+def parse_json(body: bytes | bytearray | str) -> Any | Rejected:
+    """A JSON body as strict UTF-8, one leading byte order mark allowed (RFC 8259 lets a
+    parser ignore it; Windows tools write one)."""
+    text = body if isinstance(body, str) else utf8(body)
+    if isinstance(text, Rejected):
+        return text
+    try:
+        return json.loads(text.removeprefix(BOM))
+    except (ValueError, RecursionError) as error:
+        return Rejected(ErrorCode.INVALID_JSON, f"the body is not valid JSON: {short(error)}")
 
 
 def checked_text(value: Any, max_chars: int, name: str = TEXT_FIELD) -> ValidText | Rejected:

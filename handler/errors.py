@@ -6,7 +6,8 @@
     invalid_type       400     "text" / "text_pair" is not a string, or the body is not an object
     invalid_json       400     Content-Type is JSON but the body does not parse
     invalid_encoding   400     the body is not valid UTF-8
-    invalid_option     400     "top_k" or "raw_scores" has a value the API does not accept
+    invalid_option     400     an option has a value the API does not accept, or a field is
+                               unknown (a typo such as "topk")
     payload_too_large  413     the text (or text_pair) has more characters than max_chars
     explain_too_long   413     an explanation of a text with more tokens than explain_max_tokens
     not_explainable    400     an explanation asked where there is none (Open Inference, v2)

@@ -16,8 +16,8 @@ from handler.decoding import (
     is_json,
     json_type,
     media_type,
+    parse_json,
     short,
-    utf8,
     validate_text,
 )
 from handler.errors import HTTP_STATUS, ErrorCode, error_body
@@ -41,6 +41,11 @@ LIST_ANSWER_KEYS = {TEXTS_FIELD: "results", INSTANCES_FIELD: "predictions"}
 """Ours, and KServe v1's, whose ``:explain`` answers its instances under "explanations"."""
 FORM_MEDIA_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 DEFAULT_OPTIONS = ScoreOptions()
+OPTION_FIELDS = ("top_k", "raw_scores")
+ITEM_FIELDS = (TEXT_FIELD, TEXT_PAIR_FIELD)
+TEXT_FIELDS = (TEXT_FIELD, TEXTS_FIELD, INSTANCES_FIELD)
+FIELDS = (*ITEM_FIELDS, TEXTS_FIELD, INSTANCES_FIELD, *OPTION_FIELDS, "target", "n_steps")
+"""What a JSON body may hold, on both routes (a prediction ignores the explanation's options)."""
 
 
 @dataclass(frozen=True)
@@ -144,14 +149,29 @@ def decode_body(
     if isinstance(body, bytes | bytearray | str) and not is_json(media):
         return _explained(checked_text(body, max_chars), explaining, ExplainOptions())
     if isinstance(body, bytes | bytearray):
-        text = utf8(body)
-        if isinstance(text, Rejected):
-            return text
-        try:
-            body = json.loads(text)
-        except (ValueError, RecursionError) as error:
-            return Rejected(ErrorCode.INVALID_JSON, f"the body is not valid JSON: {short(error)}")
+        body = parse_json(body)
+        if isinstance(body, Rejected):
+            return body
+    if isinstance(body, dict) and not body.keys().isdisjoint(TEXT_FIELDS):
+        unknown = unknown_fields(body, FIELDS)
+        if unknown is not None:
+            return unknown
     return _text_from_json(body, max_chars, max_texts, explaining)
+
+
+def unknown_fields(document: Mapping[str, Any], known: tuple[str, ...]) -> Rejected | None:
+    """A field the API does not read is refused, not ignored: a typo such as "topk" would
+    otherwise answer 200 without the option it meant. (A body with no text field at all
+    answers ``missing_field`` instead.)"""
+    unknown = sorted(set(document) - set(known))
+    if not unknown:
+        return None
+    names = ", ".join(f'"{name}"' for name in unknown[:5])
+    expected = ", ".join(f'"{name}"' for name in known)
+    return Rejected(
+        ErrorCode.INVALID_OPTION,
+        f"unknown field {short(names, 80)}; the fields read are {expected}",
+    )
 
 
 def _text_from_json(
@@ -275,15 +295,17 @@ def _text_list(
             f'"{field}" has {len(items):,} items; the limit is {max_texts:,}',
         )
     checked = (
-        _list_item(item, f"{field}[{index}]", max_chars, options)
+        _list_item(item, f"{field}[{index}]", max_chars, options, field == TEXTS_FIELD)
         for index, item in enumerate(items)
     )
     return TextList(tuple(checked), field)
 
 
 def _list_item(
-    item: Any, place: str, max_chars: int, options: ScoreOptions
+    item: Any, place: str, max_chars: int, options: ScoreOptions, only_ours: bool
 ) -> ValidText | Rejected:
+    """One item of a list; ``only_ours``: an object with fields we do not read is refused (KServe
+    v1's instances may carry fields of the caller's own, as KServe allows)."""
     text = item.get(TEXT_FIELD) if isinstance(item, dict) else item
     if not isinstance(text, str):
         return Rejected(
@@ -291,6 +313,10 @@ def _list_item(
             f'{place} must be a string or {{"text": "..."}}, got {json_type(item)}',
         )
     pair_source = item if isinstance(item, dict) else None
+    if pair_source is not None and only_ours:
+        unknown = unknown_fields(pair_source, ITEM_FIELDS)
+        if unknown is not None:
+            return Rejected(unknown.code, f"{place}: {unknown.message}")
     return _text_and_pair(text, pair_source, f"{place}.{TEXT_PAIR_FIELD}", max_chars, options)
 
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from handler.decoding import BODY_KEYS, is_json, json_type, media_type, validate_text
+from handler.decoding import BODY_KEYS, is_json, json_type, media_type, parse_json, validate_text
 from handler.errors import HTTP_STATUS, ErrorCode
 from handler.inference import Prediction
 from handler.protocol import (
@@ -112,10 +112,7 @@ def decode_infer(
         body = body.encode("utf-8", "surrogatepass")
     if not isinstance(body, bytes | bytearray) or f'"{INPUTS_FIELD}"'.encode() not in body:
         return None
-    try:
-        document = json.loads(bytes(body).decode("utf-8"))
-    except (ValueError, RecursionError):
-        return None
+    document = parse_json(body)
     if not isinstance(document, dict) or INPUTS_FIELD not in document:
         return None
     return decode_infer_document(

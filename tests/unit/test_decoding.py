@@ -35,6 +35,7 @@ JSON_TYPES = [
     "Application/JSON",
     "application/vnd.api+json",
     " application/json ;charset=UTF-8",
+    "text/json",
 ]
 RAW_TYPES = ["text/plain", "text/plain; charset=utf-8", None, "", "application/octet-stream"]
 FORM_TYPES = ["application/x-www-form-urlencoded", "multipart/form-data; boundary=xyz"]
@@ -393,6 +394,38 @@ def test_json_escaped_lone_surrogate_is_rejected(body: bytes) -> None:
     """A lone surrogate smuggled in through a JSON escape is not valid text."""
     result = decode_request({"body": body}, "application/json", LIMIT, MAX_TEXTS)
     assert_rejected(result, ErrorCode.INVALID_ENCODING)
+
+
+def test_a_byte_order_mark_before_json_is_ignored() -> None:
+    """Windows tools write UTF-8 with a BOM; RFC 8259 lets a parser ignore it."""
+    body = "\ufeff".encode() + json_body({"text": "great film"})
+    assert decode_request({"body": body}, "application/json", LIMIT, MAX_TEXTS) == ValidText(
+        "great film"
+    )
+
+
+@pytest.mark.parametrize(
+    ("document", "named"),
+    [
+        ({"text": "great film", "topk": 1}, '"topk"'),
+        ({"texts": ["a"], "raw_score": True}, '"raw_score"'),
+        ({"instances": ["a"], "top-k": 2, "x": 1}, '"top-k", "x"'),
+    ],
+)
+def test_an_unknown_field_is_refused_by_name(document: dict[str, Any], named: str) -> None:
+    """A typo of an option answers 400, not 200 without the option it meant."""
+    result = decode_request({"body": json_body(document)}, "application/json", LIMIT, MAX_TEXTS)
+    message = assert_rejected(result, ErrorCode.INVALID_OPTION).message
+    assert named in message and '"top_k"' in message
+
+
+def test_an_unknown_field_in_a_texts_item_refuses_that_item_alone() -> None:
+    document = {"texts": ["a", {"text": "b", "top_k": 1}, {"text": "c", "text_pair": "d"}]}
+    result = decode_request({"body": json_body(document)}, "application/json", LIMIT, MAX_TEXTS)
+    assert not isinstance(result, Rejected)
+    first, second, third = result.items
+    assert first == ValidText("a") and third == ValidText("c", "d")
+    assert "texts[1]" in assert_rejected(second, ErrorCode.INVALID_OPTION).message
 
 
 # --- decode_body directly -------------------------------------------------------------------
