@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bert_serve_server.rules import gc_flag_in
+
 PLAN_VERSION = 1
 MODEL_KEYS = ("minWorkers", "maxWorkers", "batchSize")
 
@@ -35,10 +37,15 @@ class Plan:
     archives: dict[str, int]
     """``NAME:VERSION`` -> the size in bytes of the archive it was measured on."""
     why: list[str]
+    gc_flag: str | None = None
+    """The collector the heap was sized for (``rules.gc_flag_in``), stated with it."""
 
 
 def plan_of(
-    report: dict[str, Any], heap_mib: int | None, archives: dict[str, int]
+    report: dict[str, Any],
+    heap_mib: int | None,
+    archives: dict[str, int],
+    gc_flag: str | None = None,
 ) -> dict[str, Any]:
     """The plan file's content from a start's ``sizing.report`` (what it chose and why)."""
     return {
@@ -55,6 +62,7 @@ def plan_of(
             int(report["max_request_size"]) if report.get("max_request_size") else None
         ),
         "heap_mib": heap_mib,
+        "gc_flag": gc_flag,
         "torch_threads": report["torch_threads"],
         "archives": archives,
         "measured": report.get("measured", {}),
@@ -81,6 +89,7 @@ def read_plan(path: Path) -> Plan:
         torch_threads=int(raw["torch_threads"]),
         archives={key: int(size) for key, size in raw.get("archives", {}).items()},
         why=list(raw.get("why", [])),
+        gc_flag=raw.get("gc_flag"),
     )
 
 
@@ -111,7 +120,10 @@ def with_plan(
     if plan.max_request_size is not None:
         properties["max_request_size"] = str(plan.max_request_size)
     if plan.heap_mib is not None:
-        properties["vmargs"] = f"{properties.get('vmargs', '')} -Xmx{plan.heap_mib}m".strip()
+        vmargs = properties.get("vmargs", "")
+        if plan.gc_flag and gc_flag_in(vmargs) is None:
+            vmargs = f"{vmargs} {plan.gc_flag}"
+        properties["vmargs"] = f"{vmargs} -Xmx{plan.heap_mib}m".strip()
     return properties, notes
 
 

@@ -30,11 +30,27 @@ DEFAULT_MAX_CHARS = 10_000
 test keeps the two equal)."""
 DEFAULT_MAX_TEXTS = 64
 """handler/settings.py's ``max_texts_per_request``, likewise."""
-JSON_ESCAPED_MAX_BYTES = 6
-"""The most bytes one character of a text takes in a JSON body (``\\uXXXX``)."""
+JSON_ESCAPED_MAX_BYTES = 12
+"""The most bytes one character of a text takes in a body: a character past U+FFFF is two UTF-16
+surrogates in JSON, each escaped (``\\ud83d\\ude00``), or four UTF-8 bytes each percent-encoded
+in a form (``%F0%9F%98%80``); every other character takes 6 or fewer."""
+TEXTS_PER_ITEM = 2
+"""An item of a list may be a pair (``{"text": ..., "text_pair": ...}``), each of up to
+``max_chars`` characters."""
+ITEM_FRAMING_BYTES = 64
+"""The JSON around one item of a list: ``{"text": "", "text_pair": ""}, `` and its spaces."""
 REQUEST_OVERHEAD_BYTES = 4096
 """A queued request besides its body: the frontend's job, its headers and the JSON around the
 texts."""
+SERVER_SLACK_BYTES = 128 * MIB
+"""Memory left unplanned beside the workers, the heap and the JVM's non-heap memory: the processes
+the container runs beside TorchServe's own, charged to its memory limit too. TorchServe's Python
+launcher (14 MiB RSS in deploy/image-test.json) and the entrypoint's shell (2 MiB); the probes,
+each a ``python -m bert_serve_server ready`` (about 21 MiB RSS), readiness and liveness at once
+and, while stopping, the drain and ``torchserve --stop`` beside them: about 100 MiB at most,
+rounded up. A fixed floor, not a share of the memory: these are the same few processes on any
+machine, and what grows with the memory (the workers, the heap) is budgeted on its own
+(tests/unit/test_sizing_limits.py holds the Deployment's plan under its limit by this much)."""
 WORKER_MEMORY_SHARE = 0.5
 UNMEASURED_WORKER_OVERHEAD_BYTES = 300 * MIB
 """An archive with no model folder cannot be measured: its worker is budgeted as the archive
@@ -260,9 +276,11 @@ def threads_for(machine: Machine, workers: int) -> int:
 def handler_body_bytes(
     max_chars: int = DEFAULT_MAX_CHARS, max_texts: int = DEFAULT_MAX_TEXTS
 ) -> int:
-    """The largest body the handler accepts: a list of ``max_texts`` texts of ``max_chars``
-    characters, each JSON-escaped at worst, and the JSON around them."""
-    return max_texts * max_chars * JSON_ESCAPED_MAX_BYTES + REQUEST_OVERHEAD_BYTES
+    """The largest body the handler accepts: a list of ``max_texts`` items, each a pair of texts
+    of ``max_chars`` characters, every character escaped at its longest (a character past
+    U+FFFF), and the JSON around them."""
+    item = TEXTS_PER_ITEM * max_chars * JSON_ESCAPED_MAX_BYTES + ITEM_FRAMING_BYTES
+    return max_texts * item + REQUEST_OVERHEAD_BYTES
 
 
 def queued_request_bytes(
@@ -274,10 +292,96 @@ def queued_request_bytes(
 
 
 def heap_room_mib(machine: Machine, reserved_bytes: int) -> int:
-    """The largest heap the memory leaves beside ``reserved_bytes`` (the workers) and the JVM's
-    non-heap memory, under the compressed-pointer limit; never under ``BASE_HEAP_MIB``."""
-    room = (machine.memory_bytes - reserved_bytes - FRONTEND_NON_HEAP_BYTES) // MIB
+    """The largest heap the memory leaves beside ``reserved_bytes`` (the workers), the JVM's
+    non-heap memory and ``SERVER_SLACK_BYTES``, under the compressed-pointer limit; never under
+    ``BASE_HEAP_MIB``."""
+    room = (
+        machine.memory_bytes - reserved_bytes - FRONTEND_NON_HEAP_BYTES - SERVER_SLACK_BYTES
+    ) // MIB
     return int(max(BASE_HEAP_MIB, min(COMPRESSED_OOPS_MIB, room)))
+
+
+SERIAL, G1 = "serial", "g1"
+GC_FLAGS = {
+    "-XX:+UseSerialGC": SERIAL,
+    "-XX:+UseG1GC": G1,
+    "-XX:+UseParallelGC": "parallel",
+    "-XX:+UseZGC": "z",
+    "-XX:+UseShenandoahGC": "shenandoah",
+}
+GC_FLAG_OF = {SERIAL: "-XX:+UseSerialGC", G1: "-XX:+UseG1GC"}
+SERVER_CLASS_MEMORY_BYTES = 2 * 2**30 - 256 * MIB
+"""HotSpot's server-class machine (``os::is_server_class_machine``): 2 or more CPUs and 2 GiB
+less 256 MiB of memory (in a container, its limit). There the JVM picks G1, elsewhere Serial."""
+G1_TARGET_REGIONS = 2048
+G1_MIN_REGION, G1_MAX_REGION = MIB, 32 * MIB
+ARRAY_HEADER_BYTES = 16
+"""A Java ``byte[]``'s header (compressed class pointers): a body of B bytes is an array of B + 16."""
+G1_REGION_FLAG = re.compile(r"-XX:G1HeapRegionSize=(\d+)([kKmMgG]?)(?=\s|$)")
+
+
+def gc_flag_in(vmargs: str) -> str | None:
+    """The last collector flag of ``vmargs`` (the JVM takes the last), if any."""
+    chosen = [flag for flag in vmargs.split() if flag in GC_FLAGS]
+    return chosen[-1] if chosen else None
+
+
+def jvm_gc(machine: Machine, vmargs: str) -> str:
+    """The collector the frontend's JVM runs: the last one ``vmargs`` select, else the JVM's own
+    choice on this machine (G1 on a server-class machine, else Serial)."""
+    flag = gc_flag_in(vmargs)
+    if flag is not None:
+        return GC_FLAGS[flag]
+    server_class = machine.logical_cpus >= 2 and machine.memory_bytes >= SERVER_CLASS_MEMORY_BYTES
+    return G1 if server_class else SERIAL
+
+
+def g1_region_bytes(heap_mib: int, vmargs: str = "") -> int:
+    """G1's region size: the stated ``-XX:G1HeapRegionSize``, else the JVM's (17) own: the heap
+    over 2048 regions rounded up to a power of two, 1 to 32 MiB (-Xmx3g: 2 MiB, -Xmx4097m: 4 MiB,
+    as ``java -XX:+PrintFlagsFinal`` prints them)."""
+    stated = G1_REGION_FLAG.findall(vmargs)
+    if stated:
+        number, unit = stated[-1]
+        size = int(number) * {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}[unit.lower()]
+    else:
+        size = 1 << max(0, math.ceil(heap_mib * MIB / G1_TARGET_REGIONS) - 1).bit_length()
+    return min(G1_MAX_REGION, max(G1_MIN_REGION, size))
+
+
+def heap_request_bytes(request_bytes: int, gc: str, heap_mib: int, vmargs: str = "") -> int:
+    """What one queued request of ``request_bytes`` (its body and ``REQUEST_OVERHEAD_BYTES``)
+    takes of the heap: its body is one ``byte[]``. Under G1 an array of more than half a region
+    is humongous and takes whole regions (a 1 MiB body in 1 or 2 MiB regions takes 2 MiB), and
+    smaller ones pack whole into regions (three 1 MiB bodies to a 4 MiB region); measured with
+    OpenJDK 17 holding 1 MiB arrays in a 780 MiB heap: Serial held 749, G1 387 (1 MiB regions)
+    and 579 (4 MiB). Under the other collectors, the request as it is (the array's 16-byte
+    header within ``REQUEST_OVERHEAD_BYTES``)."""
+    if gc != G1:
+        return request_bytes
+    body = max(0, request_bytes - REQUEST_OVERHEAD_BYTES) + ARRAY_HEADER_BYTES
+    region = g1_region_bytes(heap_mib, vmargs)
+    if body > region // 2:
+        footprint = math.ceil(body / region) * region
+    else:
+        footprint = math.ceil(region / (region // body))
+    return footprint + REQUEST_OVERHEAD_BYTES
+
+
+def heap_holding(queue_bytes: float, gc: str, request_bytes: int, vmargs: str = "") -> int:
+    """The least heap (MiB) past ``BASE_HEAP_MIB`` that holds ``queue_bytes / request_bytes``
+    requests as ``heap_request_bytes`` counts them at that heap's own region size."""
+    count = queue_bytes / request_bytes
+    heap = int(BASE_HEAP_MIB + math.ceil(queue_bytes / MIB))
+    for _ in range(8):  # the region size takes a few values: a fixed point in a few steps
+        needed = int(
+            BASE_HEAP_MIB
+            + math.ceil(count * heap_request_bytes(request_bytes, gc, heap, vmargs) / MIB)
+        )
+        if needed <= heap:
+            break
+        heap = needed
+    return heap
 
 
 @dataclass(frozen=True)
@@ -294,17 +398,79 @@ class QueueInputs:
     stated_heap_mib: int | None = None
     min_heap_mib: int | None = None
     """A heap floor the config states (``-Xms``): a derived heap is never under it."""
+    gc: str = SERIAL
+    """The frontend's collector (``jvm_gc``): what a request's body takes of the heap."""
+    vmargs: str = ""
+    """The config's JVM arguments (a stated ``-XX:G1HeapRegionSize``)."""
+
+
+@dataclass(frozen=True)
+class HeapRequests:
+    """Requests of ``given`` as a heap holds them (``heap_request_bytes``)."""
+
+    given: QueueInputs
+
+    def taken(self, heap: int) -> int:
+        given = self.given
+        return heap_request_bytes(given.request_bytes, given.gc, heap, given.vmargs)
+
+    def held(self, heap: int) -> int:
+        """Requests of each queue that ``heap`` holds past the frontend's own."""
+        return int((heap - BASE_HEAP_MIB) * MIB / self.taken(heap) / self.given.queues)
+
+    def holding(self, requests: int) -> int:
+        """The least heap that holds ``requests``."""
+        given = self.given
+        return heap_holding(
+            requests * given.request_bytes, given.gc, given.request_bytes, given.vmargs
+        )
+
+    def shown(self, heap: int) -> str:
+        given = self.given
+        text = f"{given.request_bytes // 1024} KiB"
+        if given.gc == G1 and self.taken(heap) > given.request_bytes + ARRAY_HEADER_BYTES:
+            region = g1_region_bytes(heap, given.vmargs) // MIB
+            text += (
+                f", each taking {self.taken(heap) // 1024} KiB of the heap in G1's {region} MiB "
+                "regions (a body over half a region takes whole regions, smaller ones pack whole)"
+            )
+        return text
+
+
+def with_stated_heap(
+    given: QueueInputs, queue: int, reasons: list[str]
+) -> tuple[int, int, list[str]]:
+    """``derive`` where the heap is stated: the queue cut to what it holds."""
+    requests, queues = HeapRequests(given), given.queues
+    heap_mib = given.stated_heap_mib
+    assert heap_mib is not None
+    fits = requests.held(heap_mib)
+    least = max(1, given.workers)
+    if fits < least:
+        raise StatedError(
+            f"a heap of {heap_mib} MiB is stated: past the frontend's own {BASE_HEAP_MIB} MiB "
+            f"it holds {max(fits, 0)} request(s) of max_request_size, {requests.shown(heap_mib)}, "
+            f"fewer than the {least} worker(s) take at once; state at least "
+            f"{requests.holding(least * queues)} MiB, a smaller max_request_size, or no heap"
+        )
+    reasons.append(f"heap {heap_mib} MiB: stated")
+    if given.stated_queue is None and queue > fits:
+        queue = fits
+        reasons.append(
+            f"queue cut to {queue}: what the stated heap holds over {BASE_HEAP_MIB} MiB, "
+            f"{queues} queue(s) of requests of up to {requests.shown(heap_mib)}"
+        )
+    return queue, heap_mib, reasons
 
 
 def derive(machine: Machine, given: QueueInputs) -> tuple[int, int, list[str]]:
     """(job_queue_size, heap MiB, why): a patient minute of the workers' drain, in a heap that
-    holds ``queues`` such queues of requests of ``request_bytes`` beside ``reserved_bytes`` of
-    workers. A stated queue or heap is kept and the other follows from it; a heap, stated or
-    what the memory leaves, that holds fewer requests than there are workers is refused
+    holds ``queues`` such queues of requests of ``request_bytes`` (each as its body takes the
+    heap under ``given.gc``, ``heap_request_bytes``) beside ``reserved_bytes`` of workers. A
+    stated queue or heap is kept and the other follows from it; a heap, stated or what the
+    memory leaves, that holds fewer requests than there are workers is refused
     (``StatedError``): that queue would turn away most of what the workers could take."""
-    request_mib = given.request_bytes / MIB
-    shown_request = f"{given.request_bytes // 1024} KiB"
-    queues = given.queues
+    queues, requests = given.queues, HeapRequests(given)
     if given.stated_queue is not None:
         queue = given.stated_queue
         reasons = [f"queue {queue} requests: stated"]
@@ -315,58 +481,45 @@ def derive(machine: Machine, given: QueueInputs) -> tuple[int, int, list[str]]:
             f"drain that many one-text requests in {PATIENT_S:.0f} s"
         ]
     if given.stated_heap_mib is not None:
-        heap_mib = given.stated_heap_mib
-        fits = int((heap_mib - BASE_HEAP_MIB) / request_mib / queues)
-        least = max(1, given.workers)
-        if fits < least:
-            needed = BASE_HEAP_MIB + math.ceil(least * queues * request_mib)
-            raise StatedError(
-                f"a heap of {heap_mib} MiB is stated: past the frontend's own {BASE_HEAP_MIB} MiB "
-                f"it holds {max(fits, 0)} request(s) of {shown_request} (max_request_size), fewer "
-                f"than the {least} worker(s) take at once; state at least {needed} MiB, a "
-                "smaller max_request_size, or no heap"
-            )
-        reasons.append(f"heap {heap_mib} MiB: stated")
-        if given.stated_queue is None and queue > fits:
-            queue = fits
-            reasons.append(
-                f"queue cut to {queue}: what the stated heap holds over {BASE_HEAP_MIB} MiB, "
-                f"{queues} queue(s) of requests of up to {shown_request}"
-            )
-        return queue, heap_mib, reasons
+        return with_stated_heap(given, queue, reasons)
     room_mib = heap_room_mib(machine, given.reserved_bytes)
-    shown = "the queue" if queues == 1 else f"{queues} queues (one per model)"
-    heap_mib = int(BASE_HEAP_MIB + math.ceil(queues * queue * request_mib))
+    queues_shown = "the queue" if queues == 1 else f"{queues} queues (one per model)"
+    heap_mib = requests.holding(queues * queue)
     if heap_mib <= room_mib:
         reasons.append(
-            f"heap {heap_mib} MiB: {BASE_HEAP_MIB} MiB + {shown} of requests of up to "
-            f"{shown_request} (the largest body the frontend admits and the handler accepts)"
+            f"heap {heap_mib} MiB: {BASE_HEAP_MIB} MiB + {queues_shown} of requests of up to "
+            f"{requests.shown(heap_mib)} (the largest body the frontend admits and the handler "
+            "accepts)"
         )
     else:
         heap_mib = room_mib
         limit = (
             f"the compressed-pointer limit ({COMPRESSED_OOPS_MIB} MiB)"
             if room_mib == COMPRESSED_OOPS_MIB
-            else f"what {machine.memory_bytes // MIB} MiB leaves beside the workers and the JVM"
+            else (
+                f"what {machine.memory_bytes // MIB} MiB leaves beside the workers, the JVM's "
+                f"non-heap {FRONTEND_NON_HEAP_BYTES // MIB} MiB and "
+                f"{SERVER_SLACK_BYTES // MIB} MiB of slack"
+            )
         )
         if given.stated_queue is not None:
             reasons.append(
                 f"heap {heap_mib} MiB: {limit}; it holds fewer than the stated queue of "
-                f"requests of up to {shown_request}"
+                f"requests of up to {requests.shown(heap_mib)}"
             )
         else:
-            queue = int((heap_mib - BASE_HEAP_MIB) / request_mib / queues)
+            queue = requests.held(heap_mib)
             if queue < max(1, given.workers):
                 raise StatedError(
                     f"the workers' {given.reserved_bytes // MIB} MiB leave a heap of {heap_mib} "
                     f"MiB ({limit}): past the frontend's own {BASE_HEAP_MIB} MiB it holds "
-                    f"{queue} request(s) of {shown_request} (max_request_size) per model, fewer "
-                    f"than a model's {given.workers} worker(s) take at once; state more memory, "
-                    "fewer workers or models, a smaller max_request_size, or a queue"
+                    f"{queue} request(s) of max_request_size, {requests.shown(heap_mib)}, per model, "
+                    f"fewer than a model's {given.workers} worker(s) take at once; state more "
+                    "memory, fewer workers or models, a smaller max_request_size, or a queue"
                 )
             reasons.append(
-                f"queue cut to {queue}: a heap of {heap_mib} MiB ({limit}) holds {shown} of "
-                f"that many requests of up to {shown_request}"
+                f"queue cut to {queue}: a heap of {heap_mib} MiB ({limit}) holds {queues_shown} "
+                f"of that many requests of up to {requests.shown(heap_mib)}"
             )
     if given.min_heap_mib is not None and heap_mib < given.min_heap_mib:
         heap_mib = given.min_heap_mib

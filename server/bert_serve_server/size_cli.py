@@ -24,7 +24,7 @@ from pathlib import Path
 
 from bert_serve_server.config import properties_text, read_properties
 from bert_serve_server.plan import PlanError, plan_of
-from bert_serve_server.rules import StatedError, heap_mib_in
+from bert_serve_server.rules import StatedError, gc_flag_in, heap_mib_in
 from bert_serve_server.served import SizingError, served_list
 from bert_serve_server.sizing import INFERENCE_ADDRESS_ENV, Resolved, report, resolve
 from bert_serve_server.stated import StatedValueError, read_stated
@@ -66,8 +66,8 @@ def archive_bytes(properties: dict[str, str]) -> dict[str, int]:
 
 
 def write_plan(path: Path, resolved: Resolved, source: dict[str, str]) -> None:
-    heap = heap_mib_in(resolved.properties.get("vmargs", ""))
-    plan = plan_of(report(resolved), heap, archive_bytes(source))
+    vmargs = resolved.properties.get("vmargs", "")
+    plan = plan_of(report(resolved), heap_mib_in(vmargs), archive_bytes(source), gc_flag_in(vmargs))
     path.write_text(json.dumps(plan, indent=2) + "\n")
 
 

@@ -349,6 +349,7 @@ def sized_queue(
     reserved = 0
     if not heap_stated(vmargs):
         reserved = sum(int(m.entry["minWorkers"]) * worker_host_bytes(m, on_gpu)[0] for m in models)
+    gc = rules.jvm_gc(machine, vmargs)
     queue, heap_mib, why = derive(
         machine,
         QueueInputs(
@@ -360,6 +361,8 @@ def sized_queue(
             stated_queue=stated_queue,
             stated_heap_mib=heap_mib_in(vmargs, machine.memory_bytes),
             min_heap_mib=heap_mib_in(vmargs, flag=MIN_HEAP_FLAG),
+            gc=gc,
+            vmargs=vmargs,
         ),
     )
     least = heap_mib_in(vmargs, flag=MIN_HEAP_FLAG)
@@ -370,7 +373,18 @@ def sized_queue(
         )
     properties["job_queue_size"] = str(queue)
     if not heap_stated(vmargs):
-        properties["vmargs"] = f"{vmargs} -Xmx{heap_mib}m".strip()
+        pinned = ""
+        if gc in rules.GC_FLAG_OF and rules.gc_flag_in(vmargs) is None:
+            # The heap holds the queue as this collector holds it: the JVM runs that one even
+            # where it sees another machine than the one sized (a stated memory, a CPU request).
+            pinned = f" {rules.GC_FLAG_OF[gc]}"
+            why.append(
+                f"{rules.GC_FLAG_OF[gc]}: the collector the JVM picks on "
+                f"{machine.logical_cpus:g} CPUs and {machine.memory_bytes // rules.MIB} MiB "
+                f"(G1 from 2 CPUs and {rules.SERVER_CLASS_MEMORY_BYTES // rules.MIB} MiB), "
+                "stated so that it is the one the heap was sized for"
+            )
+        properties["vmargs"] = f"{vmargs}{pinned} -Xmx{heap_mib}m".strip()
     return reasons + why, properties
 
 

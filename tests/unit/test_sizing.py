@@ -20,6 +20,8 @@ from bert_serve_server import measure, rules, served, sizing
 from bert_serve_server.config import effective_properties
 from bert_serve_server.machine import Machine
 
+from tests.conftest import ROOT
+
 GIB = 2**30
 MIB = 2**20
 
@@ -77,11 +79,13 @@ def test_a_queued_request_is_budgeted_as_the_largest_body_lists_included() -> No
     assert rules.DEFAULT_MAX_CHARS == handler.max_chars
     assert rules.DEFAULT_MAX_TEXTS == handler.max_texts_per_request
     largest = rules.handler_body_bytes()
-    assert largest == 64 * 10_000 * 6 + rules.REQUEST_OVERHEAD_BYTES
+    assert (
+        largest == 64 * (2 * 10_000 * 12 + rules.ITEM_FRAMING_BYTES) + rules.REQUEST_OVERHEAD_BYTES
+    )
     assert REQUEST == 2**20 + rules.REQUEST_OVERHEAD_BYTES
     assert rules.queued_request_bytes(2**30) == largest + rules.REQUEST_OVERHEAD_BYTES
     assert rules.queued_request_bytes(2**30, max_chars=100, max_texts=1) == (
-        600 + 2 * rules.REQUEST_OVERHEAD_BYTES
+        2 * 100 * 12 + rules.ITEM_FRAMING_BYTES + 2 * rules.REQUEST_OVERHEAD_BYTES
     )
 
 
@@ -97,10 +101,12 @@ def test_queue_is_a_patient_minute_of_drain_and_the_heap_holds_it() -> None:
 
 
 def test_a_small_memory_cuts_the_queue_to_what_the_heap_holds() -> None:
-    """The heap gets what the workers and the JVM's non-heap memory leave, no more."""
+    """The heap gets what the workers, the JVM's non-heap memory and the slack leave, no more."""
     machine = Machine(cores=4, memory_bytes=2 * GIB, gpus=0)
     queue, heap_mb, reasons = rules.derive(machine, inputs(4, 100.0, MIB, reserved_bytes=GIB))
-    assert heap_mb == 2048 - 1024 - rules.FRONTEND_NON_HEAP_BYTES // MIB
+    assert heap_mb == (
+        2048 - 1024 - rules.FRONTEND_NON_HEAP_BYTES // MIB - rules.SERVER_SLACK_BYTES // MIB
+    )
     assert queue == heap_mb - rules.BASE_HEAP_MIB
     assert any("cut" in reason for reason in reasons)
 
@@ -200,8 +206,8 @@ def test_resolve_fills_what_the_shipped_config_leaves_out(
     assert (entry["minWorkers"], entry["maxWorkers"], resolved.torch_threads) == (8, 8, 1)
     assert entry["batchSize"] == 8
     assert resolved.properties["job_queue_size"] == str(8 * 46 * 60)
-    assert rules.heap_mib_in(resolved.properties["vmargs"]) == rules.BASE_HEAP_MIB + math.ceil(
-        8 * 46 * 60 * REQUEST / MIB
+    assert rules.heap_mib_in(resolved.properties["vmargs"]) == rules.heap_holding(
+        8 * 46 * 60 * REQUEST, rules.G1, REQUEST
     )
     assert "-Dlog4j.configurationFile=" in resolved.properties["vmargs"]
     assert machine_of_8_cores == [(rules.BATCH_SIZES, 1)]
@@ -325,7 +331,9 @@ def test_each_model_is_measured_on_its_own_archive_and_the_cores_shared(
     assert resolved.properties["job_queue_size"] == str(3 * 46 * 60)
     heap = rules.heap_mib_in(resolved.properties["vmargs"])
     request = rules.queued_request_bytes(int(resolved.properties["max_request_size"]))
-    assert heap == rules.BASE_HEAP_MIB + math.ceil(3 * 3 * 46 * 60 * request / MIB)
+    assert "-XX:+UseG1GC" in resolved.properties["vmargs"], "8 CPUs and 128 GiB: G1"
+    assert heap == rules.heap_holding(3 * 3 * 46 * 60 * request, rules.G1, request)
+    assert heap > rules.BASE_HEAP_MIB + math.ceil(3 * 3 * 46 * 60 * request / MIB)
     assert not resolved.refused
 
 
@@ -642,7 +650,7 @@ def test_a_stated_queue_gets_a_heap_that_holds_it(
 ) -> None:
     queue, vmargs = resolve_stating({"job_queue_size": "5000"})
     assert queue == 5000
-    assert rules.heap_mib_in(vmargs) == rules.BASE_HEAP_MIB + math.ceil(5000 * REQUEST / MIB)
+    assert rules.heap_mib_in(vmargs) == rules.heap_holding(5000 * REQUEST, rules.G1, REQUEST)
 
 
 def test_a_stated_queue_the_memory_cannot_hold_is_kept_and_the_heap_capped(
@@ -671,7 +679,8 @@ def test_a_stated_heap_is_kept_and_the_queue_cut_to_what_it_holds(
     patient minute (8 x 46 x 60 = 22,080) is cut to what that heap holds."""
     queue, got = resolve_stating({"vmargs": vmargs})
     assert got == vmargs
-    assert queue == int((heap_mb - rules.BASE_HEAP_MIB) / (REQUEST / MIB)) < 8 * 46 * 60
+    taken = rules.heap_request_bytes(REQUEST, rules.G1, heap_mb)
+    assert queue == int((heap_mb - rules.BASE_HEAP_MIB) * MIB / taken) < 8 * 46 * 60
 
 
 def test_a_stated_heap_larger_than_the_minute_keeps_the_minute(
@@ -682,12 +691,15 @@ def test_a_stated_heap_larger_than_the_minute_keeps_the_minute(
 
 
 def sized_pod(
-    monkeypatch: pytest.MonkeyPatch, pod: Machine, texts_per_s: float
+    monkeypatch: pytest.MonkeyPatch,
+    pod: Machine,
+    texts_per_s: float,
+    worker: measure.WorkerMemory = WORKER,
 ) -> tuple[int, int, int]:
-    """The shipped config on ``pod`` whose worker measures ``WORKER``: (workers, queue, heap MiB)."""
+    """The shipped config on ``pod`` whose worker measures ``worker``: (workers, queue, heap MiB)."""
     monkeypatch.setattr(sizing, "read_machine", lambda gpus: pod)
     monkeypatch.setattr(sizing, "measured_rates", lambda *args: dict.fromkeys(args[2], texts_per_s))
-    monkeypatch.setattr(served, "measured_memory", lambda mar, mtime_ns: WORKER)
+    monkeypatch.setattr(served, "measured_memory", lambda mar, mtime_ns: worker)
     resolved = sizing.resolve(effective_properties(), gpus=0)
     (entry,) = json.loads(resolved.properties["models"])["bert"].values()
     heap = rules.heap_mib_in(resolved.properties["vmargs"])
@@ -695,21 +707,29 @@ def sized_pod(
     return entry["minWorkers"], int(resolved.properties["job_queue_size"]), heap
 
 
+def recorded_worker() -> measure.WorkerMemory:
+    """The worker deploy/image-test.json's start budgeted ("a worker holds N MiB"), as the peak
+    that budget came from."""
+    record = json.loads((ROOT / "deploy" / "image-test.json").read_text())
+    (line,) = [line for line in record["sizing"] if "a worker holds" in line]
+    budget = int(line.split("a worker holds ")[1].split()[0]) * MIB
+    return measure.WorkerMemory(round(budget / served.MEASURED_WORKER_HEADROOM), 0, 0)
+
+
 @pytest.mark.parametrize("texts_per_s", [124.0, 200.0])
 def test_the_shipped_pod_fits_its_limit_and_queues_the_image_tests_clients(
     monkeypatch: pytest.MonkeyPatch, texts_per_s: float
 ) -> None:
-    """deploy/k8s/deployment.yaml's container (2 CPUs, 1536 MiB) with the shipped archive and a
-    worker as measured: 1 worker (a second does not fit in half), workers, heap and the JVM's
-    non-heap memory within the limit, and a queue of 1 MiB requests that still holds the
-    image test's 256 patient clients."""
-    pod = Machine(cores=2, memory_bytes=1536 * MIB, gpus=0)
-    workers, queue, heap = sized_pod(monkeypatch, pod, texts_per_s)
+    """deploy/k8s/deployment.yaml's container (2 CPUs, 1536 MiB) with the shipped archive and
+    the worker its image test measured: 1 worker (a second does not fit in half), workers, heap,
+    the JVM's non-heap memory and the slack within the limit, and a queue of 1 MiB requests
+    that still holds the image test's 256 patient clients."""
+    pod = Machine(cores=2, memory_bytes=1536 * MIB, gpus=0, cpus=2)
+    worker = recorded_worker()
+    workers, queue, heap = sized_pod(monkeypatch, pod, texts_per_s, worker)
     assert workers == 1
-    assert (
-        heap + workers * served.budgeted_bytes(WORKER) / MIB + rules.FRONTEND_NON_HEAP_BYTES / MIB
-        <= 1536
-    )
+    planned = heap * MIB + workers * served.budgeted_bytes(worker) + rules.FRONTEND_NON_HEAP_BYTES
+    assert planned + rules.SERVER_SLACK_BYTES <= 1536 * MIB
     assert 256 <= queue <= int(workers * texts_per_s * 60)
     assert (heap - rules.BASE_HEAP_MIB) * MIB >= queue * REQUEST
 
@@ -776,7 +796,8 @@ def test_a_64_thread_host(
     assert (entry["minWorkers"], resolved.torch_threads) == (workers, threads)
     heap = rules.heap_mib_in(resolved.properties["vmargs"])
     assert heap == rules.COMPRESSED_OOPS_MIB
-    queue = int((heap - rules.BASE_HEAP_MIB) / (REQUEST / MIB))
+    taken = rules.heap_request_bytes(REQUEST, rules.G1, heap)
+    queue = int((heap - rules.BASE_HEAP_MIB) * MIB / taken)
     assert resolved.properties["job_queue_size"] == str(queue) and queue < workers * 50 * 60
 
 

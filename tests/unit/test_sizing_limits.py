@@ -6,12 +6,20 @@ frontend's heap. Cgroup files, machines and measurements are faked; no model is 
 from __future__ import annotations
 
 import json
+import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from bert_serve_server import machine as host
+from bert_serve_server import measure, rules, served, sizing
+from bert_serve_server.config import effective_properties
 from bert_serve_server.machine import Machine
-from bert_serve_server.stated import Stated, with_stated
+from bert_serve_server.stated import Stated, quantity_bytes, with_stated
+
+from tests.conftest import ROOT
 
 GIB = 2**30
 MIB = 2**20
@@ -93,3 +101,190 @@ def test_the_reasons_name_the_bound(tmp_path: Path) -> None:
     """The start's why-lines (Resolved.reasons begins with machine.source) say it."""
     machine = machine_of(cgroup_v2(tmp_path, {".": str(TIB)}), physical=2 * GIB)
     assert json.dumps(machine.source).count("bound by the physical memory") == 1
+
+
+# The largest body the handler accepts, and the body limit the start sets by it.
+
+EMOJI = "\U0001f600"
+"""A character past U+FFFF: 4 bytes in a Python str of such characters, 12 JSON-escaped."""
+
+
+def largest_lists(max_chars: int = rules.DEFAULT_MAX_CHARS) -> dict[str, bytes]:
+    """Valid lists of the most texts of the most characters, each escaped at its longest."""
+    text = EMOJI * max_chars
+    texts = rules.DEFAULT_MAX_TEXTS
+    return {
+        "texts": json.dumps({"texts": [text] * texts}).encode(),
+        "pairs": json.dumps({"texts": [{"text": text, "text_pair": text}] * texts}).encode(),
+        "instances": json.dumps({"instances": [text] * texts}).encode(),
+    }
+
+
+@pytest.mark.parametrize("kind", ["texts", "pairs", "instances"])
+def test_the_largest_valid_list_is_within_the_handlers_largest_body(kind: str) -> None:
+    """64 texts of 10,000 emoji are 7.7 MB of JSON (12 bytes a character), 64 pairs of them
+    15.4 MB: the handler accepts each, and the body rule counts them (before: 6 bytes a
+    character, 3.8 MB, so the body limit the start set refused them)."""
+    from handler.native import TextList, decode_request
+    from handler.protocol import ValidText
+
+    body = largest_lists()[kind]
+    decoded = decode_request(
+        {"body": body}, "application/json", rules.DEFAULT_MAX_CHARS, rules.DEFAULT_MAX_TEXTS
+    )
+    assert isinstance(decoded, TextList) and len(decoded.items) == rules.DEFAULT_MAX_TEXTS
+    assert all(isinstance(item, ValidText) for item in decoded.items)
+    assert len(body) <= rules.handler_body_bytes()
+    assert len(body) > 64 * 10_000 * 6 + rules.REQUEST_OVERHEAD_BYTES, "the old rule's body"
+
+
+def test_the_start_sets_a_body_limit_that_admits_the_largest_valid_list(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A config that states no max_request_size gets the handler's largest body, which the
+    largest valid list (64 pairs of 10,000 emoji) is within."""
+    fake_start(monkeypatch, Machine(cores=8, memory_bytes=128 * GIB, gpus=0, cpus=8))
+    properties = {k: v for k, v in effective_properties().items() if k != "max_request_size"}
+    resolved = sizing.resolve(properties, gpus=0)
+    admitted = int(resolved.properties["max_request_size"])
+    assert max(len(body) for body in largest_lists().values()) <= admitted
+
+
+WORKER = measure.WorkerMemory(peak_bytes=490 * MIB, uss_bytes=470 * MIB, pss_bytes=480 * MIB)
+
+
+def fake_start(
+    monkeypatch: pytest.MonkeyPatch,
+    machine: Machine,
+    worker: measure.WorkerMemory = WORKER,
+    texts_per_s: float = 186.4,
+) -> None:
+    """A start on ``machine`` whose worker measures ``worker`` and classifies ``texts_per_s``."""
+    monkeypatch.setattr(sizing, "read_machine", lambda gpus: machine)
+    monkeypatch.setattr(sizing, "measured_rates", lambda *args: dict.fromkeys(args[2], texts_per_s))
+    monkeypatch.setattr(served, "measured_memory", lambda mar, mtime_ns: worker)
+
+
+# The slack the plan leaves, on the Deployment's own numbers.
+
+DEPLOYMENT = ROOT / "deploy" / "k8s" / "deployment.yaml"
+IMAGE_RECORD = ROOT / "deploy" / "image-test.json"
+PROBES_AT_ONCE = 4
+"""Readiness and liveness, and while stopping the drain and ``torchserve --stop`` beside them."""
+
+
+def deployment_limits() -> tuple[float, int]:
+    """The torchserve container's CPU and memory limits in deploy/k8s/deployment.yaml."""
+    deployment = yaml.safe_load(DEPLOYMENT.read_text())
+    (container,) = [
+        c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "torchserve"
+    ]
+    limits = container["resources"]["limits"]
+    return float(limits["cpu"]), quantity_bytes(limits["memory"])
+
+
+def probe_peak_bytes() -> int:
+    """The peak RSS of one probe, ``python -m bert_serve_server ready --live`` (no server
+    here: it answers not live at once, having imported what it imports)."""
+    script = (
+        "import resource, subprocess, sys\n"
+        "subprocess.run([sys.executable, '-m', 'bert_serve_server', 'ready', '--live'],"
+        " capture_output=True, timeout=60)\n"
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=90, check=True
+    )
+    return int(done.stdout.split()[-1]) * 1024
+
+
+@pytest.mark.parametrize("worker_mib", [420, 563, 640])
+def test_the_deployments_plan_leaves_the_slack_under_its_limit(
+    monkeypatch: pytest.MonkeyPatch, worker_mib: int
+) -> None:
+    """deploy/k8s/deployment.yaml's limits, a worker budgeted at ``worker_mib`` (the image
+    record's was 563): workers, heap and the JVM's non-heap memory stay under the limit by
+    rules.SERVER_SLACK_BYTES, which holds the processes beside them (before, 563 + 781 + 192 =
+    1536: nothing left for the launcher and the probes)."""
+    cpus, limit = deployment_limits()
+    worker = measure.WorkerMemory(round(worker_mib * MIB / served.MEASURED_WORKER_HEADROOM), 0, 0)
+    fake_start(monkeypatch, Machine(cores=cpus, memory_bytes=limit, gpus=0, cpus=cpus), worker)
+    resolved = sizing.resolve(effective_properties(), gpus=0)
+    (entry,) = json.loads(resolved.properties["models"])["bert"].values()
+    heap = rules.heap_mib_in(resolved.properties["vmargs"])
+    assert heap is not None
+    planned = (
+        heap * MIB
+        + entry["minWorkers"] * served.budgeted_bytes(worker)
+        + rules.FRONTEND_NON_HEAP_BYTES
+    )
+    assert limit - planned >= rules.SERVER_SLACK_BYTES
+    record = json.loads(IMAGE_RECORD.read_text())
+    beside = sum(
+        p["rss_mib"] * MIB for p in record["processes"] if p["role"] not in ("frontend", "worker")
+    )
+    assert beside + PROBES_AT_ONCE * probe_peak_bytes() <= rules.SERVER_SLACK_BYTES
+
+
+# What a queued request takes of the frontend's heap, by collector.
+
+
+@pytest.mark.parametrize(
+    ("heap_mib", "region_mib"),
+    [(780, 1), (2048, 1), (3072, 2), (4096, 2), (4097, 4), (8192, 4), (8193, 8), (31 * 1024, 16)],
+)
+def test_g1_regions_are_the_jvms_own(heap_mib: int, region_mib: int) -> None:
+    """OpenJDK 17's G1HeapRegionSize for each -Xmx (java -Xmx... -XX:+UseG1GC
+    -XX:+PrintFlagsFinal -version), and a stated one wins."""
+    assert rules.g1_region_bytes(heap_mib) == region_mib * MIB
+    assert rules.g1_region_bytes(heap_mib, "-XX:G1HeapRegionSize=8m") == 8 * MIB
+
+
+def test_a_largest_body_takes_two_regions_of_g1_and_itself_elsewhere() -> None:
+    """A 1 MiB body (a byte[] of 1 MiB + 16) is humongous in 1 and 2 MiB regions: 2 MiB; three
+    pack into a 4 MiB region. OpenJDK 17 held 387 such arrays in a 780 MiB G1 heap, 579 with
+    4 MiB regions, 749 under Serial."""
+    request = rules.queued_request_bytes(2**20)
+    overhead = rules.REQUEST_OVERHEAD_BYTES
+    assert rules.heap_request_bytes(request, rules.G1, 780) == 2 * MIB + overhead
+    assert rules.heap_request_bytes(request, rules.G1, 3072) == 2 * MIB + overhead
+    assert rules.heap_request_bytes(request, rules.G1, 6144) == math.ceil(4 * MIB / 3) + overhead
+    assert rules.heap_request_bytes(request, rules.SERIAL, 780) == request
+    small = rules.queued_request_bytes(2**20, max_chars=100, max_texts=1)
+    assert rules.heap_request_bytes(small, rules.G1, 780) < 2 * small
+
+
+@pytest.mark.parametrize(
+    ("machine", "vmargs", "gc"),
+    [
+        (Machine(cores=2, memory_bytes=1536 * MIB, gpus=0, cpus=2), "", rules.SERIAL),
+        (Machine(cores=2, memory_bytes=2 * GIB, gpus=0, cpus=2), "", rules.G1),
+        (Machine(cores=1, memory_bytes=64 * GIB, gpus=0, cpus=1), "", rules.SERIAL),
+        (Machine(cores=1, memory_bytes=64 * GIB, gpus=0), "-XX:+UseG1GC", rules.G1),
+        (Machine(cores=8, memory_bytes=64 * GIB, gpus=0), "-XX:+UseParallelGC", "parallel"),
+    ],
+)
+def test_the_collector_is_the_one_the_jvm_runs(machine: Machine, vmargs: str, gc: str) -> None:
+    """The JVM's own choice (G1 from 2 CPUs and 1792 MiB: HotSpot's server-class machine),
+    unless the JVM arguments state one."""
+    assert rules.jvm_gc(machine, vmargs) == gc
+
+
+@pytest.mark.parametrize("memory_gib", [2, 4, 16])
+def test_a_g1_heap_holds_its_queue_of_largest_bodies(
+    monkeypatch: pytest.MonkeyPatch, memory_gib: int
+) -> None:
+    """On a machine where the JVM runs G1, the heap holds the whole queue of 1 MiB bodies as G1
+    holds them, and the collector is stated with it (before: 1028 KiB each, where G1 takes
+    2 MiB for each in heaps up to 4 GiB: a full queue ran the JVM out of heap)."""
+    fake_start(monkeypatch, Machine(cores=2, memory_bytes=memory_gib * GIB, gpus=0, cpus=2))
+    resolved = sizing.resolve(effective_properties(), gpus=0)
+    vmargs = resolved.properties["vmargs"]
+    heap = rules.heap_mib_in(vmargs)
+    queue = int(resolved.properties["job_queue_size"])
+    assert heap is not None
+    request = rules.queued_request_bytes(int(resolved.properties["max_request_size"]))
+    held = queue * rules.heap_request_bytes(request, rules.G1, heap, vmargs)
+    assert (heap - rules.BASE_HEAP_MIB) * MIB >= held
+    assert "-XX:+UseG1GC" in vmargs.split()
+    assert any("G1's" in reason for reason in resolved.reasons)

@@ -164,7 +164,7 @@ def test_xms_without_xmx_is_a_floor_for_the_derived_heap(
     properties = store(tmp_path) | {"vmargs": "-Xms4g", "job_queue_size": "100"}
     resolved = sizing.resolve(properties, gpus=0)
     vmargs = resolved.properties["vmargs"]
-    assert vmargs.startswith("-Xms4g -Xmx") and rules.heap_mib_in(vmargs) == 4096
+    assert vmargs.startswith("-Xms4g -XX:+UseG1GC -Xmx") and rules.heap_mib_in(vmargs) == 4096
     assert any("-Xms" in reason for reason in resolved.reasons)
 
 
@@ -179,7 +179,10 @@ def test_a_small_stated_heap_is_refused_not_given_a_queue_of_one(
 ) -> None:
     """A heap at or near the frontend's own 256 MiB holds fewer 1 MiB requests than the 8
     workers take at once: refused with the heap that would do, not run with a queue of 1."""
-    with pytest.raises(rules.StatedError, match="state at least 265 MiB"):
+    request = rules.queued_request_bytes(2**20)
+    least = rules.heap_holding(8 * request, rules.G1, request)
+    assert least == 273, "8 bodies of 1 MiB, 2 MiB each in G1's 1 MiB regions"
+    with pytest.raises(rules.StatedError, match=f"state at least {least} MiB"):
         sizing.resolve(store(tmp_path) | {"vmargs": vmargs}, gpus=0)
 
 
