@@ -13,19 +13,26 @@ object `{"text": ..., "text_pair": ...}` (`text_pair` optional) for sentence-pai
 Exit status: 0 when every text was classified, 1 when any text got an error (its line in the
 output says which), 2 when the run could not go on (bad arguments, a malformed JSONL line, no
 server, bad token).
+
+A key file found rather than named (`./key_file.json`, `./.run/key_file.json`) is sent only to
+the server it belongs to (`key_file_belongs_to`); a named one (`--key-file`, `--token`, their
+variables) goes wherever `--url` says.
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import os
+import re
 import sys
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import IO
+from urllib.parse import urlsplit
 
 from tqdm import tqdm
 
@@ -47,6 +54,10 @@ from bert_serve.models import DEFAULT_MANAGEMENT_URL, ServedModel, list_models
 
 EXIT_OK, EXIT_ITEM_FAILED, EXIT_FAILED = 0, 1, 2
 KEY_FILE_CANDIDATES = (Path("key_file.json"), Path(".run") / "key_file.json")
+STATE_CONFIG = "config.properties"
+"""Beside a server's key file, in its state folder (`make serve`'s `.run/`): the effective
+config, whose `inference_address` / `management_address` say where that key is valid."""
+WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})
 KEY_OPTIONS = ("--token", "--key")
 """Options whose value is a key. TorchServe's keys are URL-safe base64 and one in 64 begins with
 "-", which argparse takes for an option: ``--token -r3_aubd`` is read as ``--token=-r3_aubd``."""
@@ -149,6 +160,11 @@ def add_connection_arguments(command: argparse.ArgumentParser) -> None:
         default=DEFAULT_RETRY_BUDGET_S,
         help="seconds after which a call starts no new attempt (backoff honours Retry-After)",
     )
+    command.add_argument(
+        "--no-deadline-stamp",
+        action="store_true",
+        help="send no X-Request-Start (this machine's clock), only X-Request-Timeout: the server then sets no deadline unless a proxy stamps the arrival",
+    )
 
 
 def add_token_arguments(command: argparse.ArgumentParser, kind: str) -> None:
@@ -174,17 +190,90 @@ def resolve_key(args: argparse.Namespace) -> str | None:
     return os.environ.get("BERT_SERVE_KEY") or None
 
 
-def resolve_token(args: argparse.Namespace, kind: str = "inference") -> str | None:
+def resolve_token(
+    args: argparse.Namespace, kind: str = "inference", url: str | None = None
+) -> str | None:
     """--token, --key-file, their environment variables, else a key file where TorchServe or
-    `make serve` leaves it; None (no Authorization header) if there is none."""
+    `make serve` leaves it if it belongs to `url` (`key_file_belongs_to`; a found key file that
+    does not is named on stderr); None (no Authorization header) if there is none."""
     token = args.token or (None if args.key_file else os.environ.get("BERT_SERVE_TOKEN"))
     if token:
         return str(token)
     key_file = args.key_file or os.environ.get("BERT_SERVE_KEY_FILE")
     if key_file:
         return token_from_key_file(key_file, kind)
-    found = next((path for path in KEY_FILE_CANDIDATES if path.is_file()), None)
-    return token_from_key_file(found, kind) if found else None
+    found = [path for path in KEY_FILE_CANDIDATES if path.is_file()]
+    target = url or (args.management_url if kind == "management" else args.url)
+    for path in found:
+        if key_file_belongs_to(path, target, kind):
+            return token_from_key_file(path, kind)
+    for path in found:
+        print(
+            f"bert-serve: not sending the key of {path} to {target}: it is for "
+            f"{recorded_address(path, kind) or 'a server on this machine (a loopback URL)'}; "
+            f"name it with --key-file to send it there",
+            file=sys.stderr,
+        )
+    return None
+
+
+def recorded_address(key_file: Path, kind: str) -> str | None:
+    """The `<kind>_address` (`inference` or `management`) recorded in the state folder beside
+    `key_file`, as Java's Properties reads `key=value`, `key: value` or `key value` lines."""
+    try:
+        text = (key_file.parent / STATE_CONFIG).read_text(encoding="latin-1")
+    except OSError:
+        return None
+    address = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line[0] in "#!":
+            continue
+        parts = re.split(r"\s*[=:\s]\s*", line, maxsplit=1)
+        if parts[0] == f"{kind}_address" and len(parts) == 2:
+            address = re.sub(r"\\(.)", r"\1", parts[1])  # the last one wins, as in Java
+    return address
+
+
+def host_and_port(url: str) -> tuple[str, int] | None:
+    """The host (lower case, no brackets) and port (the scheme's default if none) of `url`."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return None
+    if parts.scheme not in ("http", "https"):
+        return None
+    default = 443 if parts.scheme == "https" else 80
+    return (parts.hostname or "").rstrip("."), default if port is None else port
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def key_file_belongs_to(key_file: Path, url: str, kind: str = "inference") -> bool:
+    """Whether a key file found in the working directory may be sent to `url`: when its state
+    folder records the server's address (`recorded_address`), only to that host and port (a
+    loopback URL at that port for a server on a loopback or wildcard address); otherwise only to
+    a loopback URL. A key found by chance must not travel to a server it is not for."""
+    target = host_and_port(url)
+    if target is None or not target[0]:
+        return False
+    recorded = recorded_address(key_file, kind)
+    if recorded is None:
+        return is_loopback(target[0])
+    server = host_and_port(recorded)
+    if server is None or server[1] != target[1]:
+        return False
+    if server[0] == target[0]:
+        return True
+    return is_loopback(target[0]) and (server[0] in WILDCARD_HOSTS or is_loopback(server[0]))
 
 
 def read_lines(stream: IO[bytes]) -> Iterator[str]:
@@ -353,7 +442,8 @@ def model_lines(models: list[ServedModel]) -> list[str]:
 
 
 def show_models(args: argparse.Namespace) -> int:
-    models = list_models(args.management_url, resolve_token(args, "management"))
+    token = resolve_token(args, "management", args.management_url)
+    models = list_models(args.management_url, token)
     if args.json:
         for model in models:
             print(json.dumps(model.to_json()))
@@ -372,11 +462,12 @@ def main(argv: list[str] | None = None) -> int:
             args.url,
             model=args.model,
             version=args.version,
-            token=None if key else resolve_token(args),
+            token=None if key else resolve_token(args, "inference", args.url),
             key=key,
             timeout=args.timeout,
             retries=args.retries,
             retry_budget=args.retry_budget,
+            stamp_deadline=not args.no_deadline_stamp,
         )
         if args.command == "explain":
             return explain_one(client, args)

@@ -14,8 +14,11 @@ Every answer that means "the worker is gone" (`is_worker_gone`), 503, 429, 504
 retried with exponential backoff and full jitter, never sooner than the server's `Retry-After`,
 and no attempt starts later than `retry_budget` seconds into the call, so a spike is not fed
 by its own retries (docs/deadlines.md). Classification is idempotent, so sending a text twice
-is harmless. Each attempt says when it started and how long it waits (`X-Request-Start`,
-`X-Request-Timeout`), so the server does no work for an attempt already given up.
+is harmless. Each attempt says how long it waits (`X-Request-Timeout`) and, unless
+`stamp_deadline=False`, when it started by this machine's clock (`X-Request-Start`), so the
+server does no work for an attempt already given up. A clock behind the server's would make
+every stamped attempt look late: the server's `x-wait-time` (from the stamp to its batch, by its
+clock) longer than the attempt has lasted shows by how much, and later stamps add that.
 The per-attempt deadline is what keeps a call from hanging: TorchServe 0.12 drops, without any answer, the requests a worker
 had collected for its next batch when that worker dies (docs/chaos/README.md, "When a worker
 dies"). In `classify_many`, an error that would repeat for every chunk (`repeats_for_every_chunk`)
@@ -86,6 +89,9 @@ ATTEMPT_MARGIN_S = 10.0
 DEFAULT_TIMEOUT_S = SERVER_RESPONSE_TIMEOUT_S + ATTEMPT_MARGIN_S
 RETRY_STATUSES = frozenset({429, 503, 507})
 DEFAULT_RETRY_BUDGET_S = 120.0
+WAIT_TIME_HEADER = "x-wait-time"
+"""The server's milliseconds from an attempt's `X-Request-Start` to the start of its batch, by the
+server's clock (docs/api.md): longer than the attempt has lasted, it shows this clock behind."""
 # TorchServe's messages for requests whose worker went away (WorkerThread.java,
 # BatchAggregator.java); its status varies: 500, 507 (exit code 137), or the worker's own.
 WORKER_GONE_MESSAGES = frozenset({"Worker died.", "Worker scaled down."})
@@ -365,6 +371,18 @@ def retry_after_seconds(value: str | None, now: float) -> float | None:
     return max(0.0, seconds) if math.isfinite(seconds) else None
 
 
+def observed_lag(wait_time_ms: str | None, lasted_s: float) -> float | None:
+    """How far, at least, the stamp was behind the server's clock: its `x-wait-time` (from the
+    stamp to its batch, by the server's clock) less the attempt's own duration, which the true
+    wait cannot exceed; None when the answer shows no lag (or has no such header)."""
+    try:
+        waited = float(wait_time_ms or "") / 1000
+    except ValueError:
+        return None
+    behind = waited - lasted_s
+    return behind if math.isfinite(behind) and behind > 0 else None
+
+
 def is_retried(error: BertServeError) -> bool:
     """The failures another attempt may escape: no answer, a full queue or a gone worker, and
     a deadline that passed while the request waited."""
@@ -379,8 +397,11 @@ class Client:
     default follows from the server's responseTimeout (`DEFAULT_TIMEOUT_S`). A call makes at
     most retries + 1 attempts, sleeps between them at least the server's `Retry-After`, and
     starts none after `retry_budget` seconds: it takes at most retry_budget + timeout.
-    `stamp_deadline` sends each attempt's start (this machine's clock) and `timeout`; turn it
-    off when this clock may be behind the server's by a good part of `timeout`.
+    Each attempt states `timeout` (`X-Request-Timeout`); `stamp_deadline` also sends its start
+    by this machine's clock (`X-Request-Start`), which gives it a deadline on the server
+    (docs/deadlines.md). A stamp behind the server's clock is corrected by what the server's
+    answers show (`clock_lag`); `stamp_deadline=False` sends no start, so the server sets no
+    deadline unless a proxy in front of it stamps the arrival.
 
     `token` is TorchServe's own inference key (token authorization, on in `make serve`'s
     server); `key` is the deployment's key, checked by the NGINX proxy in front of TorchServe
@@ -415,6 +436,10 @@ class Client:
         self.stamp_deadline = stamp_deadline
         self._sleep = sleep
         self._clock = clock
+        self._lag_lock = threading.Lock()
+        self.clock_lag = 0.0
+        """Seconds this machine's clock is at least behind the server's, as its answers showed
+        (`observed_lag`); added to every start stamp."""
         if token and key:
             raise ValueError(
                 "give token= (TorchServe's own key) or key= (the proxy's), not both: each is "
@@ -433,9 +458,11 @@ class Client:
     def _post(self, payload: dict[str, Any], url: str | None = None) -> dict[str, Any]:
         """POST to `url` (the predictions route by default) with retries (`is_retried`) within
         the retry budget; the 200 body, or the error's exception."""
-        headers = {**self._headers, "X-Request-ID": f"bert-serve-{uuid.uuid4().hex}"}
-        if self.stamp_deadline:
-            headers["X-Request-Timeout"] = f"{self.timeout:g}"
+        headers = {
+            **self._headers,
+            "X-Request-ID": f"bert-serve-{uuid.uuid4().hex}",
+            "X-Request-Timeout": f"{self.timeout:g}",  # relative: no clock in it
+        }
         delays = backoff_delays(self.retries, self.backoff, self.max_backoff)
         started = self._clock()
         while True:
@@ -459,8 +486,10 @@ class Client:
     ) -> dict[str, Any] | tuple[BertServeError, float | None]:
         """One POST: the 200 body, or the error it ended with and the server's Retry-After."""
         stamped = dict(headers)
+        lag = self.clock_lag
         if self.stamp_deadline:
-            stamped["X-Request-Start"] = f"t={time.time():.3f}"
+            stamped["X-Request-Start"] = f"t={time.time() + lag:.3f}"
+        sent = time.monotonic()
         try:
             response = self._session().post(
                 url, json=payload, headers=stamped, timeout=self.timeout
@@ -471,6 +500,11 @@ class Client:
             return Timeout(f"no answer within {self.timeout} s: {error}"), None
         except requests.RequestException as error:
             raise RequestFailed(f"{url}: {error}") from error
+        if self.stamp_deadline:
+            behind = observed_lag(response.headers.get(WAIT_TIME_HEADER), time.monotonic() - sent)
+            if behind is not None:
+                with self._lag_lock:
+                    self.clock_lag = max(self.clock_lag, lag + behind)
         if response.status_code == 200:
             return _json_object(response)
         retry_after = retry_after_seconds(response.headers.get("Retry-After"), time.time())

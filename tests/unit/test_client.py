@@ -1000,13 +1000,73 @@ def test_the_cli_takes_a_retry_budget() -> None:
     assert args.retry_budget == 5.0
 
 
-def test_stamps_can_be_turned_off(stub_factory: Callable[..., Stub]) -> None:
-    """For a client whose clock may be off the server's by more than the queue budget."""
+def test_the_start_stamp_can_be_turned_off_and_the_wait_is_still_stated(
+    stub_factory: Callable[..., Stub],
+) -> None:
+    """No X-Request-Start (this machine's clock) with stamp_deadline=False; X-Request-Timeout
+    is relative, depends on no clock, and lets a proxy that stamps the arrival set a deadline."""
     stub = stub_factory()
-    client, _ = client_for(stub, stamp_deadline=False)
+    client, _ = client_for(stub, stamp_deadline=False, timeout=2.5)
     client.classify("fine")
     ((headers, _),) = stub.requests
-    assert "X-Request-Start" not in headers and "X-Request-Timeout" not in headers
+    assert "X-Request-Start" not in headers and headers["X-Request-Timeout"] == "2.5"
+
+
+def test_the_cli_can_leave_out_the_start_stamp(stub_factory: Callable[..., Stub]) -> None:
+    stub = stub_factory()
+    assert cli.main(["classify", "--url", stub.url, "x"]) == cli.EXIT_OK
+    assert cli.main(["classify", "--url", stub.url, "--no-deadline-stamp", "x"]) == cli.EXIT_OK
+    assert cli.main(["explain", "--url", stub.url, "--no-deadline-stamp", "x"]) in (0, 2)
+    stamped, unstamped, explained = (headers for headers, _ in stub.requests)
+    assert "X-Request-Start" in stamped
+    for headers in (unstamped, explained):
+        assert "X-Request-Start" not in headers and headers["X-Request-Timeout"] == "70"
+
+
+def server_ahead_by(seconds: float, holder: list[Stub]) -> Callable[[dict[str, Any]], Reply]:
+    """A server whose clock is `seconds` ahead of this one, applying docs/deadlines.md: a start
+    stamp plus the stated wait is the deadline; each answer says the wait (`x-wait-time`)."""
+
+    def reply(body: dict[str, Any]) -> Reply:
+        headers = holder[0].requests[-1][0]
+        now = time.time() + seconds
+        start = min(float(headers["X-Request-Start"].removeprefix("t=")), now)
+        waited = {"x-wait-time": f"{(now - start) * 1000:.3f}"}
+        if now - start > float(headers["X-Request-Timeout"]):
+            late = {"error": {"code": "deadline_exceeded", "message": "late"}, "request_id": "r"}
+            return 504, late, {**waited, "Retry-After": "1"}
+        return (*echo(body), waited)  # type: ignore[return-value]
+
+    return reply
+
+
+def test_a_clock_behind_the_servers_is_corrected_instead_of_expiring_every_attempt(
+    stub_factory: Callable[..., Stub],
+) -> None:
+    """80 s behind with a 70 s timeout, every stamp was past its deadline on arrival (504 on
+    every attempt); the first 504's x-wait-time shows the lag and the next stamp adds it."""
+    holder: list[Stub] = []
+    stub = stub_factory(server_ahead_by(80.0, holder))
+    holder.append(stub)
+    client, sleeps = client_for(stub)
+    assert client.classify("fine").label == "label-4"
+    assert len(stub.requests) == 2 and len(sleeps) == 1
+    assert 79.0 < client.clock_lag <= 80.01
+    client.classify("again")
+    assert len(stub.requests) == 3, "the lag is kept for the client's later calls"
+
+
+def test_a_clock_in_step_is_not_corrected(stub_factory: Callable[..., Stub]) -> None:
+    holder: list[Stub] = []
+    stub = stub_factory(server_ahead_by(0.0, holder))
+    holder.append(stub)
+    client, _ = client_for(stub)
+    client.classify_many(["a", "b", "c"], chunk_size=1, concurrency=3)
+    assert client.clock_lag < 0.01
+    assert client_module.observed_lag("5000", 6.0) is None
+    assert client_module.observed_lag("nan", 0.0) is None
+    assert client_module.observed_lag(None, 0.0) is None
+    assert client_module.observed_lag("80000", 0.5) == pytest.approx(79.5)
 
 
 EXPLANATION = {
