@@ -4,23 +4,29 @@
 A start writes the instance's effective config.properties (``config/config.properties`` plus
 overrides such as test ports) sized for this machine (``bert_serve_server.sizing``, with what
 ``BERT_SERVE_*`` variables state), launches TorchServe with its own TMPDIR and waits until
-every worker is READY. Stopping uses ``torchserve --stop`` with that same TMPDIR, so it only
-ever stops the instance it started.
+every worker is READY. Stopping signals the frontend named by that TMPDIR's pid file (only
+while that pid is TorchServe's frontend: ``Server.pid``), so it only ever stops the instance it
+started, waits for it within a bound, and then kills it and the processes it started
+(``stop``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import requests
 
 from bert_serve_server import sizing, start_log
@@ -53,11 +59,12 @@ from bert_serve_server.start_log import (
     worker_load_error,
     worker_load_errors,
 )
+from bert_serve_server.stated import VARIABLES as STATED_VARIABLES
 from bert_serve_server.stated import StatedValueError, read_stated
 
 __all__ = [
-    "MB", "REPLACE_LIMIT_S", "FrontendExited", "Memory", "Server", "ServerError", "Worker",
-    "WorkerLoadFailed", "WorkerMemory", "log_tail", "rss_mb", "worker_load_error",
+    "MB", "REPLACE_LIMIT_S", "FrontendExited", "Memory", "Server", "ServerError", "Stopped",
+    "Worker", "WorkerLoadFailed", "WorkerMemory", "log_tail", "rss_mb", "worker_load_error",
     "worker_load_errors",
 ]  # fmt: skip
 
@@ -67,6 +74,24 @@ THREADS_ENV = "OMP_NUM_THREADS"
 
 
 START_ATTEMPTS = 3
+PLAN_ENV = STATED_VARIABLES["plan"]
+START_VARIABLES = (
+    *STATED_VARIABLES.values(),
+    "BERT_SERVE_MODEL_LOG_STDOUT",  # config/log4j2.xml reads these two when the frontend starts
+    "BERT_SERVE_ACCESS_LOG_STDOUT",
+)
+"""The ``BERT_SERVE_*`` variables a start reads (what ``bert_serve_server.stated`` takes as stated,
+and the frontend's log config), recorded in ``sizing.json``: a change restarts ``start_or_reuse``'s
+server. Others (the client's, ``BERT_SERVE_STOP_S``, ``BERT_SERVE_MEASURE_CACHE``: a cache of
+what the same archive measures) change nothing a start decides."""
+STOP_ENV = "BERT_SERVE_STOP_S"
+"""Seconds the frontend gets to exit after SIGTERM before it is killed (``stop``)."""
+DEFAULT_STOP_S = 60.0
+"""TorchServe's own ``torchserve --stop --foreground`` waited as long (then gave up)."""
+WORKERS_GRACE_S = 5.0
+"""After the frontend exits, how long its workers get to follow before they are killed."""
+KILL_WAIT_S = 10.0
+"""How long a SIGKILLed process may take to be gone (its memory freed) before stop fails."""
 
 
 def torchserve_command() -> str:
@@ -143,9 +168,8 @@ def start(
         server, resolved = launch_sized(state_dir, without(source, failed), env)
         refused = resolved.refused | failed
         in_force = sizing.report(resolved) | {"refused": refused}
-        server.sizing_file.write_text(
-            json.dumps({"source": source, "in_force": in_force}, indent=2)
-        )
+        record = {"source": source, "in_force": in_force, "environment": start_environment()}
+        server.sizing_file.write_text(json.dumps(record, indent=2))
         try:
             wait_ready(server, ready_timeout, log_start)
             return server
@@ -227,16 +251,49 @@ def start_on_free_ports(
     raise AssertionError("unreachable")
 
 
+def start_environment(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """What of ``environ`` a start reads and ``start_or_reuse`` compares: each of
+    ``START_VARIABLES`` that is set (an empty one states nothing), the plan file's sha256 when
+    ``BERT_SERVE_PLAN`` names one (its content is what is stated), and ``OMP_NUM_THREADS``, which
+    wins over the torch threads the start would choose."""
+    recorded = {
+        name: environ[name].strip() for name in START_VARIABLES if environ.get(name, "").strip()
+    }
+    if PLAN_ENV in recorded:
+        try:
+            digest = hashlib.sha256(Path(recorded[PLAN_ENV]).read_bytes()).hexdigest()
+        except OSError as error:
+            digest = f"unreadable: {error.strerror}"
+        recorded[f"{PLAN_ENV} sha256"] = digest
+    if THREADS_ENV in environ:
+        recorded[THREADS_ENV] = environ[THREADS_ENV]
+    return recorded
+
+
+def environment_changes(before: Mapping[str, str], now: Mapping[str, str]) -> list[str]:
+    """``NAME (old -> new)`` for each variable of ``start_environment`` that differs."""
+    return [
+        f"{name} ({before.get(name, 'unset')} -> {now.get(name, 'unset')})"
+        for name in sorted(set(before) | set(now))
+        if before.get(name) != now.get(name)
+    ]
+
+
 def start_or_reuse(state_dir: Path, overrides: dict[str, str] | None = None) -> Server:
-    """Idempotent start: keep a running instance unless its config or its .mar changed."""
+    """Idempotent start: keep a running instance unless its config, its .mar or the variables
+    its start read (``start_environment``) changed."""
     if (state_dir / "config.properties").is_file():
         server = server_for(state_dir)
         pid = server.pid()
         if pid is not None:
             started = (server.tmp_dir / ".model_server.pid").stat().st_mtime
-            source = server.sizing()["source"] if server.sizing_file.is_file() else None
+            recorded = server.sizing() if server.sizing_file.is_file() else {}
+            source = recorded.get("source")
+            variables = environment_changes(recorded.get("environment", {}), start_environment())
             if source != effective_properties(overrides):
                 print("config.properties changed since TorchServe started: restarting")
+            elif variables:
+                print(f"{', '.join(variables)} changed since TorchServe started: restarting")
             elif changed := [
                 archive.name
                 for archive in Server(state_dir, source).archives()
@@ -246,7 +303,8 @@ def start_or_reuse(state_dir: Path, overrides: dict[str, str] | None = None) -> 
             else:
                 names = ", ".join(archive.name for archive in server.archives())
                 print(
-                    f"TorchServe already runs from {state_dir} (pid {pid}), config and {names} unchanged"
+                    f"TorchServe already runs from {state_dir} (pid {pid}), config, {names} and "
+                    "BERT_SERVE_* variables unchanged"
                 )
                 return server
             stop(server)
@@ -322,26 +380,153 @@ def log_tail(server: Server) -> str:
     return start_log.log_tail(server.state_dir)
 
 
-def stop(server: Server, timeout: float = 60) -> None:
-    """Stop this instance only (its own pid file) and wait until its process is gone."""
+def stop_bound(environ: Mapping[str, str] = os.environ) -> float:
+    """``BERT_SERVE_STOP_S`` if set (seconds, more than 0), else ``DEFAULT_STOP_S``."""
+    text = environ.get(STOP_ENV, "").strip()
+    if not text:
+        return DEFAULT_STOP_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        raise ServerError(f"{STOP_ENV}={text!r}: a number of seconds, more than 0, is needed")
+    return seconds
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """What ``stop`` did: the frontend's pid (None: none was running), how long it took, and
+    what had to be killed: the frontend's process group, or the pids, of processes it started."""
+
+    pid: int | None
+    seconds: float = 0.0
+    bound: float = 0.0
+    exited_on_term: bool = True
+    killed_group: int | None = None
+    killed: tuple[int, ...] = ()
+
+    def __str__(self) -> str:
+        if self.pid is None:
+            return "TorchServe is not running"
+        said = f"TorchServe stopped: its frontend (pid {self.pid})"
+        if self.exited_on_term:
+            said += f" exited on SIGTERM in {self.seconds:.1f} s"
+            if self.killed:
+                said += (
+                    f"; its workers still running {WORKERS_GRACE_S:g} s later were killed "
+                    f"(pids {_pids(self.killed)})"
+                )
+            return said
+        said += f" did not exit within {self.bound:g} s of SIGTERM, so it was killed"
+        if self.killed_group is not None:
+            said += f" with its process group {self.killed_group}"
+        others = [pid for pid in self.killed if pid != self.pid]
+        if others:
+            said += f" and the processes it started (pids {_pids(others)})"
+        return said
+
+
+def _pids(pids: Iterable[int]) -> str:
+    return ", ".join(str(pid) for pid in pids)
+
+
+def _alive(process: psutil.Process) -> bool:
+    """Running, as the same process (psutil compares its start time), and not a zombie: a
+    killed child of the caller stays one until it is reaped, and holds nothing."""
+    try:
+        return bool(process.is_running() and process.status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False
+
+
+def _wait_gone(processes: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Those of ``processes`` still alive after ``timeout`` s (the caller's own children are
+    reaped on the way)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for process in processes:
+            try:
+                process.wait(timeout=0)  # reaps the caller's own child; a no-op otherwise
+            except (psutil.TimeoutExpired, psutil.Error, ChildProcessError):
+                pass
+        alive = [process for process in processes if _alive(process)]
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.05)
+
+
+def _kill(processes: list[psutil.Process]) -> list[int]:
+    """SIGKILL each process still alive, by pid (psutil checks it is still the same process)."""
+    killed = []
+    for process in processes:
+        if not _alive(process):
+            continue
+        try:
+            process.kill()
+            killed.append(process.pid)
+        except psutil.Error:
+            pass
+    return killed
+
+
+def _descendants(process: psutil.Process) -> list[psutil.Process]:
+    try:
+        return list(process.children(recursive=True))
+    except psutil.Error:
+        return []
+
+
+def stop(server: Server, timeout: float | None = None) -> Stopped:
+    """Stop this instance only, and say how (``Stopped``): SIGTERM to the frontend its own pid
+    file names (``Server.pid``: only while that pid is TorchServe's frontend), a wait of
+    ``timeout`` s (``BERT_SERVE_STOP_S``, else 60) for it to exit, then SIGKILL: to its process
+    group when it leads one of its own (not the caller's), and by pid to it and every process
+    it started (its workers), known before the kill. Workers still running 5 s after the
+    frontend exited on its own are killed the same way. Nothing else is signalled. Raises
+    ``ServerError`` if a killed process is not gone 10 s later."""
+    bound = stop_bound() if timeout is None else timeout
     pid = server.pid()
     if pid is None:
-        return
-    subprocess.run(
-        [torchserve_command(), "--stop", "--foreground"],
-        cwd=server.state_dir,
-        env=server.environment(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        stdin=subprocess.DEVNULL,
-        timeout=timeout + 10,
-        check=False,
-    )
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except OSError:
-            return
-        time.sleep(0.2)
-    raise ServerError(f"TorchServe (pid {pid}) did not stop within {timeout:.0f} s")
+        return Stopped(None)
+    try:
+        frontend = psutil.Process(pid)
+        group = os.getpgid(pid)
+    except (psutil.Error, OSError):
+        return Stopped(pid)  # it exited in between
+    started = _descendants(frontend)
+    began = time.monotonic()
+    try:
+        frontend.send_signal(signal.SIGTERM)
+    except psutil.Error:
+        pass
+    if not _wait_gone([frontend], bound):
+        left = [process for process in started if _alive(process)]
+        lingering = _wait_gone(left, WORKERS_GRACE_S)
+        report = Stopped(pid, time.monotonic() - began, bound, killed=tuple(_kill(lingering)))
+    else:
+        known = {process.pid for process in started}
+        started += [process for process in _descendants(frontend) if process.pid not in known]
+        targets = [process for process in (frontend, *started) if _alive(process)]
+        own_group = group == pid and group != os.getpgrp()
+        if own_group:
+            try:
+                os.killpg(group, signal.SIGKILL)
+            except OSError:
+                own_group = False  # the group ended in between; its members were killed by pid
+        _kill(targets)
+        report = Stopped(
+            pid,
+            time.monotonic() - began,
+            bound,
+            exited_on_term=False,
+            killed_group=group if own_group else None,
+            killed=tuple(process.pid for process in targets),
+        )
+    if survivors := _wait_gone([frontend, *started], KILL_WAIT_S):
+        raise ServerError(
+            f"{report}; yet pids {_pids([p.pid for p in survivors])} are still running"
+        )
+    server.tmp_dir.joinpath(".model_server.pid").unlink(missing_ok=True)
+    (server.state_dir / "key_file.json").unlink(missing_ok=True)
+    return report

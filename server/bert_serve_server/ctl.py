@@ -3,7 +3,7 @@
 
     python -m bert_serve_server start [--state-dir .run]
     python -m bert_serve_server start --models "sentiment=DIR toxicity:2=DIR2"
-    python -m bert_serve_server stop  [--state-dir .run]
+    python -m bert_serve_server stop  [--state-dir .run] [--timeout S]
     python -m bert_serve_server status
     python -m bert_serve_server key inference      # for $(...) in curl commands
     python -m bert_serve_server url | predict-url [--model NAME] | models
@@ -12,6 +12,10 @@ Every command but ``start --models`` runs from the server package alone, as inst
 image (no ``handler/`` there): ``status``, ``stop``, ``url``, ``predict-url``, ``models`` and
 ``key`` read the state folder, which in the image is the home folder the entrypoint writes
 (``BERT_SERVE_STATE_DIR``, set by deploy/Dockerfile).
+
+``stop`` sends the frontend SIGTERM, gives it ``--timeout`` seconds (``BERT_SERVE_STOP_S``, else
+60) to exit, then kills it and the processes it started, and prints which it was
+(``control.stop``).
 """
 
 from __future__ import annotations
@@ -104,11 +108,16 @@ def print_sizing(server: Server) -> None:
         print(f"  why: {reason}")
 
 
-def query(command: str, server: Server, kind: str, model: str | None = None) -> int:
+def query(
+    command: str,
+    server: Server,
+    kind: str,
+    model: str | None = None,
+    stop_timeout: float | None = None,
+) -> int:
     """stop, status, key, url, predict-url, models on an instance that has a state folder."""
     if command == "stop":
-        stop(server)
-        print("TorchServe stopped")
+        print(stop(server, stop_timeout))
     elif command == "status":
         pid = server.pid()
         print(f"running, pid {pid}, {server.inference_url}" if pid else "not running")
@@ -147,6 +156,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--precision", help="start --models: the handler's precision choices")
     parser.add_argument("--model", help="predict-url: which model (default: the first)")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        help="stop: seconds the frontend gets to exit after SIGTERM before it is killed "
+        "(default: $BERT_SERVE_STOP_S or 60)",
+    )
     args = parser.parse_args(argv)
     state_dir = (args.state_dir or default_state_dir()).resolve()
     try:
@@ -155,7 +170,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "stop" and not (state_dir / "config.properties").is_file():
             print("TorchServe is not running")
             return 0
-        return query(args.command, server_for(state_dir), args.kind, args.model)
+        if args.timeout is not None and not 0 < args.timeout < float("inf"):
+            parser.error(f"--timeout must be more than 0 seconds, got {args.timeout}")
+        return query(args.command, server_for(state_dir), args.kind, args.model, args.timeout)
     except ServerError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

@@ -13,8 +13,9 @@ from tests.conftest import MAR_PATH, ROOT
 from tests.integration.conftest import stated_settings
 
 
-def test_second_start_reuses_the_server_and_a_new_mar_restarts_it(tmp_path) -> None:
-    """start_or_reuse keeps a running server, and restarts it when the .mar or the config changed.
+def test_second_start_reuses_the_server_and_a_new_mar_restarts_it(tmp_path, monkeypatch) -> None:
+    """start_or_reuse keeps a running server, and restarts it when the .mar, the config or a
+    BERT_SERVE_* variable the start reads changed.
 
     It serves a copy of the archive in a store of its own (touching the shared one would make
     every later start of the run measure it again), with its settings stated."""
@@ -37,6 +38,11 @@ def test_second_start_reuses_the_server_and_a_new_mar_restarts_it(tmp_path) -> N
         changed = start_or_reuse(state, overrides | {"job_queue_size": "50"})
         assert changed.pid() not in (None, previous_pid)
         assert changed.properties["job_queue_size"] == "50"
+        changed_pid = changed.pid()  # pid() reads the pid file, which a restart rewrites
+        monkeypatch.setenv("BERT_SERVE_QUEUE", "60")  # a stated variable wins over the config
+        stated = start_or_reuse(state, overrides | {"job_queue_size": "50"})
+        assert stated.pid() not in (None, changed_pid)
+        assert server_for(state).properties["job_queue_size"] == "60"
     finally:
         stop(server_for(state))
     assert server_for(state).pid() is None

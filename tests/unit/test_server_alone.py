@@ -63,7 +63,7 @@ def test_every_server_module_imports_without_the_checkout(tmp_path: Path) -> Non
         (["predict-url"], 0, "http://127.0.0.1:8080/predictions/bert"),
         (["models"], 0, "bert"),
         (["key"], 0, ""),
-        (["stop"], 0, "TorchServe stopped"),
+        (["stop"], 0, "TorchServe is not running"),
         (["--help"], 0, "ready"),
         (["package", "--model-dir", "x"], 2, "needs the checkout"),
     ],
