@@ -2,8 +2,8 @@
 # The image's entrypoint: TorchServe in the foreground, arguments as for `torchserve`.
 # SIGTERM is trapped before anything else runs. During the sizing step the trap stops that step
 # and the container exits at once; once TorchServe runs, it drains (every accepted request
-# answered), then runs `torchserve --stop --foreground`: SIGTERM to the Java frontend, which
-# stops its workers, within a stop budget. (As PID 1, TorchServe's Python launcher would ignore
+# answered), then runs `python3.11 -m bert_serve_server stop`: SIGTERM to the Java frontend,
+# which stops its workers, and SIGKILL to the frontend and its workers past the stop budget. (As PID 1, TorchServe's Python launcher would ignore
 # SIGTERM: it has no handler.) A shell runs a trap only once its foreground command ends, so
 # each step runs in the background and the shell waits for it. The container exits non-zero
 # when the frontend ends without that stop.
@@ -41,12 +41,13 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$threads}"
 # Before the stop, what TorchServe accepted is answered (python -m bert_serve_server ready
 # --drain: not ready from then on; a wait while the proxy beside it still listens on
 # BERT_SERVE_DRAIN_WAIT_PORT, if set, as it keeps accepting for its stop delay; then until every
-# accepted request is answered, at most 70 s); `torchserve --stop` alone drops it. The stop then
-# gets BERT_SERVE_STOP_S (15 s: 3 times the 4.6 s make image-test measured); the pod's grace
-# period (90 s) covers both and the exec's start (deploy/README.md).
+# accepted request is answered, at most 70 s); a stop alone drops it. The frontend then gets
+# BERT_SERVE_STOP_S (15 s: 3 times the 4.6 s make image-test measured) to exit before it and
+# its workers are killed; the pod's grace period (90 s) covers both and the exec's start
+# (deploy/README.md).
 rm -f "$HOME/draining"
 stop_s="${BERT_SERVE_STOP_S:-15}"
-trap 'stopping=1; python3.11 -m bert_serve_server ready --drain ${BERT_SERVE_DRAIN_WAIT_PORT:+--wait-port "$BERT_SERVE_DRAIN_WAIT_PORT"}; timeout "$stop_s" torchserve --stop --foreground' TERM INT
+trap 'stopping=1; python3.11 -m bert_serve_server ready --drain ${BERT_SERVE_DRAIN_WAIT_PORT:+--wait-port "$BERT_SERVE_DRAIN_WAIT_PORT"}; python3.11 -m bert_serve_server stop --timeout "$stop_s"' TERM INT
 [ -n "$stopping" ] && exit 0
 torchserve --foreground --ncs "$@" --ts-config "$sized" &
 launcher=$!
