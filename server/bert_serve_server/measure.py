@@ -9,9 +9,17 @@ best of its rounds (``rules.best_rates``): a round is only ever slowed by what e
 cloud VM's core runs slower for seconds at a time, so the best round is the machine's own
 speed and repeats start after start more closely than the median (docs/configuration.md, "How
 much the choice repeats"). A worker's memory is the child's own peak
-resident set (``VmHWM``) after loading and its largest batch, with its unique and proportional
-sets (USS, PSS) beside it, in a process of its own (``measure_memory``): what one more worker
-costs the machine, as measured, not estimated.
+resident set (``VmHWM``) after loading, its largest forward pass, and holding and tokenizing the
+largest batch the limits admit (``largest_bodies``: ``batchSize`` requests of the largest body the
+frontend admits and the handler accepts, as the worker holds them, decoded, then the archive's own
+``handler.inference.tokenize`` over all their texts, and the largest forward again while they are
+held), with its unique and proportional sets (USS, PSS) beside it, in a process of its own
+(``measure_memory``), with the torch threads the plan gives a worker (``Probe``): what one more
+worker costs the machine, as measured, not estimated.
+
+The child reports each step it finishes (``progress``); one that goes ``timeout_s()`` without
+finishing a step (a hung CUDA initialization) is stopped, and so is one whose resident set passes
+what the machine can give a worker (``Probe.cap_bytes``), each with a message that says so.
 """
 
 from __future__ import annotations
@@ -22,16 +30,26 @@ import hashlib
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 import zipfile
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from bert_serve_server.rules import BATCH_SIZES, DeviceLoad, best_rates
+from bert_serve_server.rules import (
+    BATCH_SIZES,
+    REQUEST_OVERHEAD_BYTES,
+    DeviceLoad,
+    best_rates,
+    handler_body_bytes,
+)
 
 ROUNDS = 5
 """Rounds of every batch size: each size's rate is the best of this many."""
@@ -46,6 +64,65 @@ SAMPLE_WORDS = (
 ).split()
 DEFAULT_MAX_CHARS = 10_000
 MANIFEST = "MAR-INF/MANIFEST.json"
+PROGRESS = "measure-progress: "
+"""The child's line on stderr for each step done (``progress``)."""
+WORST_FIRST = "\U0001f600"
+"""A character past U+FFFF: in a text, it makes Python hold every character of it in 4 bytes."""
+WORST_REST = "!"
+"""One byte in the body, and a token of its own: the most tokens a character can make."""
+LIST_FIELD_BYTES = len('{"texts": []}')
+HOLDING = "held the largest batch"
+"""The child's step once the largest batch is held: a failure past it is the batch's."""
+NOT_MEASURED = "not measured"
+"""How ``WorkerMemory.batch`` begins where the largest batch could not be measured."""
+
+
+def progress(step: str) -> None:
+    """Tell the parent (``in_fresh_process``) that the child finished ``step``."""
+    print(f"{PROGRESS}{step}", file=sys.stderr, flush=True)
+
+
+def largest_bodies(
+    batch_size: int, max_request_bytes: int | None, max_chars: int, max_texts: int
+) -> tuple[list[bytearray], str]:
+    """The largest batch the limits admit, as a worker holds it (TorchServe hands each body as a
+    ``bytearray``), and its description: ``batch_size`` requests, each the largest body the
+    frontend admits (``max_request_bytes``; None: the handler's largest) within what the handler
+    accepts, a list of up to ``max_texts`` pairs of texts of ``max_chars`` characters, as many as
+    the body holds. Each text is one character past U+FFFF (Python then holds all of its
+    characters in 4 bytes) and ``!`` (a byte in the body, a token of its own)."""
+    limit = min(max_request_bytes or sys.maxsize, handler_body_bytes(max_chars, max_texts))
+    limit = max(1, limit - REQUEST_OVERHEAD_BYTES // 2)  # the frontend's limit counts the body
+    text = WORST_FIRST + WORST_REST * (max_chars - 1)
+    item = {"text": text, "text_pair": text}
+    item_bytes = len(json.dumps(item, ensure_ascii=False).encode()) + len(", ")
+    items = min(max_texts, (limit - LIST_FIELD_BYTES) // item_bytes)
+    if items >= 1:
+        document: dict[str, Any] = {"texts": [item] * items}
+        shown = f"{items} text pairs of {max_chars:,} characters"
+    else:  # a body smaller than one pair: one text of what it holds
+        chars = max(1, min(max_chars, limit - len('{"text": ""}') - len(WORST_FIRST.encode()) + 1))
+        document = {"text": (WORST_FIRST + WORST_REST * max_chars)[:chars]}
+        shown = f"one text of {chars:,} characters"
+    body = json.dumps(document, ensure_ascii=False).encode()
+    return [bytearray(body) for _ in range(batch_size)], (
+        f"{batch_size} requests of {shown}, {len(body):,} bytes each"
+    )
+
+
+def decoded_texts(bodies: list[bytearray]) -> tuple[list[Any], list[Any]]:
+    """The bodies decoded as the handler decodes them (strict UTF-8, then JSON), one at a time,
+    and the texts (a pair as a tuple) the batch classifies; both are held while it runs."""
+    documents, texts = [], []
+    for body in bodies:
+        document = json.loads(bytes(body).decode("utf-8"))
+        documents.append(document)
+        items = document.get("texts", [document])
+        texts += [
+            (item["text"], item["text_pair"]) if "text_pair" in item else item["text"]
+            for item in items
+        ]
+    return documents, texts
 
 
 class MeasureError(RuntimeError):
@@ -67,6 +144,12 @@ class WorkerMemory:
     """Pages this process alone maps (private)."""
     pss_bytes: int
     """Resident pages, shared ones split among the processes that map them."""
+    batch_bytes: int = 0
+    """What holding and tokenizing the largest batch added to the peak."""
+    batch_s: float = 0.0
+    """Seconds the largest batch took to decode and tokenize."""
+    batch: str = ""
+    """The largest batch, in words."""
 
 
 def sample_texts(count: int) -> list[str]:
@@ -174,6 +257,7 @@ def measure_rates(
     """One worker of ``mar``: its texts/s at each batch size, ``rounds`` times, each round
     going through every size once on the same ``SAMPLE_COUNT`` texts."""
     loaded, settings = load_archive(mar, threads, gpus)
+    progress("loaded the model")
     from handler.inference import classify  # the archive's own, imported by load_archive
 
     texts = sample_texts(max(SAMPLE_COUNT, max(batch_sizes)))
@@ -185,34 +269,94 @@ def measure_rates(
 
     for batch_size in batch_sizes:  # warm-up: every shape's first pass is slower
         classify(loaded, texts[:batch_size], settings.max_length, loaded.max_batch_tokens)
+    progress("warmed up")
     samples: dict[int, list[float]] = {size: [] for size in batch_sizes}
-    for _ in range(rounds):
+    for number in range(rounds):
         for batch_size in batch_sizes:
             done, started = 0, time.perf_counter()
             while done == 0 or time.perf_counter() - started < MIN_ROUND_S:
                 one_pass(batch_size)
                 done += len(texts)
             samples[batch_size].append(round(done / (time.perf_counter() - started), 2))
+            progress(f"round {number + 1} of {rounds} at {batch_size}")
     return samples
 
 
-def measure_memory(mar: Path, threads: int, batch_size: int = max(BATCH_SIZES)) -> WorkerMemory:
+SAMPLE_S = 0.5
+"""How long the first items of the largest batch are tokenized for, to foresee the whole."""
+
+
+def tokenize_seconds(
+    tokenize: Callable[..., Any], tokenizer: Any, texts: list[Any], max_length: int
+) -> float:
+    """The seconds ``tokenize`` would take over ``texts``, foreseen from its first ones: 1,
+    then twice as many each time until they take ``SAMPLE_S`` (a call's own cost spread over
+    many, as over the whole batch), or all of them."""
+    count = 1
+    while True:
+        started = time.perf_counter()
+        tokenize(tokenizer, texts[:count], max_length)
+        took = time.perf_counter() - started
+        if took >= SAMPLE_S or count >= len(texts):
+            return took * len(texts) / count
+        count = min(len(texts), count * 2)
+
+
+def measure_memory(
+    mar: Path,
+    threads: int,
+    batch_size: int = max(BATCH_SIZES),
+    max_request_bytes: int | None = None,
+) -> WorkerMemory:
     """One worker's memory: ``mar``'s model loaded in this process with ``threads`` torch
-    threads as a worker loads it (``load_archive(as_a_worker=True)``), and a batch of
-    ``batch_size`` texts as long as the handler reads (``max_length`` tokens) classified, then
-    the sample texts at every batch size."""
+    threads as a worker loads it (``load_archive(as_a_worker=True)``), a batch of
+    ``batch_size`` texts as long as the handler reads (``max_length`` tokens) classified, the
+    sample texts at every batch size; then the largest batch the limits admit held, decoded and
+    tokenized (``largest_bodies``, ``handler.inference.tokenize``), and the longest batch
+    classified again while it is held, as a worker forwards it."""
     loaded, settings = load_archive(mar, threads, 0, as_a_worker=True)
-    from handler.inference import classify
+    progress("loaded the model")
+    from handler.inference import classify, tokenize
 
     longest = " ".join(SAMPLE_WORDS * (1 + settings.max_length // len(SAMPLE_WORDS)))
     classify(loaded, [longest] * batch_size, settings.max_length, loaded.max_batch_tokens)
+    progress("classified the longest batch")
     texts = sample_texts(SAMPLE_COUNT)
     for size in BATCH_SIZES:  # batches of every shape, as traffic brings them
         for start in range(0, len(texts), size):
             window = texts[start : start + size]
             classify(loaded, window, settings.max_length, loaded.max_batch_tokens)
+        progress(f"classified the sample texts in batches of {size}")
+    if batch_size < 1:  # the largest batch left out (``memory_of``'s second try)
+        return WorkerMemory(*process_memory())
+    before = process_memory()
+    started = time.perf_counter()
+    bodies, shown = largest_bodies(
+        batch_size, max_request_bytes, settings.max_chars, settings.max_texts_per_request
+    )
+    held = decoded_texts(bodies)
+    progress(f"{HOLDING} ({shown})")
+    expected_s = tokenize_seconds(tokenize, loaded.tokenizer, held[1], settings.max_length)
+    if expected_s > timeout_s(mar):
+        del bodies, held
+        return WorkerMemory(  # as it was before the batch: its first items alone can balloon
+            *before,
+            batch=(
+                f"{NOT_MEASURED}: {shown} would take about {expected_s:,.0f} s to tokenize "
+                "(handler.inference.tokenize, timed on its first items), past the measurement's "
+                "timeout: a worker given it would miss its responseTimeout. Lower "
+                "max_request_size, max_chars, max_texts_per_request or batchSize, or make the "
+                "handler's tokenizing of such items cheaper"
+            ),
+        )
+    progress(f"timed its first items: all {len(held[1]):,} in about {expected_s:.0f} s")
+    tokenized = tokenize(loaded.tokenizer, held[1], settings.max_length)
+    batch_s = time.perf_counter() - started
+    progress(f"tokenized the largest batch in {batch_s:.1f} s")
+    classify(loaded, [longest] * batch_size, settings.max_length, loaded.max_batch_tokens)
     peak, uss, pss = process_memory()
-    return WorkerMemory(peak, uss, pss)
+    del bodies, held, tokenized
+    return WorkerMemory(peak, uss, pss, max(0, peak - before[0]), round(batch_s, 2), shown)
 
 
 def device_and_cpu_seconds(
@@ -270,6 +414,7 @@ def measure_device_load(loaded: Any, settings: Any, batch_size: int) -> DeviceLo
     from handler.model import forward
 
     texts = sample_texts(batch_size)
+    progress("the GPU's batch ready")
     device_s, cpu_s = device_and_cpu_seconds(
         lambda: (
             classify(loaded, texts, settings.max_length, loaded.max_batch_tokens)[
@@ -277,9 +422,11 @@ def measure_device_load(loaded: Any, settings: Any, batch_size: int) -> DeviceLo
             ].sub_batch_forward_ms
         )
     )
+    progress("timed the GPU's batch")
     kernel_s = kernel_seconds(
         lambda: classify(loaded, texts, settings.max_length, loaded.max_batch_tokens)
     )
+    progress("profiled the GPU's batch")
     device = loaded.device
     rows = max(1, loaded.max_batch_tokens // settings.max_length)
     ids = torch.full((rows, settings.max_length), loaded.tokenizer.pad_token_id, dtype=torch.long)
@@ -305,31 +452,165 @@ what, mar, args = sys.argv[1], Path(sys.argv[2]), json.loads(sys.argv[3])
 if what == "rates":
     print(json.dumps(measure.measure_rates(mar, tuple(args[0]), args[1], args[2])))
 elif what == "memory":
-    print(json.dumps(asdict(measure.measure_memory(mar, args[0]))))
+    print(json.dumps(asdict(measure.measure_memory(mar, *args))))
 else:
     loaded, settings = measure.load_archive(mar, 1, 1)
+    measure.progress("loaded the model on the GPU")
     print(json.dumps(asdict(measure.measure_device_load(loaded, settings, args[0]))))
 """
 
 
-def in_fresh_process(what: str, mar: Path, args: list[Any]) -> Any:
+TIMEOUT_ENV = "BERT_SERVE_MEASURE_TIMEOUT_S"
+"""Seconds a measuring child may go without finishing a step, in place of ``timeout_s``'s."""
+STEP_TIMEOUT_S = 120.0
+"""The least time a step may take: importing torch, initializing CUDA, a forward pass take
+seconds on a healthy machine, a busy one several times that; two minutes without one done is a
+hang (a CUDA initialization that never returns), not a slow machine."""
+STEP_S_PER_GIB = 120.0
+"""And per GiB of archive: its steps (unpacking, loading, each batch) grow with its weights."""
+POLL_S = 0.2
+
+
+def timeout_s(mar: Path, environ: dict[str, str] | None = None) -> float:
+    """How long a measuring child of ``mar`` may go without finishing a step: ``TIMEOUT_ENV``
+    where set, else ``STEP_TIMEOUT_S`` and ``STEP_S_PER_GIB`` of its archive."""
+    stated = (os.environ if environ is None else environ).get(TIMEOUT_ENV, "").strip()
+    if stated:
+        try:
+            seconds = float(stated)
+        except ValueError:
+            raise MeasureError("", f"{TIMEOUT_ENV}={stated!r}: seconds are needed") from None
+        if seconds <= 0:
+            raise MeasureError("", f"{TIMEOUT_ENV}={stated!r}: more than 0 is needed")
+        return seconds
+    return STEP_TIMEOUT_S + STEP_S_PER_GIB * mar.stat().st_size / 2**30
+
+
+AVAILABLE_SHARE = 0.9
+"""Of the memory available when a child starts, what it may take: the rest for the processes
+beside it (a measurement must not push the machine into its OOM killer)."""
+
+
+def available_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    """``MemAvailable``, None where it cannot be read."""
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def child_cap(cap_bytes: int | None) -> int | None:
+    """The most a child may hold: ``cap_bytes``, and never more than ``AVAILABLE_SHARE`` of the
+    memory available now."""
+    available = available_bytes()
+    room = None if available is None else int(available * AVAILABLE_SHARE)
+    caps = [cap for cap in (cap_bytes, room) if cap is not None]
+    return min(caps) if caps else None
+
+
+def resident_bytes(pid: int) -> int:
+    """A process's resident set (``VmRSS``), 0 where it cannot be read."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+class MeasureFailed(RuntimeError):
+    """A measuring child failed, was stopped or timed out; ``step``: the last one it finished."""
+
+    def __init__(self, message: str, step: str) -> None:
+        super().__init__(message)
+        self.step = step
+
+
+class Child:
+    """A measuring child: its output read as it comes, its last step, its resident set."""
+
+    def __init__(self, command: list[str]) -> None:
+        self.process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            cwd=tempfile.gettempdir(),
+        )  # fmt: skip
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self.step, self.step_at = "started", time.monotonic()
+        self.readers = [
+            threading.Thread(target=self.read, args=(self.process.stdout, self.out), daemon=True),
+            threading.Thread(target=self.read, args=(self.process.stderr, None), daemon=True),
+        ]
+        for reader in self.readers:
+            reader.start()
+
+    def read(self, stream: Any, into: list[str] | None) -> None:
+        for line in stream:
+            if into is not None:
+                into.append(line)
+            elif line.startswith(PROGRESS):
+                self.step, self.step_at = line[len(PROGRESS) :].strip(), time.monotonic()
+            else:
+                self.err.append(line)
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait()
+
+    def finish(self) -> tuple[int, str, str]:
+        code = self.process.wait()
+        for reader in self.readers:
+            reader.join()
+        return code, "".join(self.out), "".join(self.err)
+
+
+def in_fresh_process(what: str, mar: Path, args: list[Any], cap_bytes: int | None = None) -> Any:
     """``measure_rates`` (``what`` "rates"), ``measure_memory`` ("memory") or
     ``measure_device_load`` ("device_load") of ``mar`` in a fresh Python process, its JSON answer
     decoded: the archive's own ``handler`` package is the one imported, no process-wide setting
     (torch threads, attention kernels, matmul precision) carries over, and the memory measured
-    is that worker's alone."""
-    import subprocess
-
-    done = subprocess.run(
-        [sys.executable, "-c", MEASURE_SCRIPT, what, str(mar.resolve()), json.dumps(args)],
-        capture_output=True, text=True, cwd=tempfile.gettempdir(),
-    )  # fmt: skip
-    if done.returncode != 0:
+    is that worker's alone. The child is stopped, and the measurement fails saying why, when it
+    goes ``timeout_s`` without finishing a step, or holds more than ``cap_bytes``."""
+    limit_s = timeout_s(mar)
+    cap_bytes = child_cap(cap_bytes)
+    child = Child(
+        [sys.executable, "-c", MEASURE_SCRIPT, what, str(mar.resolve()), json.dumps(args)]
+    )
+    peak = 0
+    while child.process.poll() is None:
+        time.sleep(POLL_S)
+        peak = max(peak, resident_bytes(child.process.pid))
+        if cap_bytes is not None and peak > cap_bytes:
+            child.stop()
+            raise MeasureFailed(
+                f"measuring {mar.name} ({what}) stopped: the worker passed {peak // 2**20} MiB, "
+                f"more than the {cap_bytes // 2**20} MiB this machine can give it, after "
+                f"'{child.step}' (the largest batch the limits admit: lower max_request_size, "
+                "max_chars, max_texts_per_request or batchSize, or give it more memory)",
+                child.step,
+            )
+        silent = time.monotonic() - child.step_at
+        if silent > limit_s:
+            child.stop()
+            raise MeasureFailed(
+                f"measuring {mar.name} ({what}) timed out: no step done for {silent:.0f} s after "
+                f"'{child.step}' (a hung CUDA initialization or device, or a machine far slower "
+                f"than expected); {TIMEOUT_ENV} sets the seconds a step may take "
+                f"({limit_s:.0f} here)",
+                child.step,
+            )
+    code, stdout, stderr = child.finish()
+    if code != 0:
         # The whole of it on stderr (the container's log): why the model could not load.
-        print(f"measure: {mar.name} ({what}) failed:\n{done.stderr.rstrip()}", file=sys.stderr)
-        why = exception_line(done.stderr) or f"exit code {done.returncode}"
-        raise RuntimeError(f"measuring {mar.name} failed: {why}")
-    return json.loads(done.stdout)
+        print(f"measure: {mar.name} ({what}) failed:\n{stderr.rstrip()}", file=sys.stderr)
+        killed = " (killed: SIGKILL, out of memory?)" if code in (-9, 137) else ""
+        why = exception_line(stderr) or f"exit code {code}{killed}"
+        raise MeasureFailed(f"measuring {mar.name} failed after '{child.step}': {why}", child.step)
+    return json.loads(stdout)
 
 
 def exception_line(stderr: str) -> str:
@@ -356,11 +637,13 @@ def content_digest(mar: str, mtime_ns: int) -> str:
         return hashlib.file_digest(archive, "sha256").hexdigest()
 
 
-def remembered(what: str, mar: str, mtime_ns: int, args: list[Any]) -> Any:
+def remembered(
+    what: str, mar: str, mtime_ns: int, args: list[Any], cap_bytes: int | None = None
+) -> Any:
     """``in_fresh_process``'s answer, from ``CACHE_ENV``'s folder where it was measured."""
     folder = os.environ.get(CACHE_ENV)
     if not folder:
-        return in_fresh_process(what, Path(mar), args)
+        return in_fresh_process(what, Path(mar), args, cap_bytes)
     key = json.dumps([what, content_digest(mar, mtime_ns), args])
     path = Path(folder) / f"{hashlib.sha256(key.encode()).hexdigest()}.json"
     if path.is_file():
@@ -372,7 +655,7 @@ def remembered(what: str, mar: str, mtime_ns: int, args: list[Any]) -> Any:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if path.is_file():
             return json.loads(path.read_text())
-        answer = in_fresh_process(what, Path(mar), args)
+        answer = in_fresh_process(what, Path(mar), args, cap_bytes)
         scratch = path.with_suffix(f".{os.getpid()}.tmp")
         scratch.write_text(json.dumps(answer))
         scratch.replace(path)  # atomic: a process reading it sees all of it or nothing
@@ -396,12 +679,77 @@ def measured_rates(
     return best_rates(measured_samples(mar, mtime_ns, batch_sizes, threads, gpus))
 
 
+@dataclass(frozen=True)
+class Probe:
+    """What a worker's memory is measured with: the plan's torch threads per worker, and the
+    largest batch the limits admit (``largest_bodies``)."""
+
+    threads: int
+    batch_sizes: tuple[tuple[str, int], ...] = ()
+    """(archive path, its largest batch in requests: the stated ``batchSize``); an archive not
+    here: ``max(BATCH_SIZES)``, the largest the start chooses."""
+    max_request_bytes: int | None = None
+    """The frontend's ``max_request_size``; None: the handler's largest body, as the start sets
+    it where the config states none."""
+    cap_bytes: int | None = None
+    """The most a worker may hold on this machine: a child past it is stopped."""
+
+    def batch_size(self, mar: str) -> int:
+        return dict(self.batch_sizes).get(mar, max(BATCH_SIZES))
+
+
+PROBE: ContextVar[Probe | None] = ContextVar("bert_serve_memory_probe", default=None)
+"""The probe the start measures workers with (``probing``); unset: ``default_probe``."""
+
+
+@contextmanager
+def probing(probe: Probe) -> Iterator[Probe]:
+    """``measured_memory`` measures with ``probe`` within this block."""
+    token = PROBE.set(probe)
+    try:
+        yield probe
+    finally:
+        PROBE.reset(token)
+
+
+def default_probe() -> Probe:
+    """Outside a start: as many torch threads as this process may use (a worker never gets more)
+    and the shipped config's ``max_request_size``."""
+    from bert_serve_server.config import BASE_CONFIG, read_properties
+
+    stated = read_properties(BASE_CONFIG).get("max_request_size")
+    return Probe(len(os.sched_getaffinity(0)), (), int(stated) if stated else None)
+
+
+def measured_memory(mar: str, mtime_ns: int, probe: Probe | None = None) -> WorkerMemory:
+    """``measure_memory`` once per archive version and probe, in a fresh process, with the
+    probe given, else the start's (``probing``), else ``default_probe``."""
+    probe = probe or PROBE.get() or default_probe()
+    return memory_of(mar, mtime_ns, probe.threads, probe.batch_size(mar),
+                     probe.max_request_bytes, probe.cap_bytes)  # fmt: skip
+
+
 @functools.cache
-def measured_memory(mar: str, mtime_ns: int) -> WorkerMemory:
-    """``measure_memory`` once per archive version, in a fresh process, with as many torch
-    threads as this process may use (a worker never gets more)."""
-    threads = len(os.sched_getaffinity(0))
-    return WorkerMemory(**remembered("memory", mar, mtime_ns, [threads]))
+def memory_of(
+    mar: str,
+    mtime_ns: int,
+    threads: int,
+    batch_size: int,
+    max_request_bytes: int | None,
+    cap_bytes: int | None,
+) -> WorkerMemory:
+    """``measure_memory`` in a fresh process (``remembered``). Where the child fails once it
+    holds the largest batch (stopped past ``cap_bytes``, timed out, killed), the worker is
+    measured again without it, and ``WorkerMemory.batch`` says why it was left out: the model
+    itself is served, and the start says that such a batch is not within its budget."""
+    args = [threads, batch_size, max_request_bytes]
+    try:
+        return WorkerMemory(**remembered("memory", mar, mtime_ns, args, cap_bytes))
+    except MeasureFailed as error:
+        if not error.step.startswith(HOLDING):
+            raise
+        without = WorkerMemory(**remembered("memory", mar, mtime_ns, [threads, 0, None], cap_bytes))
+        return replace(without, batch=f"{NOT_MEASURED}: {error}")
 
 
 @functools.cache

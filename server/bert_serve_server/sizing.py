@@ -45,11 +45,12 @@ A model whose archive cannot be read or whose model cannot be loaded for measuri
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from bert_serve_server import measure, rules
+from bert_serve_server import measure, rules, served
 from bert_serve_server.machine import Machine, gpu_count, read_machine, serving_gpus
 from bert_serve_server.measure import (
     holds_a_model,
@@ -195,8 +196,9 @@ def resolve(
         return batch_sized(models, threads, machine, stated_queue is None, refused)
 
     threads = stated_threads or 1
+    probe = memory_probe(machine, properties, models, stated_threads or 1)
     if models and not on_gpu:
-        batched, threads, why = cpu_sized(machine, models, refused, stated_threads, batches)
+        batched, threads, why = cpu_sized(machine, models, refused, stated_threads, batches, probe)
         reasons += why
     else:
         batched = batches(models, threads)
@@ -205,21 +207,25 @@ def resolve(
     if on_gpu:
         sized, loads = with_device_loads(sized, on_gpu, refused, stated_queue is None)
         if sized:
-            sized, threads, why = with_workers(machine, sized, loads, on_gpu, stated_threads)
+            with measure.probing(probe):
+                sized, threads, why = with_workers(machine, sized, loads, on_gpu, stated_threads)
             reasons += why
     reasons += batched.reasons
     resolved = dict(properties)
     holding = [model for model in sized if holds_a_model(model.mar)]
-    if holding and (any(rates.get(m.key) for m in sized) or stated_queue is not None):
-        why, resolved = sized_queue(machine, resolved, sized, rates, loads, on_gpu, stated_queue)
-        reasons += why
+    with measure.probing(replace(probe, threads=threads)):  # the workers as measured above
+        if holding and (any(rates.get(m.key) for m in sized) or stated_queue is not None):
+            why, resolved = sized_queue(
+                machine, resolved, sized, rates, loads, on_gpu, stated_queue
+            )
+            reasons += why
+        measured = measured_of(sized, rates, workers_sized, on_gpu)
     models_entry: dict[str, dict[str, Any]] = {}
     for model in sized:
         models_entry.setdefault(model.name, {})[model.version] = model.entry
     resolved["models"] = json.dumps(models_entry)
     if refused:
         resolved = without_models(resolved, refused)
-    measured = measured_of(sized, rates, workers_sized, on_gpu)
     return Resolved(resolved, threads, tuple(reasons), refused, loads, measured)
 
 
@@ -256,14 +262,86 @@ def with_plan_of(
     return properties, stated.threads or threads, notes
 
 
-def cpu_workers_or_refused(
-    machine: Machine, models: list[Served], refused: dict[str, str], threads: int | None
+def memory_probe(
+    machine: Machine, properties: dict[str, str], models: list[Served], threads: int
+) -> measure.Probe:
+    """What a worker's memory is measured with (``measure.Probe``): ``threads``, each model's
+    largest batch (its stated ``batchSize``, else the largest the start chooses), the config's
+    ``max_request_size`` (else the handler's largest body, which the start then sets), and the
+    most a worker may hold here: the memory less the frontend's least (its non-heap memory, its
+    own heap) and the slack."""
+    stated = properties.get("max_request_size")
+    least_beside = (
+        rules.FRONTEND_NON_HEAP_BYTES + rules.SERVER_SLACK_BYTES + rules.BASE_HEAP_MIB * rules.MIB
+    )
+    return measure.Probe(
+        threads=threads,
+        batch_sizes=tuple(
+            (str(m.mar), int(m.entry["batchSize"])) for m in models if "batchSize" in m.entry
+        ),
+        max_request_bytes=int(stated) if stated else None,
+        cap_bytes=max(0, machine.memory_bytes - least_beside),
+    )
+
+
+def workers_at_their_threads(
+    machine: Machine, models: list[Served], stated_threads: int | None, probe: measure.Probe
 ) -> tuple[list[Served], int, list[str]]:
-    """``with_workers`` on the CPU; where measuring a worker's memory fails (the model's own
-    code), that model is refused and the others sized without it."""
+    """``with_workers`` with each worker's memory measured at the torch threads the plan gives
+    it: first at the CPUs paid for shared one worker per core; where the memory then cuts the
+    workers (so each gets more threads), measured again at those, until the two agree."""
+    guess = stated_threads or threads_for(machine, max(1, math.floor(machine.cores)))
+    tried: set[int] = set()
+    while True:
+        with measure.probing(replace(probe, threads=guess)):
+            sized, threads, why = with_workers(machine, models, stated_threads=stated_threads)
+            if any("minWorkers" not in model.entry for model in models):  # memory measured
+                why += largest_batch_reasons(sized, guess)
+        tried.add(guess)
+        if threads == guess or threads in tried:
+            return sized, threads, why
+        guess = threads
+
+
+def largest_batch_reasons(models: list[Served], threads: int) -> list[str]:
+    """What the largest batch added to each worker ``with_workers`` measured (``models``: those
+    it measured), and the threads it was measured with (read again, nothing measured twice)."""
+    # served's own reader: the one with_workers measured with (a test replaces it there)
+    measured_memory = getattr(served, "measured_memory")  # noqa: B009
+    reasons = []
+    for model in models:
+        if not holds_a_model(model.mar):
+            continue
+        memory = measured_memory(str(model.mar), model.mar.stat().st_mtime_ns)
+        batch = getattr(memory, "batch", "")
+        if batch.startswith(measure.NOT_MEASURED):
+            reasons.append(
+                f"{model.key}: WARNING: the largest batch the limits admit is not within a "
+                f"worker's budget, {batch}"
+            )
+        elif batch:
+            reasons.append(
+                f"{model.key}: a worker measured with {threads} torch thread(s), as the plan "
+                f"gives each; the largest batch the limits admit ({memory.batch}) added "
+                f"{memory.batch_bytes // rules.MIB} MiB to its peak of "
+                f"{memory.peak_bytes // rules.MIB} MiB, decoded and tokenized in "
+                f"{memory.batch_s:g} s"
+            )
+    return reasons
+
+
+def cpu_workers_or_refused(
+    machine: Machine,
+    models: list[Served],
+    refused: dict[str, str],
+    threads: int | None,
+    probe: measure.Probe,
+) -> tuple[list[Served], int, list[str]]:
+    """``with_workers`` on the CPU (``workers_at_their_threads``); where measuring a worker's
+    memory fails (the model's own code), that model is refused and the others sized without it."""
     while models:
         try:
-            return with_workers(machine, models, stated_threads=threads)
+            return workers_at_their_threads(machine, models, threads, probe)
         except measure.MeasureError as error:
             refused[error.key] = str(error)
             models = [model for model in models if model.key != error.key]
@@ -306,12 +384,15 @@ def cpu_sized(
     refused: dict[str, str],
     stated_threads: int | None,
     batches: Callable[[list[Served], int], BatchSized],
+    probe: measure.Probe,
 ) -> tuple[BatchSized, int, list[str]]:
     """On the CPU: the workers and threads (``cpu_workers_or_refused``), then each model's batch
     size (``batches``); a model refused while its rate is measured gives its cores back, the
     workers sized again without it."""
     while True:
-        workers, threads, why = cpu_workers_or_refused(machine, models, refused, stated_threads)
+        workers, threads, why = cpu_workers_or_refused(
+            machine, models, refused, stated_threads, probe
+        )
         batched = batches(workers, threads)
         if len(batched.models) == len(workers):
             return batched, threads, why

@@ -288,3 +288,84 @@ def test_a_g1_heap_holds_its_queue_of_largest_bodies(
     assert (heap - rules.BASE_HEAP_MIB) * MIB >= held
     assert "-XX:+UseG1GC" in vmargs.split()
     assert any("G1's" in reason for reason in resolved.reasons)
+
+
+# What a worker's memory is measured with: the plan's threads and the largest batch.
+
+
+def test_the_memory_probe_runs_with_the_threads_the_plan_gives_a_worker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A 2-CPU pod on 2 cores where one worker fits: measured first at 1 thread (one worker per
+    core), then again at the plan's 2 threads for its one worker (before: every CPU of the
+    affinity, whatever the plan); a 64-CPU host with room for 32 workers at its 2 threads."""
+    for machine, threads, measured_at in (
+        (Machine(cores=2, memory_bytes=1536 * MIB, gpus=0, cpus=2), 2, [1, 2]),
+        (Machine(cores=32, memory_bytes=256 * GIB, gpus=0, cpus=64), 2, [2]),
+    ):
+        seen: list[int] = []
+
+        def memory(mar: str, mtime_ns: int, seen: list[int] = seen) -> measure.WorkerMemory:
+            probe = measure.PROBE.get()
+            assert probe is not None
+            seen.append(probe.threads)
+            return measure.WorkerMemory(560 * MIB, 0, 0)
+
+        fake_start(monkeypatch, machine)
+        monkeypatch.setattr(served, "measured_memory", memory)
+        resolved = sizing.resolve(effective_properties(), gpus=0)
+        assert resolved.torch_threads == threads
+        assert sorted(set(seen)) == measured_at and seen[-1] == threads
+
+
+def test_the_probe_holds_the_largest_batch_of_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe measures the config's max_request_size, a stated batchSize and at most what
+    the machine can give a worker."""
+    seen: list[measure.Probe] = []
+
+    def memory(mar: str, mtime_ns: int) -> measure.WorkerMemory:
+        probe = measure.PROBE.get()
+        assert probe is not None
+        seen.append(probe)
+        return WORKER
+
+    fake_start(monkeypatch, Machine(cores=2, memory_bytes=4 * GIB, gpus=0, cpus=2))
+    monkeypatch.setattr(served, "measured_memory", memory)
+    models = json.loads(effective_properties()["models"])
+    models["bert"]["1.0"]["batchSize"] = 16
+    models["bert"]["1.0"].pop("sizedAtStart", None)
+    sizing.resolve(effective_properties({"models": json.dumps(models)}), gpus=0)
+    mar = str(ROOT / "model_store" / "bert.mar")
+    assert {(p.batch_size(mar), p.max_request_bytes) for p in seen} == {(16, 2**20)}
+    least = rules.FRONTEND_NON_HEAP_BYTES + rules.SERVER_SLACK_BYTES + rules.BASE_HEAP_MIB * MIB
+    assert {p.cap_bytes for p in seen} == {4 * GIB - least}
+
+
+@pytest.mark.parametrize(
+    ("max_request", "max_chars", "max_texts", "items"),
+    [(2**20, 10_000, 64, 52), (None, 10_000, 64, 64), (2**20, 100, 64, 64), (2000, 10_000, 64, 0)],
+)
+def test_the_largest_bodies_are_valid_and_within_the_limits(
+    max_request: int | None, max_chars: int, max_texts: int, items: int
+) -> None:
+    """Each body the probe holds is within max_request_size and what the handler accepts, and
+    every item of it is valid: as many pairs of max_chars characters as the body holds."""
+    from handler.native import TextList, decode_request
+    from handler.protocol import ValidText
+
+    bodies, shown = measure.largest_bodies(3, max_request, max_chars, max_texts)
+    assert len(bodies) == 3 and len({id(body) for body in bodies}) == 3, "held apart"
+    limit = min(max_request or 2**62, rules.handler_body_bytes(max_chars, max_texts))
+    assert all(len(body) <= limit for body in bodies)
+    decoded = decode_request({"body": bytes(bodies[0])}, "application/json", max_chars, max_texts)
+    if items:
+        assert isinstance(decoded, TextList) and len(decoded.items) == items
+        assert all(isinstance(item, ValidText) and item.text_pair for item in decoded.items)
+        assert all(
+            len(item.text) == max_chars for item in decoded.items if isinstance(item, ValidText)
+        )
+        assert f"{items} text pairs of {max_chars:,} characters" in shown
+    else:
+        assert isinstance(decoded, ValidText) and "one text of" in shown
+    _, texts = measure.decoded_texts(bodies)
+    assert len(texts) == 3 * max(items, 1)

@@ -364,7 +364,7 @@ def test_a_measurement_is_remembered_in_the_cache_folder(
     path, reads the first answer; other content or other arguments measure again."""
     started: list[tuple[str, list[Any]]] = []
 
-    def fresh(what: str, mar: Path, args: list[Any]) -> Any:
+    def fresh(what: str, mar: Path, args: list[Any], cap_bytes: int | None = None) -> Any:
         started.append((what, args))
         return {"answer": len(started)}
 
@@ -395,7 +395,7 @@ def test_starts_asking_at_once_share_one_measurement(
     measuring beside it, on half the machine."""
     started: list[str] = []
 
-    def fresh(what: str, mar: Path, args: list[Any]) -> Any:
+    def fresh(what: str, mar: Path, args: list[Any], cap_bytes: int | None = None) -> Any:
         started.append(threading.current_thread().name)
         time.sleep(0.5)  # long enough for the other ask to arrive while this one measures
         return {"answer": len(started)}
