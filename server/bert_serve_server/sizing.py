@@ -16,8 +16,9 @@ The rule, in the order it is applied:
 - **Workers**: on a CPU, one per physical core (``rules.cpu_workers``), so batches run side by
   side; the torch threads of each are the CPUs paid for shared among them
   (``rules.threads_for``). Capped so that the workers' memory, as measured (the peak resident
-  set of one worker after loading and its largest batch), fits in half of the memory; the heap
-  gets the rest. On GPUs: as many per GPU as keep it busy, measured (``rules.gpu_workers``).
+  set of one worker after loading, its largest forward pass and holding and tokenizing the
+  largest batch the limits admit, at the threads the plan gives it: ``measure.Probe``,
+  ``workers_at_their_threads``), fits in half of the memory; the heap gets the rest. On GPUs: as many per GPU as keep it busy, measured (``rules.gpu_workers``).
   A model that states ``maxWorkers`` alone gets no more than that.
 - **Several models** (each version of a name counts as one): the cores left after the workers
   the config states are shared out equally; the memory cap takes one worker at a time from the
@@ -30,9 +31,10 @@ The rule, in the order it is applied:
   TorchServe has one size for every model's queue: with several models, the largest.
 - **Heap**: ``rules.BASE_HEAP_MIB`` plus each model's queue of requests of the largest body the
   frontend admits and the handler accepts (``max_request_size``, lists included; set to the
-  handler's largest body where the config states none), within what the memory leaves beside
-  the workers and the JVM's non-heap memory; where that binds, the queue is cut to what the
-  heap holds; where it holds fewer requests than the workers take at once (workers stated, or
+  handler's largest body where the config states none), each as the JVM's collector holds it
+  (``rules.heap_request_bytes``; the collector is stated with the heap), within what the memory
+  leaves beside the workers, the JVM's non-heap memory and ``rules.SERVER_SLACK_BYTES``; where
+  that binds, the queue is cut to what the heap holds; where it holds fewer requests than the workers take at once (workers stated, or
   several models' workers, beyond what the memory leaves), the start is refused with the reason.
 - **Stated settings win, the others follow them**: a stated queue gets a heap that holds it; a
   stated heap gets a queue cut to what it holds (a heap that holds fewer requests than there are
