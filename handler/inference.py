@@ -86,40 +86,137 @@ still has hundreds of them for its threads."""
 
 
 def tokenize(tokenizer: Any, texts: Sequence[TextInput], max_length: int) -> list[TokenizedText]:
-    """The batch in a few calls of the Rust backend (chunks of ``TOKENIZE_CHUNK_CHARS``),
-    singles and pairs mixed, not padded, truncated as transformers' ``truncation=True`` does
-    (reconfigured each call, as it does); only the tokens kept are kept."""
+    """The batch in a few calls of the Rust backend (chunks of ``TOKENIZE_CHUNK_CHARS``), not
+    padded, truncated as transformers' ``truncation=True`` does (reconfigured each call, as it
+    does); only the tokens kept are kept. Pairs go through ``tokenize_pairs``."""
+    pairs = [i for i, text in enumerate(texts) if not isinstance(text, str)]
+    tokenized = dict(
+        zip(pairs, tokenize_pairs(tokenizer, [texts[i] for i in pairs], max_length), strict=True)  # type: ignore[misc]
+    )
     backend = tokenizer.backend_tokenizer
     backend.enable_truncation(
         max_length, strategy="longest_first", direction=tokenizer.truncation_side
     )
     backend.no_padding()
-    tokenized: list[TokenizedText] = []
-    for chunk in chunks(texts, TOKENIZE_CHUNK_CHARS):
-        tokenized += [
-            TokenizedText(
+    singles = [i for i, text in enumerate(texts) if isinstance(text, str)]
+    for run in chunks(singles, [len(texts[i]) for i in singles], TOKENIZE_CHUNK_CHARS):
+        encodings = backend.encode_batch([texts[i] for i in run], add_special_tokens=True)
+        for index, encoding in zip(run, encodings, strict=True):
+            tokenized[index] = TokenizedText(
                 input_ids=list(encoding.ids),
                 truncated=bool(encoding.overflowing),
                 token_type_ids=list(encoding.type_ids),
                 special_tokens_mask=list(encoding.special_tokens_mask),
             )
-            for encoding in backend.encode_batch(chunk, add_special_tokens=True)
+    return [tokenized[i] for i in range(len(texts))]
+
+
+def tokenize_pairs(
+    tokenizer: Any, pairs: Sequence[tuple[str, str]], max_length: int
+) -> list[TokenizedText]:
+    """Pairs truncated as ``truncation=True`` (longest first) does, at a cost linear in their
+    length. The backend's own pair truncation combines every overflow of one side with every
+    overflow of the other: one pair of two 10,000-character texts took seconds and GiB. So
+    each side is tokenized alone, untruncated; ``longest_first`` says how many tokens each
+    keeps; each side is cut at the end of the word holding its last kept token (at the start
+    of the word holding its first, truncating left); the cut pair is encoded untruncated, and
+    the special tokens and each side's kept tokens are kept."""
+    if not pairs:
+        return []
+    backend = tokenizer.backend_tokenizer
+    backend.no_truncation()
+    backend.no_padding()
+    left = tokenizer.truncation_side == "left"
+    budget = max_length - backend.num_special_tokens_to_add(True)
+    tokenized: list[TokenizedText] = []
+    sizes = [len(first) + len(second) for first, second in pairs]
+    for run in chunks(range(len(pairs)), sizes, TOKENIZE_CHUNK_CHARS):
+        sides = [side for i in run for side in pairs[i]]
+        alone = backend.encode_batch(sides, add_special_tokens=False)
+        whole = [(len(alone[j].ids), len(alone[j + 1].ids)) for j in range(0, len(alone), 2)]
+        kept = [longest_first(*lengths, budget) for lengths in whole]
+        limits = [k for pair in kept for k in pair]
+        cut = [_cut_side(*each, left) for each in zip(sides, alone, limits, strict=True)]
+        del alone
+        pairs_cut = list(zip(cut[::2], cut[1::2], strict=True))
+        encodings = backend.encode_batch(pairs_cut, add_special_tokens=True)
+        tokenized += [
+            _kept_tokens(encoding, keep, left, keep != lengths)
+            for encoding, keep, lengths in zip(encodings, kept, whole, strict=True)
         ]
     return tokenized
 
 
-def chunks(texts: Sequence[TextInput], max_chars: int) -> list[list[TextInput]]:
-    """Consecutive runs of ``texts`` of at most ``max_chars`` characters each (a longer text
+def longest_first(first: int, second: int, budget: int) -> tuple[int, int]:
+    """The tokens each side of a pair keeps under ``budget`` (the tokenizers library's
+    ``TruncationStrategy::LongestFirst``): the shorter whole if the longer can take the rest,
+    else half each, the extra one of an odd budget to the longer (the second when equal)."""
+    if first + second <= budget:
+        return first, second
+    short, long = sorted((first, second))
+    long = short if short > budget else max(short, budget - short)
+    if short + long > budget:
+        short, long = budget // 2, budget // 2 + budget % 2
+    return (long, short) if first > second else (short, long)
+
+
+def _cut_side(text: str, encoding: Any, keep: int, left: bool) -> str:
+    """The text up to the end of the word of its ``keep``-th token (from the end of the word
+    before the one of its ``keep``-th last, truncating left): words tokenize alone, so the cut
+    text's tokens begin (end) with the ones kept."""
+    count = len(encoding.ids)
+    if keep >= count:
+        return text
+    words, offsets = encoding.word_ids, encoding.offsets
+    if left:
+        j = count - keep
+        while j > 0 and words[j - 1] == words[count - keep]:
+            j -= 1
+        # from the end of the word before, with the white space a byte-level BPE joins to it
+        return text[offsets[j - 1][1] :] if j > 0 else text
+    j = keep - 1
+    while j + 1 < count and words[j + 1] == words[keep - 1]:
+        j += 1
+    return text[: offsets[j][1]]
+
+
+def _kept_tokens(
+    encoding: Any, kept: tuple[int, int], left: bool, truncated: bool
+) -> TokenizedText:
+    """A cut pair's encoding without the tokens past each side's kept ones (the rest of the
+    word a cut ended in)."""
+    sequence_ids = encoding.sequence_ids
+    totals = [sequence_ids.count(0), sequence_ids.count(1)]
+    seen = [0, 0]
+    keep: list[int] = []
+    for index, side in enumerate(sequence_ids):
+        if side is None:
+            keep.append(index)
+            continue
+        seen[side] += 1
+        position = seen[side] if not left else totals[side] - seen[side] + 1
+        if position <= kept[side]:
+            keep.append(index)
+    ids, types, special = encoding.ids, encoding.type_ids, encoding.special_tokens_mask
+    return TokenizedText(
+        input_ids=[ids[i] for i in keep],
+        truncated=truncated,
+        token_type_ids=[types[i] for i in keep],
+        special_tokens_mask=[special[i] for i in keep],
+    )
+
+
+def chunks(items: Sequence[int], sizes: Sequence[int], max_size: int) -> list[list[int]]:
+    """Consecutive runs of ``items`` whose ``sizes`` sum to at most ``max_size`` (a larger item
     alone), in order."""
-    runs: list[list[TextInput]] = []
-    size = max_chars
-    for text in texts:
-        chars = len(text) if isinstance(text, str) else len(text[0]) + len(text[1])
-        if size + chars > max_chars:
+    runs: list[list[int]] = []
+    total = max_size
+    for item, size in zip(items, sizes, strict=True):
+        if total + size > max_size:
             runs.append([])
-            size = 0
-        runs[-1].append(text)
-        size += chars
+            total = 0
+        runs[-1].append(item)
+        total += size
     return runs
 
 

@@ -186,8 +186,9 @@ def test_pair_truncation_cuts_the_longer_text_like_the_pipeline(models) -> None:
 
 
 def test_one_tokenizer_call_for_a_mixed_batch(models) -> None:
-    """Singles and pairs of a batch go through one encode_batch, each equal to the tokenizer's
-    own answer for that text or pair (ids and token type ids)."""
+    """A batch's tokenizer calls do not grow with its size: its pairs' sides in one call, the
+    cut pairs in one (inference.tokenize_pairs), the singles in one; each equal to the
+    tokenizer's own answer for that text or pair (ids and token type ids)."""
     loaded, _ = models("pair", "tiny")
     calls = []
 
@@ -207,7 +208,8 @@ def test_one_tokenizer_call_for_a_mixed_batch(models) -> None:
             return self.wrapped.encode_batch(items, **kwargs)
 
     tokenized = tokenize(Counting(loaded.tokenizer), ITEMS, MAX_LENGTH)
-    assert calls == [len(ITEMS)]
+    pairs = sum(not isinstance(item, str) for item in ITEMS)
+    assert pairs and calls == [2 * pairs, pairs, len(ITEMS) - pairs]
     for item, got in zip(ITEMS, tokenized, strict=True):
         text, pair = (item, None) if isinstance(item, str) else item
         expected = loaded.tokenizer(text, pair, truncation=True, max_length=MAX_LENGTH)
