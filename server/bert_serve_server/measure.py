@@ -284,11 +284,12 @@ def measure_rates(
 
 SAMPLE_S = 0.5
 """How long the first items of the largest batch are tokenized for, to foresee the whole."""
-LARGEST_SAMPLE_REQUESTS = 4
-"""Requests of the largest batch held and tokenized; what they add to the peak (their bodies,
-texts and tokens: the tokenizer's own memory is bounded by its chunk) is scaled to the batch,
-which errs high by the chunk. The whole batch, 64 requests of pairs of 10,000 characters, took
-45 s to measure."""
+SAMPLE_REQUESTS = 2
+"""Requests' worth of the largest batch's texts tokenized while the whole batch is held (its
+bodies, documents and texts, most of what it adds): the tokenizer's own memory is bounded by
+its chunk, so the rest of the batch would add only the tokens kept, counted (``kept_bytes``)
+for the sample and scaled. The whole batch, 64 requests of 52 pairs of 10,000 characters,
+took 45 s to tokenize on 2 cores."""
 
 
 def tokenize_seconds(
@@ -335,16 +336,12 @@ def measure_memory(
     if batch_size < 1:  # the largest batch left out (``memory_of``'s second try)
         return WorkerMemory(*process_memory())
     before = process_memory()
-    started = time.perf_counter()
-    sampled = min(batch_size, LARGEST_SAMPLE_REQUESTS)
-    scale = batch_size / sampled
     bodies, shown = largest_bodies(
         batch_size, max_request_bytes, settings.max_chars, settings.max_texts_per_request
     )
-    del bodies[sampled:]
     held = decoded_texts(bodies)
-    progress(f"{HOLDING} ({sampled} of {shown})")
-    expected_s = scale * tokenize_seconds(tokenize, loaded.tokenizer, held[1], settings.max_length)
+    progress(f"{HOLDING} ({shown})")
+    expected_s = tokenize_seconds(tokenize, loaded.tokenizer, held[1], settings.max_length)
     if expected_s > timeout_s(mar):
         del bodies, held
         return WorkerMemory(  # as it was before the batch: its first items alone can balloon
@@ -357,15 +354,30 @@ def measure_memory(
                 "handler's tokenizing of such items cheaper"
             ),
         )
-    progress(f"timed its first items: all {len(held[1]) * scale:,.0f} in about {expected_s:.0f} s")
-    tokenized = tokenize(loaded.tokenizer, held[1], settings.max_length)
-    batch_s = (time.perf_counter() - started) * scale
-    progress(f"tokenized {sampled} of the largest batch's requests")
+    progress(f"timed its first items: all {len(held[1]):,} in about {expected_s:.0f} s")
+    sample = held[1][: max(1, len(held[1]) * SAMPLE_REQUESTS // batch_size)]
+    tokenized = tokenize(loaded.tokenizer, sample, settings.max_length)
+    progress(f"tokenized {len(sample):,} of the largest batch's texts")
     classify(loaded, [longest] * batch_size, settings.max_length, loaded.max_batch_tokens)
     peak, uss, pss = process_memory()
+    rest = round(kept_bytes(tokenized) * (len(held[1]) - len(sample)) / len(sample))
     del bodies, held, tokenized
-    added = round(max(0, peak - before[0]) * scale)
-    return WorkerMemory(max(peak, before[0] + added), uss, pss, added, round(batch_s, 2), shown)
+    foreseen = peak + rest
+    return WorkerMemory(
+        foreseen, uss, pss, max(0, foreseen - before[0]), round(expected_s, 2), shown
+    )
+
+
+def kept_bytes(tokenized: list[Any]) -> int:
+    """What the tokens ``handler.inference.tokenize`` keeps take in Python: each item, its
+    lists, and an int object per token id (type ids and masks are 0 or 1, which Python
+    shares)."""
+    total = 0
+    for item in tokenized:
+        lists = (item.input_ids, item.token_type_ids or [], item.special_tokens_mask or [])
+        total += sys.getsizeof(item) + sum(map(sys.getsizeof, lists))
+        total += sum(sys.getsizeof(token) for token in item.input_ids if token > 256)
+    return total
 
 
 def device_and_cpu_seconds(
