@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,7 @@ from handler.model_metrics import ModelMetrics, read_profile
 from handler.pipeline import FALLBACK, answer_batch
 from handler.protocol import JSON_MEDIA, IncomingRequest, Rejected, header_value, route_content_type
 from handler.scoring import ExplainOptions
-from handler.settings import HandlerSettings
+from handler.settings import HandlerSettings, worker_threads
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +74,9 @@ class BertHandler(BaseHandler):  # type: ignore[misc]
     def initialize(self, context: Any) -> None:
         properties = context.system_properties
         config = context.model_yaml_config or {}
-        self.settings = HandlerSettings.from_mapping(config.get("handler"))
+        settings = HandlerSettings.from_mapping(config.get("handler"))
+        threads = worker_threads(settings.torch_threads, os.environ)
+        self.settings = replace(settings, torch_threads=threads)
         archive_dir = Path(properties["model_dir"])
         model_dir = archive_dir / MODEL_SUBDIR
         if not model_dir.is_dir():

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+THREADS_ENV = "OMP_NUM_THREADS"
+"""Where the project's start puts the torch threads it sized per worker (torch reads it)."""
 SCORE_FUNCTION_CHOICES = ("auto", "softmax", "sigmoid", "none")
 PRECISION_CHOICES = ("fp32", "bf16", "fp16", "tf32")
 CHOICES = {
@@ -30,7 +32,7 @@ class HandlerSettings:
     """0: measured on the device at worker start (``handler.model.measured_budget``)."""
     device: str = "auto"
     torch_threads: int = 0
-    """0: torch's default (as the server's start sized it) is kept."""
+    """0: as the project's start sized them (``OMP_NUM_THREADS``), else one (``worker_threads``)."""
     labels: tuple[str, ...] = ()
     """Empty: ``id2label`` of the model config."""
     attention: str = "auto"
@@ -94,6 +96,19 @@ class HandlerSettings:
         _require(not unknown, f"unknown handler settings {unknown}; known: {sorted(known)}")
         values = {name: _checked(name, getattr(cls, name), value) for name, value in raw.items()}
         return cls(**values)
+
+
+def worker_threads(torch_threads: int, environ: Mapping[str, str]) -> int:
+    """The torch threads a worker sets, 0 for none (torch's own are kept): ``torch_threads``
+    where the model config states them; none where ``OMP_NUM_THREADS`` is set (the project's
+    start sized the threads to its workers, and torch has read them); else, on a plain
+    ``torchserve --start``, one. TorchServe then starts its default of one worker per CPU
+    (per GPU on a GPU host) and tells a worker nothing of the others, so one thread is the
+    share that never runs more threads than there are CPUs; torch's own default, every CPU in
+    each worker, ran CPUs x CPUs."""
+    if torch_threads or environ.get(THREADS_ENV, "").strip():
+        return torch_threads
+    return 1
 
 
 def _checked(name: str, default: Any, value: Any) -> Any:

@@ -173,10 +173,46 @@ def read_models(config: Path = BASE_CONFIG) -> dict[str, dict[str, dict[str, Any
     return dict(json.loads(read_properties(config).get("models", "{}")))
 
 
+SIZED_AT_START = "sizedAtStart"
+"""A ``models=`` entry's record of the values it holds for a plain ``torchserve --start``
+(``{"batchSize": 64}``): the project's start (``bert_serve_server.sizing``) sizes each value that
+is still the one recorded from the machine instead; a value changed since (by hand, or by a
+tool's override) is stated, as is every value the record does not name. TorchServe ignores
+the key."""
+SIZABLE_KEYS = ("minWorkers", "maxWorkers", "batchSize")
+"""What ``SIZED_AT_START`` may name: the values the project's start derives for a model."""
+
+
+def plain_start_values(entry: dict[str, Any]) -> dict[str, Any]:
+    """The entry's values that are still those its ``SIZED_AT_START`` records."""
+    recorded = entry.get(SIZED_AT_START)
+    if not isinstance(recorded, dict):
+        return {}
+    return {key: value for key, value in recorded.items() if key in entry and entry[key] == value}
+
+
+def stated_entry(entry: dict[str, Any]) -> dict[str, Any]:
+    """A ``models=`` entry as the project's start takes it as stated: without the values that
+    are still the plain start's (``plain_start_values``), and without ``SIZED_AT_START``."""
+    plain = plain_start_values(entry)
+    return {key: value for key, value in entry.items() if key not in {*plain, SIZED_AT_START}}
+
+
+def with_stated_values(entry: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
+    """``entry`` with ``values`` put in as stated, even one equal to the plain start's: each is
+    taken out of ``SIZED_AT_START`` (dropped once it records nothing)."""
+    entry = entry | values
+    recorded = entry.pop(SIZED_AT_START, None)
+    if isinstance(recorded, dict):
+        recorded = {key: value for key, value in recorded.items() if key not in values}
+    return entry | ({SIZED_AT_START: recorded} if recorded else {})
+
+
 def configured_model(config: Path = BASE_CONFIG) -> dict[str, Any]:
-    """The settings ``models=`` gives our model and version (batchSize, maxBatchDelay,
-    minWorkers, maxWorkers, ...)."""
-    return read_models(config)[MODEL_NAME][MODEL_VERSION]
+    """The settings ``models=`` states for our model and version, as the project's start takes
+    them (``stated_entry``: maxBatchDelay, ...; not the plain start's batchSize, which it
+    sizes)."""
+    return stated_entry(read_models(config)[MODEL_NAME][MODEL_VERSION])
 
 
 SILENT_DEFAULTS = {"batchSize": 1, "maxBatchDelay": 100}
@@ -206,13 +242,16 @@ def models_entry_problems(models_text: str) -> list[str]:
 def models_entry(
     batch_size: int | None = None, max_batch_delay: int | None = None, workers: int | None = None
 ) -> str:
-    """config.properties' ``models=`` entry with some values replaced."""
+    """config.properties' ``models=`` entry with some values replaced, each stated
+    (``with_stated_values``); the others as the file has them."""
     models = read_models()
-    entry = models[MODEL_NAME][MODEL_VERSION]
+    values: dict[str, int] = {}
     if batch_size is not None:
-        entry["batchSize"] = batch_size
+        values["batchSize"] = batch_size
     if max_batch_delay is not None:
-        entry["maxBatchDelay"] = max_batch_delay
+        values["maxBatchDelay"] = max_batch_delay
     if workers is not None:
-        entry["minWorkers"] = entry["maxWorkers"] = workers
+        values["minWorkers"] = values["maxWorkers"] = workers
+    versions = models[MODEL_NAME]
+    versions[MODEL_VERSION] = with_stated_values(versions[MODEL_VERSION], values)
     return json.dumps(models)

@@ -1,6 +1,8 @@
 """The models a config serves (``models=``), each with its archive, and their workers: the
 workers the config states, and for the others ``rules.shared_workers`` on one worker's memory as
-measured (``measure.measured_memory``), capped by a stated ``maxWorkers``."""
+measured (``measure.measured_memory``), capped by a stated ``maxWorkers``. A value that is still
+the one an entry's ``sizedAtStart`` records is the plain ``torchserve --start``'s, not stated
+(``sized_at_start``)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from bert_serve_server.config import (
+    SIZABLE_KEYS,
+    SIZED_AT_START,
+    plain_start_values,
+    stated_entry,
+)
 from bert_serve_server.machine import Machine
 from bert_serve_server.measure import (
     MeasureError,
@@ -65,6 +73,45 @@ def served_list(properties: dict[str, str]) -> list[Served]:
         for name, versions in models.items()
         for version, entry in versions.items()
     ]
+
+
+def sized_at_start(properties: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    """``properties`` with each ``models=`` value that is still the plain ``torchserve
+    --start``'s its ``sizedAtStart`` records (``config.SIZED_AT_START``) taken out, so that the
+    sizing derives it, and that record dropped; and a line per entry saying which values were
+    taken out and which, changed since, are stated. A record of a value the start does not
+    size is refused: a misspelt name would otherwise leave its value stated without a word."""
+    if SIZED_AT_START not in properties.get("models", ""):
+        return properties, []
+    try:
+        models = json.loads(properties["models"])
+    except json.JSONDecodeError:
+        return properties, []  # served_list says why
+    notes = []
+    for name, versions in models.items():
+        for version, entry in versions.items():
+            recorded = entry.get(SIZED_AT_START)
+            if recorded is None:
+                continue
+            if not isinstance(recorded, dict) or not set(recorded) <= set(SIZABLE_KEYS):
+                raise SizingError(
+                    f"models: {name} {version} {SIZED_AT_START}={json.dumps(recorded)}: the "
+                    f"plain start's values of {', '.join(SIZABLE_KEYS)} are expected, as in "
+                    '{"batchSize": 64}'
+                )
+            plain = plain_start_values(entry)
+            versions[version] = stated_entry(entry)
+            if plain:
+                shown = ", ".join(f"{key} {value}" for key, value in plain.items())
+                notes.append(
+                    f"{name}:{version}: config.properties' {shown} ({SIZED_AT_START}) is what a "
+                    "plain torchserve --start serves: sized here"
+                )
+            changed = [key for key in recorded if key in entry and key not in plain]
+            if changed:
+                shown = ", ".join(f"{key} {entry[key]}" for key in changed)
+                notes.append(f"{name}:{version}: {shown}: changed from {SIZED_AT_START}'s, stated")
+    return properties | {"models": json.dumps(models)}, notes
 
 
 def archive_limits(mar: Path) -> tuple[int, int]:

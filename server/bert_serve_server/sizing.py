@@ -1,5 +1,6 @@
-"""Serving settings for every value config/config.properties leaves out: each model's workers
-and ``batchSize``, ``job_queue_size``, the JVM heap and the torch threads per worker.
+"""Serving settings for every value config/config.properties leaves out (or marks
+``sizedAtStart``: ``served.sized_at_start``): each model's workers and ``batchSize``,
+``job_queue_size``, the JVM heap and the torch threads per worker.
 
 The stages, each in its own module:
 
@@ -82,6 +83,7 @@ from bert_serve_server.served import (
     archive_limits,
     runs_on_gpu,
     served_list,
+    sized_at_start,
     with_workers,
     worker_host_bytes,
 )
@@ -180,6 +182,7 @@ def resolve(
     kept, and nothing is measured that they decide. A model whose archive cannot be read or
     loaded is left out, with the reason (``refused``)."""
     stated = stated or Stated()
+    properties, plain_start = sized_at_start(properties)
     properties, stated_threads, planned = with_plan_of(properties, stated)
     if gpus is None:
         gpus = serving_gpus(properties)
@@ -191,7 +194,7 @@ def resolve(
     if not on_gpu:
         machine = replace(machine, gpus=0)  # every model on the CPU: sized as on a CPU machine
     workers_sized = {model.key for model in models if "minWorkers" not in model.entry}
-    reasons: list[str] = [*machine.source, *stated.lines(), *planned]
+    reasons: list[str] = [*machine.source, *stated.lines(), *plain_start, *planned]
     stated_queue = int(properties["job_queue_size"]) if "job_queue_size" in properties else None
 
     def batches(models: list[Served], threads: int) -> BatchSized:

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from bert_serve_server.archive import BATCH_KEYS
 
-from handler.settings import HandlerSettings
+from handler.settings import HandlerSettings, worker_threads
 
 MODEL_CONFIG = Path(__file__).resolve().parents[2] / "config" / "model-config.yaml"
 
@@ -243,3 +243,12 @@ def test_explanation_defaults_are_the_stock_handlers_steps() -> None:
     settings = HandlerSettings()
     assert (settings.explain_steps, settings.explain_max_tokens) == (50, 128)
     assert settings.explain_internal_batch_size == 0
+
+
+def test_a_worker_keeps_the_threads_its_start_sized() -> None:
+    """torch_threads stated: those; OMP_NUM_THREADS set (the project's start): torch's, which
+    read it (0: nothing set); neither (a plain torchserve --start, one worker per CPU): one."""
+    assert worker_threads(3, {"OMP_NUM_THREADS": "1"}) == 3
+    assert worker_threads(0, {"OMP_NUM_THREADS": "2"}) == 0
+    assert worker_threads(0, {"OMP_NUM_THREADS": " "}) == 1
+    assert worker_threads(0, {}) == 1

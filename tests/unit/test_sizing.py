@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from bert_serve_server import machine as host
 from bert_serve_server import measure, rules, served, sizing
-from bert_serve_server.config import effective_properties
+from bert_serve_server.config import configured_model, effective_properties
 from bert_serve_server.machine import Machine
 
 from tests.conftest import ROOT
@@ -200,7 +200,7 @@ def test_each_sizes_rate_is_its_best_round() -> None:
 def test_resolve_fills_what_the_shipped_config_leaves_out(
     machine_of_8_cores: list[tuple[tuple[int, ...], int]],
 ) -> None:
-    assert "batchSize" not in json.loads(effective_properties()["models"])["bert"]["1.0"]
+    assert "batchSize" not in configured_model(), "the plain start's batchSize: sized here"
     resolved = sizing.resolve(effective_properties(), gpus=0)
     (entry,) = json.loads(resolved.properties["models"])["bert"].values()
     assert (entry["minWorkers"], entry["maxWorkers"], resolved.torch_threads) == (8, 8, 1)
