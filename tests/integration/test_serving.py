@@ -183,8 +183,14 @@ def test_make_status_prints_the_defaults_chosen_on_this_machine(server) -> None:
     max_request = int(server.properties["max_request_size"])
     request_bytes = rules.queued_request_bytes(max_request, *archive_limits(MAR_PATH))
     worker_bytes = server.sizing()["in_force"]["measured"]["bert:1.0"]["worker_bytes"]
+    vmargs = server.properties.get("vmargs", "")
     given = rules.QueueInputs(
-        workers, rates[batch_size], request_bytes, reserved_bytes=workers * worker_bytes
+        workers,
+        rates[batch_size],
+        request_bytes,
+        reserved_bytes=workers * worker_bytes,
+        gc=rules.jvm_gc(machine, vmargs),
+        vmargs=vmargs,
     )
     expected_queue, expected_heap, _ = rules.derive(machine, given)
     assert (int(entry["minWorkers"]), int(entry["maxWorkers"]), threads) == (
