@@ -253,10 +253,11 @@ def test_dockerfile_copies_what_the_layout_contains(
 
 
 def test_entrypoint_stops_torchserve_on_sigterm() -> None:
-    """PID 1 turns SIGTERM into `torchserve --stop` and runs TorchServe in the foreground."""
+    """PID 1 turns SIGTERM into the server package's bounded stop and runs TorchServe in the
+    foreground."""
     script = (DEPLOY / "entrypoint.sh").read_text()
     assert "python3.11 -m bert_serve_server ready --drain" in script
-    assert 'timeout "$stop_s" torchserve --stop --foreground\' TERM INT' in script
+    assert 'python3.11 -m bert_serve_server stop --timeout "$stop_s"\' TERM INT' in script
     assert "torchserve --foreground --ncs" in script
     assert (DEPLOY / "entrypoint.sh").stat().st_mode & 0o111, "executable"
 

@@ -83,4 +83,4 @@ def test_the_cores_a_process_used_are_measured_and_a_gone_one_is_left_out() -> N
         while time.process_time() < ends:
             pass
     assert sorted(cores) == ["this"]
-    assert 0.3 < cores["this"] <= 1.2
+    assert 0.25 < cores["this"] <= 1.2  # 0.299 seen: the clock's tick under the 0.3 s loop
