@@ -720,16 +720,19 @@ def recorded_worker() -> measure.WorkerMemory:
 def test_the_shipped_pod_fits_its_limit_and_queues_the_image_tests_clients(
     monkeypatch: pytest.MonkeyPatch, texts_per_s: float
 ) -> None:
-    """deploy/k8s/deployment.yaml's container (2 CPUs, 1536 MiB) with the shipped archive and
-    the worker its image test measured: 1 worker (a second does not fit in half), workers, heap,
+    """deploy/k8s/deployment.yaml's container (its limits) with the shipped archive and the
+    worker its image test measured: 1 worker (a second does not fit in half), workers, heap,
     the JVM's non-heap memory and the slack within the limit, and a queue of 1 MiB requests
     that still holds the image test's 256 patient clients."""
-    pod = Machine(cores=2, memory_bytes=1536 * MIB, gpus=0, cpus=2)
+    from tests.unit.test_sizing_limits import deployment_limits
+
+    cpus, limit = deployment_limits()
+    pod = Machine(cores=int(cpus), memory_bytes=limit, gpus=0, cpus=cpus)
     worker = recorded_worker()
     workers, queue, heap = sized_pod(monkeypatch, pod, texts_per_s, worker)
     assert workers == 1
     planned = heap * MIB + workers * served.budgeted_bytes(worker) + rules.FRONTEND_NON_HEAP_BYTES
-    assert planned + rules.SERVER_SLACK_BYTES <= 1536 * MIB
+    assert planned + rules.SERVER_SLACK_BYTES <= limit
     assert 256 <= queue <= int(workers * texts_per_s * 60)
     assert (heap - rules.BASE_HEAP_MIB) * MIB >= queue * REQUEST
 
