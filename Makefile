@@ -21,7 +21,7 @@ STATE_DIR ?= .run
 TORCH ?=
 LOCK      := requirements/server.lock
 
-.PHONY: install lock model compare-training first-answer package serve stop status metrics smoke test test-client unit check bench check-defaults gpu-report gpu-report-smoke models-share floor tune compare-precision chaos soak fuzz deploy-layout image image-test pod-test models-start clean distclean FORCE
+.PHONY: install lock model package serve stop status metrics smoke test test-client unit check bench check-defaults gpu-report gpu-report-smoke tune compare-precision chaos soak fuzz deploy-layout image image-test pod-test models-start clean distclean FORCE
 
 ## install: .venv with the server and dev extras at the versions of requirements/server.lock
 ##        (TORCH=cuda for the CUDA build of torch; the CPU build otherwise)
@@ -46,17 +46,6 @@ model: build/bert-sentiment/config.json
 
 $(DEFAULT_REFERENCE): scripts/reference_texts.py lab/training.py lab/corpus.py scripts/data/reviews.tsv | $(STAMP)
 	$(PY) scripts/reference_texts.py --out $@
-
-## compare-training: the default model's recipe against cheaper and dearer ones, trained back
-##        to back on 3 held-out splits: seconds, held-out, hard- and typical-review accuracy
-##        -> build/training-schemes.json
-compare-training: $(STAMP)
-	$(PY) scripts/compare_training.py --out build/training-schemes.json
-
-## first-answer: time `make serve` on a fresh clone of this branch with empty pip/uv caches,
-##        step by step, to the first answer 200 -> build/first-answer.json (then `make stop` there)
-first-answer: | $(STAMP)
-	$(PY) scripts/first_answer.py --out build/first-answer.json
 
 # The .mar follows what it was built from, not file times alone: this stamp records the model
 # folder (its files' sizes and times) and the handler config (its hash), and is rewritten only
@@ -133,15 +122,6 @@ gpu-report-smoke: | $(STAMP)
 ##        slower hardware: patient clients never refused, stated deadlines pay -> docs/bench/defaults.json
 check-defaults: $(MAR) | $(STAMP)
 	$(PY) scripts/check_defaults.py --out docs/bench
-
-## models-share: two models on one server (32 clients each) against one alone -> docs/bench/models.json
-models-share: $(MAR) | $(STAMP)
-	$(PY) scripts/models_share.py --out docs/bench/models.json
-
-## floor: TorchServe and LitServe serving a constant, a free forward and the real model at 1
-##        and 8 clients, and a lone request taken apart -> docs/bench/floor.json
-floor: $(MAR) | $(STAMP)
-	$(PY) scripts/floor.py --out docs/bench
 
 ## tune: batch size x delay x workers/threads at 1..64 clients: the config closest to the best
 ##       at every load, and what TorchServe's logging costs -> docs/tune/

@@ -3,9 +3,9 @@ measurement, its command and the page it writes).
 
 ``scripts/`` are the entry points; the experiments and what they share live here, typed:
 ``load`` (the one closed-loop load generator), ``corpus``, ``batchlog``, ``measure``, ``bench``,
-``tune``, ``floor``, ``compare``, ``inprocess``, ``peer``, ``reports``, ``chaos/`` (one module per
+``tune``, ``compare``, ``inprocess``, ``peer``, ``reports``, ``chaos/`` (one module per
 experiment), ``soak``, ``fuzz``, ``defaults_check``, ``standins``, ``image`` and ``image_checks``,
-``first_answer``, ``training`` (the default model), ``proxy`` and ``code_routes`` (for tests).
+``training`` (the default model), ``proxy`` and ``code_routes`` (for tests).
 
 It imports the server package (``bert_serve_server``: start, size, stop); nothing there imports
 this package. It needs the server and dev extras and the repository's files (config/,

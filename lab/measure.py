@@ -240,25 +240,6 @@ def client_lists(
     }
 
 
-def compare_stores(
-    stores: Mapping[str, Path],
-    corpus: Sequence[str],
-    loads: Loads,
-    envs: Mapping[str, Mapping[str, str]] | None = None,
-    overrides: Mapping[str, Mapping[str, str]] | None = None,
-) -> dict[str, dict[str, dict[str, Any]]]:
-    """The same config served from each model store (e.g. the .mar of two commits), with
-    each name's environment variables from ``envs`` and config.properties ``overrides`` if
-    any, measured interleaved at each load: {name: {level: load summary}}."""
-    configs = {
-        name: dict((overrides or {}).get(name, {})) | {"model_store": str(store)}
-        for name, store in stores.items()
-    }
-    with servers(configs, envs) as started:
-        points = [endpoint(name, item["server"]) for name, item in started.items()]
-        return interleaved(points, corpus, loads)
-
-
 def env_assignments(items: list[str]) -> dict[str, str]:
     """``NAME=VALUE`` arguments (environment variables or config.properties keys) as a
     mapping; anything else is a usage error."""

@@ -10,12 +10,6 @@ import shutil
 from pathlib import Path
 
 SHAPES: dict[str, dict[str, int]] = {
-    "free": {
-        "num_hidden_layers": 1,
-        "hidden_size": 16,
-        "num_attention_heads": 1,
-        "intermediate_size": 32,
-    },
     "fast": {
         "num_hidden_layers": 1,
         "hidden_size": 128,
@@ -29,7 +23,7 @@ SHAPES: dict[str, dict[str, int]] = {
         "intermediate_size": 3072,
     },
 }
-"""free: a forward of a few tens of µs (the floor); fast: one layer of hidden size 128 (a machine
+"""fast: one layer of hidden size 128 (a machine
 about 10x faster); slow: bert-base's 12 x 768 (a machine about 7x slower)."""
 
 

@@ -10,8 +10,7 @@ of similar length. The model is accepted only if held-out accuracy and a few san
 pass; its accuracy on the evaluation-only ``scripts/data/reviews-hard.tsv`` (implicit verdicts,
 reversals, litotes, slang, sarcasm) and ``scripts/data/reviews-typical.tsv`` (everyday reviews
 written apart from the training data) is reported beside it. Deterministic for a given seed on
-the same machine. ``SCHEMES`` are the cheaper and dearer recipes that
-``scripts/compare_training.py`` measures against the default.
+the same machine.
 """
 
 from __future__ import annotations
@@ -56,17 +55,6 @@ class Recipe:
     seed: int = 13
     frozen_layers: int = 1  # the embeddings and this many bottom encoder layers keep their weights
     bucketed: bool = True  # batches of reviews of similar length: less padding
-
-
-SCHEMES = {
-    "default: bottom 1 of 6 layers frozen, 3 epochs": Recipe(),
-    "4 epochs": Recipe(epochs=4),
-    "bottom 3 frozen, 4 epochs": Recipe(frozen_layers=3, epochs=4),
-    "frozen encoder, trained pooler + classifier": Recipe(frozen_layers=6, epochs=20, lr=1e-3),
-    "default without the training-only reviews": Recipe(extra=()),
-}
-SPLITS = (13, 29, 41)
-"""The seeds of the held-out splits ``compare_training.py`` measures every recipe on."""
 
 
 def default_encoder_dir() -> Path:

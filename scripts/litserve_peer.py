@@ -4,8 +4,7 @@ What a team would write instead of bert-serve: one LitAPI over the same model fo
 same tokenization and forward code. By default it is what LitServe gives out of the box (one
 worker, torch's own thread count, no batching); the flags configure it like bert-serve's
 default (``--workers 2 --torch-threads 1 --max-batch-size 16 --batch-timeout-ms 1``), LitServe's
-own dynamic batching included. ``--constant 1`` answers a constant without loading the model:
-LitServe's own floor, beside TorchServe's (``lab.floor``). ``--accelerator cuda`` puts
+own dynamic batching included. ``--accelerator cuda`` puts
 ``--workers`` workers on each GPU (LitServe's ``workers_per_device``), each with the handler's
 ``--precision``; ``--api-servers 0`` leaves LitServe's HTTP processes at its own default (as
 many as its workers). Installed with the ``dev`` extra.
@@ -23,8 +22,6 @@ from handler.inference import classify
 from handler.model import load_model
 from handler.settings import HandlerSettings
 
-CONSTANT_ANSWER = {"label": "positive", "score": 1.0}
-
 
 class SentimentAPI(ls.LitAPI):  # type: ignore[misc]
     def __init__(
@@ -33,18 +30,14 @@ class SentimentAPI(ls.LitAPI):  # type: ignore[misc]
         torch_threads: int,
         max_batch_size: int,
         batch_timeout_s: float,
-        constant: bool = False,
         precision: str = "fp32",
     ) -> None:
         super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout_s)
         self.model_dir = model_dir
-        self.constant = constant
         self.settings = HandlerSettings(torch_threads=torch_threads, precision=precision)
 
     def setup(self, device: str) -> None:
         """``device`` is LitServe's: ``cpu`` or ``cuda:N``."""
-        if self.constant:
-            return
         gpu_id = int(device.partition(":")[2] or 0) if device.startswith("cuda") else None
         self.loaded = load_model(self.model_dir, self.settings, gpu_id=gpu_id)
 
@@ -56,9 +49,6 @@ class SentimentAPI(ls.LitAPI):  # type: ignore[misc]
 
     def predict(self, texts: str | list[str]) -> dict[str, Any] | list[dict[str, Any]]:
         batch = texts if isinstance(texts, list) else [texts]
-        if self.constant:
-            constant = [CONSTANT_ANSWER] * len(batch)
-            return constant if isinstance(texts, list) else constant[0]
         predictions, _ = classify(
             self.loaded, batch, self.settings.max_length, self.loaded.max_batch_tokens
         )
@@ -85,7 +75,6 @@ def main() -> None:
     parser.add_argument("--torch-threads", type=int, default=0, help="0: torch's default")
     parser.add_argument("--max-batch-size", type=int, default=1)
     parser.add_argument("--batch-timeout-ms", type=float, default=0.0)
-    parser.add_argument("--constant", type=int, default=0, help="1: answer a constant")
     parser.add_argument("--accelerator", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--precision", default="fp32", help="the handler's precision setting")
     parser.add_argument(
@@ -97,7 +86,6 @@ def main() -> None:
         args.torch_threads,
         args.max_batch_size,
         args.batch_timeout_ms / 1000,
-        bool(args.constant),
         args.precision,
     )
     server = ls.LitServer(

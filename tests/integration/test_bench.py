@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import MAR_PATH, ROOT
+from tests.conftest import ROOT
 
 
 def run_tool(script: str, out: Path, *args: str, written: str = "results.json") -> dict[str, Any]:
@@ -54,50 +54,6 @@ def test_tune_smoke_run_recommends_across_loads(tmp_path) -> None:
     assert 0 < best["worst_ratio"] <= 1 and set(best["ratios"]) == {"1", "2"}
     assert "models=" in (tmp_path / "recommended.properties").read_text()
     assert (tmp_path / "tune.png").stat().st_size > 0
-
-
-def test_compare_mars_measures_both_stores_in_turn(tmp_path) -> None:
-    """The before/after tool runs both stores at each load and answers a ratio per load."""
-    store = str(MAR_PATH.parent)
-    out = tmp_path / "ab.json"
-    args = [
-        "--before",
-        store,
-        "--after",
-        store,
-        "--loads",
-        "1",
-        "--seconds",
-        "1",
-        "--out",
-        str(out),
-    ]
-    result = subprocess.run(
-        [sys.executable, "scripts/compare_mars.py", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(out.read_text())
-    assert set(report["results"]) == {"before", "after"}
-    assert report["results"]["after"]["1"]["requests"] > 0
-    assert report["rps_after_over_before"]["1"] > 0
-
-
-def test_floor_smoke_run_takes_a_lone_request_apart(tmp_path) -> None:
-    results = run_tool("floor.py", tmp_path, "--smoke", written="floor.json")
-    assert set(results["by_kind"]) == {
-        "torchserve_constant",
-        "torchserve_free_forward",
-        "torchserve_real",
-    }
-    for levels in results["by_kind"].values():
-        assert set(levels) == {"1", "8"} and all(level["errors"] == 0 for level in levels.values())
-    parts = results["breakdown"]["mean_ms"]
-    assert parts["handler"] >= parts["handler_forward"] > 0 and parts["frontend_queue"] > 0
-    assert results["machine"]["cpu_model"] and "p50_met" in results["bars"]
 
 
 @pytest.mark.alone  # its bar of no refused patient client holds on a machine to itself

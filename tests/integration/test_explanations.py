@@ -13,10 +13,17 @@ import pytest
 import requests
 
 from bert_serve import Client
-from lab.explain_cost import explain_url
 from tests.unit.test_explain import cosine, reference, top3
 
 BERT_SERVE = Path(sys.executable).parent / "bert-serve"
+
+
+def explain_url(predict_url: str) -> str:
+    """``.../predictions/bert`` -> ``.../explanations/bert``."""
+    head, _, model = predict_url.rpartition("/predictions/")
+    return f"{head}/explanations/{model}"
+
+
 TEXT = "A wonderful, moving film with a great cast; I loved every minute."
 
 

@@ -419,20 +419,21 @@ def test_starts_asking_at_once_share_one_measurement(
     assert answers == [{"answer": 1}, {"answer": 1}] and len(started) == 1, started
 
 
-def test_the_metrics_cost_tools_second_server_runs_the_first_ones_plan(
+def test_a_starts_plan_stated_to_another_start_is_sized_the_same(
     measured: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``lab.model_metrics_cost.stated_as``: what one start chose (its ``in_force`` report),
-    stated to another start of the same config, is sized the same without measuring."""
-    from lab.model_metrics_cost import stated_as
-
+    """What one start chose (its ``in_force`` report: every model's workers and batch size, the
+    queue, the heap), stated to another start of the same config, is sized the same without
+    measuring."""
     properties = store(tmp_path)
     first = sizing.resolve(properties)
     assert measured
-    overrides, env = stated_as(sizing.report(first))
+    in_force = sizing.report(first)
+    overrides = {"models": json.dumps(in_force["models"]), "vmargs": in_force["vmargs"]}
+    if in_force.get("job_queue_size"):
+        overrides["job_queue_size"] = str(in_force["job_queue_size"])
     no_measuring(monkeypatch)
     second = sizing.resolve(properties | overrides)
     assert entry_of(second) == entry_of(first)
     for key in ("job_queue_size", "vmargs"):
         assert second.properties[key] == first.properties[key]
-    assert env == {"OMP_NUM_THREADS": str(first.torch_threads)}

@@ -144,7 +144,7 @@ def test_near_copies_are_found() -> None:
 
 
 def test_no_training_review_is_a_near_copy_of_a_review_that_can_be_held_out() -> None:
-    """Not even reworded a little, for any split (``compare_training.py`` holds out several):
+    """Not even reworded a little, for any split (any seed holds out another share):
     no training-only review is a near copy of any review of reviews.tsv."""
     copies = near_copies(texts(EXTRA_FILE), texts(DATA_FILE))
     assert not copies, copies[:5]
