@@ -39,13 +39,13 @@ lock:
 	bash scripts/lock.sh
 
 # The venv is an order-only prerequisite (after |): reinstalling must not retrain or repackage.
-build/bert-sentiment/config.json: scripts/build_model.py lab/training.py scripts/data/reviews.tsv scripts/data/reviews-extra.tsv scripts/data/reviews-hard.tsv scripts/data/reviews-typical.tsv | $(STAMP)
-	$(PY) scripts/build_model.py --out build/bert-sentiment
+build/bert-sentiment/config.json: $(wildcard training/*.py scripts/data/*.tsv) | $(STAMP)
+	$(PY) -m training model --out build/bert-sentiment
 
 model: build/bert-sentiment/config.json
 
-$(DEFAULT_REFERENCE): scripts/reference_texts.py lab/training.py lab/corpus.py scripts/data/reviews.tsv | $(STAMP)
-	$(PY) scripts/reference_texts.py --out $@
+$(DEFAULT_REFERENCE): training/__init__.py training/__main__.py scripts/data/reviews.tsv | $(STAMP)
+	$(PY) -m training reference --out $@
 
 # The .mar follows what it was built from, not file times alone: this stamp records the model
 # folder (its files' sizes and times) and the handler config (its hash), and is rewritten only
@@ -55,7 +55,7 @@ $(MAR_SOURCE): $(MODEL_DIR)/config.json $(REFERENCE) FORCE | $(STAMP)
 
 # --checked: the stamp's recipe, which always runs first, has just checked the folder (or found
 # it unchanged since it was checked and packaged by the handler's current code).
-$(MAR): $(MAR_SOURCE) handler/*.py server/bert_serve_server/package.py server/bert_serve_server/archive.py server/bert_serve_server/reference.py | $(STAMP)
+$(MAR): $(MAR_SOURCE) handler/*.py server/bert_serve_server/archive.py | $(STAMP)
 	$(PACKAGE) --checked
 
 ## package: rebuild the .mar (MODEL_DIR=path/to/hf-folder to serve your own model;
@@ -187,8 +187,8 @@ unit: $(STAMP)
 	$(PY) -m pytest -m "not integration" -q -n auto --maxprocesses 4
 
 check: $(STAMP)
-	$(VENV)/bin/ruff check handler bert_serve server lab scripts tests deploy/grafana deploy/prometheus
-	$(VENV)/bin/ruff format --check handler bert_serve server lab scripts tests deploy/grafana deploy/prometheus
+	$(VENV)/bin/ruff check handler bert_serve server lab training scripts tests deploy/grafana deploy/prometheus
+	$(VENV)/bin/ruff format --check handler bert_serve server lab training scripts tests deploy/grafana deploy/prometheus
 	$(VENV)/bin/mypy
 	@# The client supports 3.9: mypy checks it as far back as mypy goes (test-client runs it on 3.9).
 	$(VENV)/bin/mypy --python-version 3.10 bert_serve

@@ -5,7 +5,7 @@ measurement, its command and the page it writes).
 ``load`` (the one closed-loop load generator), ``corpus``, ``batchlog``, ``measure``, ``bench``,
 ``tune``, ``compare``, ``inprocess``, ``peer``, ``reports``, ``chaos/`` (one module per
 experiment), ``soak``, ``fuzz``, ``defaults_check``, ``standins``, ``image`` and ``image_checks``,
-``training`` (the default model), ``proxy`` and ``code_routes`` (for tests).
+``proxy`` and ``code_routes`` (for tests).
 
 It imports the server package (``bert_serve_server``: start, size, stop); nothing there imports
 this package. It needs the server and dev extras and the repository's files (config/,

@@ -1,49 +1,14 @@
-"""The labelled reviews (``scripts/data/reviews.tsv``) and the benchmark corpus made from them.
-
-The corpus is deterministic: review sentences stitched into texts whose word counts follow a
-short-skewed (log-normal) distribution clipped to 5..200 words.
-"""
+"""The benchmark corpus, made from the labelled reviews (``training.DATA_FILE``): deterministic,
+review sentences stitched into texts whose word counts follow a short-skewed (log-normal)
+distribution clipped to 5..200 words."""
 
 from __future__ import annotations
 
-import csv
 import math
 import random
 import re
-from pathlib import Path
 
-from bert_serve_server.config import ROOT
-
-DATA_FILE = ROOT / "scripts" / "data" / "reviews.tsv"
-LABELS = ("negative", "positive")
-Example = tuple[str, int]
-
-
-def read_rows(path: Path) -> list[dict[str, str]]:
-    with path.open(encoding="utf-8", newline="") as handle:
-        return list(csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))
-
-
-def read_reviews(path: Path = DATA_FILE) -> list[Example]:
-    """(text, label index) pairs."""
-    return [(row["text"], LABELS.index(row["label"])) for row in read_rows(path)]
-
-
-def split(
-    examples: list[Example], held_out: float, seed: int
-) -> tuple[list[Example], list[Example]]:
-    """A stratified split (train, held out): the same share of each label is held out."""
-    rng = random.Random(seed)
-    train: list[Example] = []
-    test: list[Example] = []
-    for label in range(len(LABELS)):
-        group = [example for example in examples if example[1] == label]
-        rng.shuffle(group)
-        cut = round(len(group) * held_out)
-        test += group[:cut]
-        train += group[cut:]
-    rng.shuffle(train)
-    return train, test
+from training import DATA_FILE, read_rows
 
 
 def make_corpus(

@@ -21,7 +21,7 @@ from handler.inference import classify
 from handler.model import LoadedModel, load_model
 from handler.precision import cpu_has_native_bf16
 from handler.settings import HandlerSettings
-from lab.corpus import DATA_FILE, read_reviews, split
+from training import DATA_FILE, read_reviews, split
 
 
 @dataclass(frozen=True)

@@ -102,7 +102,7 @@ def scaled_rules(text: str) -> str:
 
 def reference_reviews() -> tuple[list[str], list[str]]:
     """The default model's reference texts (its held-out reviews), and the negative ones."""
-    from lab.training import Recipe, examples
+    from training import Recipe, examples
 
     held_out = examples(Recipe())[1]
     return [text for text, _ in held_out], [text for text, label in held_out if label == 0]

@@ -1,4 +1,4 @@
-"""The training helpers of ``lab.training`` (``make model``), on the tiny BERT."""
+"""The default model's training (``training``, ``make model``), on the tiny BERT."""
 
 from __future__ import annotations
 
@@ -11,19 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from lab.corpus import DATA_FILE, read_reviews, split
-from lab.training import (
-    EXTRA_FILE,
-    HARD_FILE,
-    TYPICAL_FILE,
-    Recipe,
-    batches,
-    collate,
-    features,
-    pretrained,
-    top_only,
-    train,
-)
+from training import DATA_FILE, EXTRA_FILE, HARD_FILE, TYPICAL_FILE, Recipe, read_reviews, split
+from training.fine_tune import batches, collate, features, pretrained, top_only, train
 
 TEXTS = ["Fine.", "A long and winding review of a film that was not good at all.", "Loved it!"]
 

