@@ -19,7 +19,15 @@ from handler.deadline import Pace
 from handler.decoding import BODY_KEYS
 from handler.errors import ErrorCode
 from handler.explain import Budget, explain_all
-from handler.inference import BatchStats, Explanation, Prediction, TextInput, classify
+from handler.inference import (
+    Admit,
+    BatchStats,
+    Explanation,
+    Prediction,
+    TextInput,
+    Windows,
+    classify_admitted,
+)
 from handler.metrics import MetricsEmitter
 from handler.model import LoadedModel, description, head_kind, load_model
 from handler.model_metrics import ModelMetrics, read_profile
@@ -94,17 +102,26 @@ class BertHandler(BaseHandler):  # type: ignore[misc]
             self.loaded.labels,
             read_profile(archive_dir),
         )
+        self.windows = Windows(self.settings.stride, self.settings.window_multi_label == "max")
         self.pace = Pace()
         self.explain_budget = Budget.for_timeout(config.get("responseTimeout"))
         self.initialized = True
 
-    def classify(self, texts: Sequence[TextInput]) -> tuple[list[Prediction], BatchStats]:
+    def classify(
+        self, texts: Sequence[TextInput], windowed: Sequence[bool], admit: Admit | None
+    ) -> tuple[list[Prediction | None], BatchStats]:
         """The model's predictions; what it said is counted here, before a request's options
         reshape its answer."""
-        predictions, stats = classify(
-            self.loaded, texts, self.settings.max_length, self.loaded.max_batch_tokens
+        predictions, stats = classify_admitted(
+            self.loaded,
+            texts,
+            self.settings.max_length,
+            self.loaded.max_batch_tokens,
+            self.windows,
+            windowed,
+            admit,
         )
-        self.model_metrics.emit(predictions)
+        self.model_metrics.emit([p for p in predictions if p is not None])
         return predictions, stats
 
     def explain_texts(

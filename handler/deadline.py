@@ -68,8 +68,9 @@ PACE_STALE_S = 1.0
 
 @dataclass
 class Pace:
-    """This worker's recent batches, as seconds of handling per valid text: a batch of n texts
-    is expected to end n x the slowest of the last ``PACE_WINDOW`` after it began (None until
+    """This worker's recent batches, as seconds of handling per row forwarded (a text, or each
+    window of a long one): a batch of n rows is expected to end n x the slowest of the last
+    ``PACE_WINDOW`` after it began (None until
     a batch with texts was timed). The slowest, not the mean: batch times vary on a shared
     machine, and on the mean 29 % of the texts worked on under a stated spike were answered
     after their deadline (docs/deadlines.md)."""
@@ -80,7 +81,7 @@ class Pace:
     recent: deque[float] = field(default_factory=lambda: deque(maxlen=PACE_WINDOW))
 
     def expected_s(self, texts: int) -> float:
-        """How long a batch of ``texts`` valid texts is expected to take; 0 when unknown."""
+        """How long a batch of ``texts`` rows (texts, or windows) is expected to take; 0 when unknown."""
         return 0.0 if self.seconds_per_text is None else texts * self.seconds_per_text
 
     def is_stale(self, now: float) -> bool:

@@ -5,7 +5,7 @@ score them; per-request options are applied afterwards (``with_options``)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -37,6 +37,8 @@ class Prediction:
     """Multi-label models only: every label scoring at least the threshold, best first."""
     raw_scores: dict[str, float] | None = None
     """The logits, kept until the request's options are applied; never answered as such."""
+    windows: int | None = None
+    """The windows a long text was classified as (``combine``); None for one."""
 
 
 @dataclass(frozen=True)
@@ -67,15 +69,18 @@ class BatchStats:
     forward_started: list[float] = field(default_factory=list)
     """Each sub-batch's forward start, ``time.perf_counter()`` seconds."""
     sub_batch_forward_ms: list[float] = field(default_factory=list)
-    sub_batch_of: list[int] = field(default_factory=list)
-    """For each text, in the order given, the sub-batch it was forwarded in."""
+    sub_batch_of: list[tuple[int, ...]] = field(default_factory=list)
+    """For each text, in the order given, the sub-batches its windows were forwarded in."""
     handler_ms: float = 0.0
     """From the handler's receipt of the batch to its outcomes (set by the pipeline)."""
     explained: int = 0
     """Texts explained (each alone, after the forward passes) and the time it took."""
     explain_ms: float = 0.0
     text_tokens: list[int] = field(default_factory=list)
-    """Each text's tokens, in the order given (the reference profile's input length)."""
+    """Each text's tokens, in the order given (the reference profile's input length); a
+    windowed text's, its windows' together."""
+    windows: list[int] = field(default_factory=list)
+    """Each forwarded text's windows (1 for a text in one), in the order given."""
 
 
 TOKENIZE_CHUNK_CHARS = 1 << 18
@@ -206,6 +211,101 @@ def _kept_tokens(
     )
 
 
+@dataclass(frozen=True)
+class Windows:
+    """How a text over ``max_length`` tokens is classified whole: as windows of ``max_length``
+    tokens, each repeating ``stride`` tokens of the one before, combined (``combine``)."""
+
+    stride: int
+    multi_label_max: bool = False
+    """A multi-label model's windows combined per label by the max, not the weighted mean."""
+
+
+def tokenize_windows(
+    tokenizer: Any, texts: Sequence[TextInput], max_length: int, stride: int
+) -> list[list[TokenizedText]]:
+    """Each text's windows, as transformers' ``tokenizer(text, truncation=True,
+    max_length=max_length, stride=stride, return_overflowing_tokens=True)`` makes them (a
+    pair: ``truncation="only_second"``, its first text whole in every window); none is
+    truncated. A pair whose first text leaves the second no more than ``stride`` tokens a
+    window is cut longest first, as ``tokenize`` does (one window, truncated)."""
+    backend = tokenizer.backend_tokenizer
+    backend.no_padding()
+    windowed: dict[int, list[TokenizedText]] = {}
+    pairs = [i for i, text in enumerate(texts) if not isinstance(text, str)]
+    room = max_length - backend.num_special_tokens_to_add(True)
+    if pairs:
+        backend.no_truncation()
+        firsts = backend.encode_batch([texts[i][0] for i in pairs], add_special_tokens=False)
+        fits = [i for i, first in zip(pairs, firsts, strict=True) if room - len(first.ids) > stride]
+        cut = sorted(set(pairs) - set(fits))
+        cut_pairs = [texts[i] for i in cut]
+        for index, one in zip(cut, tokenize_pairs(tokenizer, cut_pairs, max_length), strict=True):  # type: ignore[arg-type]
+            windowed[index] = [one]
+        _encode_windows(
+            backend, texts, fits, max_length, stride, "only_second", tokenizer, windowed
+        )
+    singles = [i for i, text in enumerate(texts) if isinstance(text, str)]
+    _encode_windows(
+        backend, texts, singles, max_length, stride, "longest_first", tokenizer, windowed
+    )
+    return [windowed[i] for i in range(len(texts))]
+
+
+def _encode_windows(
+    backend: Any,
+    texts: Sequence[TextInput],
+    indices: list[int],
+    max_length: int,
+    stride: int,
+    strategy: str,
+    tokenizer: Any,
+    windowed: dict[int, list[TokenizedText]],
+) -> None:
+    if not indices:
+        return
+    backend.enable_truncation(
+        max_length, stride=stride, strategy=strategy, direction=tokenizer.truncation_side
+    )
+    encodings = backend.encode_batch([texts[i] for i in indices], add_special_tokens=True)
+    for index, encoding in zip(indices, encodings, strict=True):
+        windowed[index] = [
+            TokenizedText(
+                input_ids=list(window.ids),
+                truncated=False,
+                token_type_ids=list(window.type_ids),
+                special_tokens_mask=list(window.special_tokens_mask),
+            )
+            for window in (encoding, *encoding.overflowing)
+        ]
+
+
+def combine(
+    logits: Sequence[Sequence[float]],
+    scores: Sequence[Sequence[float]],
+    weights: Sequence[int],
+    use_max: bool = False,
+) -> tuple[list[float], list[float]]:
+    """One text's (scores, logits) from its windows': per label, the mean weighted by each
+    window's tokens (its length, special tokens included), or with ``use_max`` the max; one
+    window's are its own, unchanged."""
+    if len(logits) == 1:
+        return list(scores[0]), list(logits[0])
+    if use_max:
+        return [max(column) for column in zip(*scores, strict=True)], [
+            max(column) for column in zip(*logits, strict=True)
+        ]
+    total = sum(weights)
+
+    def mean(rows: Sequence[Sequence[float]]) -> list[float]:
+        return [
+            sum(w * value for w, value in zip(weights, column, strict=True)) / total
+            for column in zip(*rows, strict=True)
+        ]
+
+    return mean(scores), mean(logits)
+
+
 def chunks(items: Sequence[int], sizes: Sequence[int], max_size: int) -> list[list[int]]:
     """Consecutive runs of ``items`` whose ``sizes`` sum to at most ``max_size`` (a larger item
     alone), in order."""
@@ -322,26 +422,53 @@ class OutOfMemory(RuntimeError):
     """The device ran out of memory on this batch; its cache is emptied, so the worker goes on."""
 
 
+Admit = Callable[[Mapping[int, int], bool], set[int]]
+"""Asked as a batch is tokenized, with each text's windows so far (``True`` once every text
+is): the texts not to tokenize further nor forward (``handler.pipeline.Admission``)."""
+
+
 def classify(
-    loaded: LoadedModel, texts: Sequence[TextInput], max_length: int, max_batch_tokens: int
+    loaded: LoadedModel,
+    texts: Sequence[TextInput],
+    max_length: int,
+    max_batch_tokens: int,
+    windows: Windows | None = None,
 ) -> tuple[list[Prediction], BatchStats]:
-    """Predictions in the order of ``texts``; may raise if the model fails."""
+    """Predictions in the order of ``texts``, each text windowed where ``windows`` is given;
+    may raise if the model fails."""
+    predictions, stats = classify_admitted(loaded, texts, max_length, max_batch_tokens, windows)
+    return [prediction for prediction in predictions if prediction is not None], stats
+
+
+def classify_admitted(
+    loaded: LoadedModel,
+    texts: Sequence[TextInput],
+    max_length: int,
+    max_batch_tokens: int,
+    windows: Windows | None = None,
+    windowed: Sequence[bool] | None = None,
+    admit: Admit | None = None,
+) -> tuple[list[Prediction | None], BatchStats]:
+    """As ``classify``, windowing the texts ``windowed`` marks (all, if None) and forwarding
+    only those ``admit`` keeps (None in place of the others); may raise if the model fails."""
     stats = BatchStats(texts=len(texts))
     if not texts:
         return [], stats
     stats.threads = torch.get_num_threads()
     started = time.perf_counter()
-    tokenized = tokenize(loaded.tokenizer, texts, max_length)
+    rows = _tokenized_rows(loaded.tokenizer, texts, max_length, windows, windowed, admit)
     stats.tokenize_ms = (time.perf_counter() - started) * 1000
-    lengths = [len(item.input_ids) for item in tokenized]
-    stats.text_tokens = lengths
-    logits: list[list[float]] = [[] for _ in texts]
-    scores: list[list[float]] = [[] for _ in texts]
-    stats.sub_batch_of = [0] * len(texts)
+    flat = [(index, window) for index in sorted(rows) for window in rows[index]]
+    lengths = [len(window.input_ids) for _, window in flat]
+    stats.text_tokens = [sum(len(w.input_ids) for w in rows[i]) for i in sorted(rows)]
+    stats.windows = [len(rows[i]) for i in sorted(rows)]
+    logits: list[list[float]] = [[] for _ in flat]
+    scores: list[list[float]] = [[] for _ in flat]
+    sub_batch_of: list[set[int]] = [set() for _ in texts]
     started = time.perf_counter()
     for number, group in enumerate(plan_sub_batches(lengths, max_batch_tokens)):
         input_ids, attention_mask, token_type_ids = model_inputs(
-            loaded, [tokenized[i] for i in group]
+            loaded, [flat[i][1] for i in group]
         )
         forward_started = time.perf_counter()
         try:
@@ -354,23 +481,76 @@ def classify(
         stats.sub_batch_forward_ms.append((time.perf_counter() - forward_started) * 1000)
         stats.forward_started.append(forward_started)
         group_scores = apply_score_function(loaded.score_function, group_logits)
-        for index, raw, scored in zip(
+        for row, raw, scored in zip(
             group, group_logits.tolist(), group_scores.tolist(), strict=True
         ):
-            logits[index], scores[index] = raw, scored
-            stats.sub_batch_of[index] = number
+            logits[row], scores[row] = raw, scored
+            sub_batch_of[flat[row][0]].add(number)
         stats.sub_batches.append(len(group))
         stats.real_tokens += sum(lengths[i] for i in group)
         stats.padded_tokens += input_ids.numel()
     stats.forward_ms = (time.perf_counter() - started) * 1000
-    predictions = [
-        to_prediction(
-            scores[i],
+    stats.sub_batch_of = [tuple(sorted(each)) for each in sub_batch_of]
+    use_max = windows is not None and windows.multi_label_max
+    by_text: dict[int, list[int]] = {}
+    for row, (index, _) in enumerate(flat):
+        by_text.setdefault(index, []).append(row)
+    predictions: list[Prediction | None] = [None] * len(texts)
+    for index, text_rows in by_text.items():
+        text_scores, text_logits = combine(
+            [logits[r] for r in text_rows],
+            [scores[r] for r in text_rows],
+            [lengths[r] for r in text_rows],
+            use_max and loaded.multi_label_threshold is not None,
+        )
+        prediction = to_prediction(
+            text_scores,
             loaded.labels,
-            tokenized[i].truncated,
-            logits[i],
+            rows[index][0].truncated,
+            text_logits,
             loaded.multi_label_threshold,
         )
-        for i in range(len(texts))
-    ]
+        if len(text_rows) > 1:
+            prediction = replace(prediction, windows=len(text_rows))
+        predictions[index] = prediction
     return predictions, stats
+
+
+def _tokenized_rows(
+    tokenizer: Any,
+    texts: Sequence[TextInput],
+    max_length: int,
+    windows: Windows | None,
+    windowed: Sequence[bool] | None,
+    admit: Admit | None,
+) -> dict[int, list[TokenizedText]]:
+    """Each admitted text's rows: its windows (``tokenize_windows``, a chunk at a time, asking
+    ``admit`` after each, so a request past its limit stops being tokenized), else its one
+    truncated row (``tokenize``)."""
+    marked = [windows is not None and (windowed is None or windowed[i]) for i in range(len(texts))]
+    plain = [i for i in range(len(texts)) if not marked[i]]
+    rows = {
+        i: [item]
+        for i, item in zip(
+            plain, tokenize(tokenizer, [texts[i] for i in plain], max_length), strict=True
+        )
+    }
+    refused: set[int] = set()
+    left = [i for i in range(len(texts)) if marked[i]]
+    while left and windows is not None:
+        if admit is not None:
+            refused = admit({i: len(r) for i, r in rows.items()}, False)
+            left = [i for i in left if i not in refused]
+            if not left:
+                break
+        run = chunks(left, [_chars(texts[i]) for i in left], TOKENIZE_CHUNK_CHARS)[0]
+        found = tokenize_windows(tokenizer, [texts[i] for i in run], max_length, windows.stride)
+        rows.update(zip(run, found, strict=True))
+        left = left[len(run) :]
+    if admit is not None:
+        refused = admit({i: len(r) for i, r in rows.items()}, True)
+    return {i: r for i, r in rows.items() if i not in refused}
+
+
+def _chars(text: TextInput) -> int:
+    return len(text) if isinstance(text, str) else len(text[0]) + len(text[1])

@@ -41,7 +41,7 @@ LIST_ANSWER_KEYS = {TEXTS_FIELD: "results", INSTANCES_FIELD: "predictions"}
 """Ours, and KServe v1's, whose ``:explain`` answers its instances under "explanations"."""
 FORM_MEDIA_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 DEFAULT_OPTIONS = ScoreOptions()
-OPTION_FIELDS = ("top_k", "raw_scores")
+OPTION_FIELDS = ("top_k", "raw_scores", "windows")
 ITEM_FIELDS = (TEXT_FIELD, TEXT_PAIR_FIELD)
 TEXT_FIELDS = (TEXT_FIELD, TEXTS_FIELD, INSTANCES_FIELD)
 FIELDS = (*ITEM_FIELDS, TEXTS_FIELD, INSTANCES_FIELD, *OPTION_FIELDS, "target", "n_steps")
@@ -133,6 +133,19 @@ def _explained(
     return replace(decoded, items=items, explaining=True)
 
 
+def _with_windows(decoded: NativeRequest | Rejected, windows: bool) -> NativeRequest | Rejected:
+    """The decoded request with the request's ``"windows"`` on each valid text."""
+    if isinstance(decoded, Rejected):
+        return decoded
+    if isinstance(decoded, ValidText):
+        return replace(decoded, windows=windows)
+    items = tuple(
+        replace(item, windows=windows) if isinstance(item, ValidText) else item
+        for item in decoded.items
+    )
+    return replace(decoded, items=items)
+
+
 def _form_text(fields: Mapping[str, Any], max_chars: int) -> ValidText | Rejected:
     """Form fields: ``text``, and ``text_pair`` for a pair (options are read from JSON only)."""
     text = checked_text(fields[TEXT_FIELD], max_chars)
@@ -185,6 +198,16 @@ def _text_from_json(
     options = parse_options(document)
     if isinstance(options, Rejected):
         return options
+    windows = document.get("windows")
+    if windows is not None and not isinstance(windows, bool):
+        return Rejected(
+            ErrorCode.INVALID_OPTION, f'"windows" must be true or false, got {json_type(windows)}'
+        )
+    if windows is not None:
+        decoded = _text_from_json(
+            {k: v for k, v in document.items() if k != "windows"}, max_chars, max_texts, explaining
+        )
+        return _with_windows(decoded, windows)
     if explaining:
         explain_options = parse_explain_options(document)
         if isinstance(explain_options, Rejected):
@@ -337,7 +360,7 @@ def _is_whole_number(value: Any) -> bool:
 
 def outcome_fields(outcome: Prediction | Explanation) -> dict[str, Any]:
     """An explanation's every field, in order; a prediction's label, score, scores, truncated,
-    and labels for multi-label models."""
+    labels for multi-label models, and windows for a text classified as more than one."""
     if isinstance(outcome, Explanation):
         return asdict(outcome)
     fields: dict[str, Any] = {
@@ -348,6 +371,8 @@ def outcome_fields(outcome: Prediction | Explanation) -> dict[str, Any]:
     }
     if outcome.labels is not None:
         fields["labels"] = outcome.labels
+    if outcome.windows is not None:
+        fields["windows"] = outcome.windows
     return fields
 
 

@@ -9,13 +9,15 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from handler import deadline, native, open_inference
 from handler.errors import ErrorCode
 from handler.inference import (
+    Admit,
     BatchStats,
     Explanation,
     OutOfMemory,
@@ -54,7 +56,12 @@ class ListOutcome:
 
 Outcome = ListOutcome | Rejected
 Slot = tuple[int, int]
-Classifier = Callable[[Sequence[TextInput]], tuple[list[Prediction], BatchStats]]
+Classifier = Callable[
+    [Sequence[TextInput], Sequence[bool], Admit | None],
+    tuple[Sequence[Prediction | None], BatchStats],
+]
+"""Each text's prediction, in order: windowed where the flags say, forwarded only where the
+``Admit`` keeps it (None in place of the others; ``handler.inference.classify_admitted``)."""
 BatchObserver = Callable[[Sequence[Outcome], BatchStats], None]
 Explainer = Callable[[Sequence[tuple[TextInput, ExplainOptions]]], list[Explanation | Rejected]]
 """An explanation or error for each text, in order (``explain.explain_all``); should not raise."""
@@ -101,28 +108,37 @@ def expire(
     ]
     if pace is None:
         return live
-    texts = [_valid_count(d.request) for d in live]
-    # Patient requests are kept; then the latest deadlines first, each if the batch kept so far
-    # and its texts can end before it (then every deadline kept before it holds too).
-    kept = sum(n for n, due in zip(texts, dues, strict=True) if due is None)
-    waiting = {i: due for i, due in enumerate(dues) if due is not None and texts[i]}
+    texts = {i: _valid_count(d.request) for i, d in enumerate(live)}
+    ends = late(texts, dict(enumerate(dues)), now, pace)
+    return [
+        _expired(d, f"would pass {ends[index] - dues[index]:.3f} s before its batch could end")  # type: ignore[operator]
+        if index in ends
+        else d
+        for index, d in enumerate(live)
+    ]
+
+
+def late(
+    rows: Mapping[int, int], dues: Mapping[int, float | None], now: float, pace: deadline.Pace
+) -> dict[int, float]:
+    """The requests (by index) whose deadline would pass before a batch of their ``rows`` (texts,
+    or windows once counted) could end, with the end foreseen. Patient requests are kept;
+    then the latest deadlines first, each if the batch kept so far and its rows can end before
+    it (then every deadline kept before it holds too)."""
+    kept = sum(n for i, n in rows.items() if dues.get(i) is None)
+    waiting = {i: due for i, due in dues.items() if due is not None and rows.get(i)}
     ends: dict[int, float] = {}
     for index in sorted(waiting, key=waiting.__getitem__, reverse=True):
-        end = now + pace.expected_s(kept + texts[index])
+        end = now + pace.expected_s(kept + rows[index])
         if end <= waiting[index]:
-            kept += texts[index]
+            kept += rows[index]
         else:
             ends[index] = end
     if ends and not kept and pace.is_stale(now):
         # A batch that works on nothing times nothing, so an inflated pace would never come
         # down: once stale (not every time: a spike's every batch), the latest one is worked on.
         del ends[max(ends, key=waiting.__getitem__)]
-    return [
-        _expired(d, f"would pass {ends[index] - waiting[index]:.3f} s before its batch could end")
-        if index in ends
-        else d
-        for index, d in enumerate(live)
-    ]
+    return ends
 
 
 def _valid_count(request: Texts | Rejected) -> int:
@@ -132,11 +148,56 @@ def _valid_count(request: Texts | Rejected) -> int:
 
 
 def _expired(decoded: Decoded, when: str) -> Decoded:
+    return Decoded(decoded.protocol, _deadline_refusal(when))
+
+
+def _deadline_refusal(when: str) -> Rejected:
     message = (
         f"the request's deadline {when}; it was not processed "
         "(retry later, or send a longer X-Request-Timeout)"
     )
-    return Decoded(decoded.protocol, Rejected(ErrorCode.DEADLINE_EXCEEDED, message))
+    return Rejected(ErrorCode.DEADLINE_EXCEEDED, message)
+
+
+@dataclass
+class Admission:
+    """Which texts of a batch are forwarded, asked as their windows are counted
+    (``handler.inference.Admit``): a request past ``limit`` windows answers 413 and is
+    tokenized no further; once all are counted, a request whose deadline its windows cannot
+    meet at the worker's ``pace`` answers 504 (``late``), unforwarded."""
+
+    limit: int
+    dues: Mapping[int, float | None] = field(default_factory=dict)
+    """Each request's deadline (unix time), by request index."""
+    now: float = 0.0
+    pace: deadline.Pace | None = None
+    owners: Sequence[int] = ()
+    """The request index of each text the classifier is given."""
+    refused: dict[int, Rejected] = field(default_factory=dict)
+    """By request index."""
+
+    def __call__(self, rows: Mapping[int, int], final: bool) -> set[int]:
+        totals: Counter[int] = Counter()
+        for text, count in rows.items():
+            totals[self.owners[text]] += count
+        for owner, total in totals.items():
+            if total > self.limit and owner not in self.refused:
+                self.refused[owner] = Rejected(
+                    ErrorCode.PAYLOAD_TOO_LARGE,
+                    f"the request's texts make {total:,} windows of max_length tokens or more; "
+                    f"the limit is {self.limit:,} a request (max_windows_per_request): send "
+                    'fewer or shorter texts, or "windows": false to classify each on its first '
+                    "max_length tokens",
+                )
+        if final and self.pace is not None:
+            live = {owner: n for owner, n in totals.items() if owner not in self.refused}
+            for owner, end in late(live, self.dues, self.now, self.pace).items():
+                due = self.dues[owner] or 0.0
+                self.refused[owner] = _deadline_refusal(
+                    f"would pass {end - due:.3f} s before its texts' {live[owner]:,} windows "
+                    "could be classified"
+                )
+        return {text for text, owner in enumerate(self.owners) if owner in self.refused}
 
 
 def text_slots(requests: Sequence[Texts | Rejected]) -> list[tuple[Slot, ValidText]]:
@@ -151,24 +212,46 @@ def text_slots(requests: Sequence[Texts | Rejected]) -> list[tuple[Slot, ValidTe
 
 
 def classify_slots(
-    slots: Sequence[tuple[Slot, TextInput]], classifier: Classifier
+    slots: Sequence[tuple[Slot, TextInput]],
+    classifier: Classifier,
+    windowed: Sequence[bool] | None = None,
+    admission: Admission | None = None,
 ) -> tuple[dict[Slot, ItemOutcome], BatchStats]:
-    """Every text in one call, each result at its place. If that call fails (not for memory),
-    each text is classified alone, so a text that breaks the model is a 500 for itself only."""
+    """Every text in one call, each result at its place; ``windowed``: the texts classified as
+    windows; ``admission``: which are forwarded. If that call fails (not for memory), each
+    text is classified alone, so a text that breaks the model is a 500 for itself only."""
     texts = [text for _, text in slots]
     if not texts:
         return {}, BatchStats()
-    outcomes, stats = _classified(texts, classifier)
+    flags = list(windowed) if windowed is not None else [False] * len(texts)
+    if admission is not None:
+        admission.owners = [index for (index, _), _ in slots]
+    outcomes, stats = _classified(texts, flags, classifier, admission)
     if stats is None and len(texts) > 1 and not isinstance(outcomes[0], OutOfMemory):
         logger.warning("classifying %d texts failed; classifying each alone", len(texts))
-        alone = [_classified([text], classifier) for text in texts]
+        refused = admission.refused if admission is not None else {}
+        alone = [
+            ([None], None) if slot[0] in refused else _classified([text], [flag], classifier, None)
+            for (slot, text), flag in zip(slots, flags, strict=True)
+        ]
         outcomes = [each[0][0] for each in alone]
         stats = BatchStats(texts=len(texts))
+    refusals = admission.refused if admission is not None else {}
     results: dict[Slot, ItemOutcome] = {
-        slot: finite_or_rejected(outcome) if isinstance(outcome, Prediction) else _failed(outcome)
+        slot: _outcome(outcome, refusals.get(slot[0]))
         for (slot, _), outcome in zip(slots, outcomes, strict=True)
     }
     return results, stats or BatchStats(texts=len(texts))
+
+
+def _outcome(outcome: Prediction | Exception | None, refusal: Rejected | None) -> ItemOutcome:
+    if refusal is not None:
+        return refusal
+    if isinstance(outcome, Prediction):
+        return finite_or_rejected(outcome)
+    if outcome is None:
+        return Rejected(ErrorCode.INTERNAL_ERROR, "this text was not classified (server bug)")
+    return _failed(outcome)
 
 
 def _failed(error: Exception) -> Rejected:
@@ -180,11 +263,14 @@ def _failed(error: Exception) -> Rejected:
 
 
 def _classified(
-    texts: Sequence[TextInput], classifier: Classifier
-) -> tuple[list[Prediction | Exception], BatchStats | None]:
+    texts: Sequence[TextInput],
+    windowed: Sequence[bool],
+    classifier: Classifier,
+    admission: Admission | None,
+) -> tuple[list[Prediction | Exception | None], BatchStats | None]:
     """The classifier's predictions, or its failure once per text (and no stats)."""
     try:
-        predictions, stats = classifier(texts)
+        predictions, stats = classifier(texts, windowed, admission)
         if len(predictions) != len(texts):
             raise AssertionError(
                 f"classifier returned {len(predictions)} predictions for {len(texts)} texts; this is a bug"
@@ -266,13 +352,20 @@ def _answered(valid: ValidText, result: ItemOutcome | None) -> ItemOutcome:
 
 
 def classify_valid(
-    requests: Sequence[Texts | Rejected], classifier: Classifier, explainer: Explainer | None = None
+    requests: Sequence[Texts | Rejected],
+    classifier: Classifier,
+    explainer: Explainer | None = None,
+    admission: Admission | None = None,
+    windows: bool = False,
 ) -> tuple[list[Outcome], BatchStats, list[int]]:
-    """Every valid text of the batch classified in one call, then those to explain, each result
-    at its own place; also the request index of each text classified."""
+    """Every valid text of the batch classified in one call (as windows where the request, or
+    else ``windows``, says so), then those to explain, each result at its own place; also the
+    request index of each text classified."""
     valid = text_slots(requests)
-    slots = [(slot, model_input(item)) for slot, item in valid if item.explain is None]
-    results, stats = classify_slots(slots, classifier)
+    to_classify = [(slot, item) for slot, item in valid if item.explain is None]
+    slots = [(slot, model_input(item)) for slot, item in to_classify]
+    windowed = [windows if item.windows is None else item.windows for _, item in to_classify]
+    results, stats = classify_slots(slots, classifier, windowed, admission)
     to_explain = [(slot, item) for slot, item in valid if item.explain is not None]
     if to_explain:
         started = time.perf_counter()
@@ -317,8 +410,14 @@ def answer_batch(
     try:
         decoded = [decode(request, settings) for request in requests]
         decoded = expire(requests, decoded, began, pace)
+        dues = {i: deadline.deadline(request.headers, began) for i, request in enumerate(requests)}
+        admission = Admission(settings.windows_per_request, dues, began, pace)
         outcomes, stats, owners = classify_valid(
-            [d.request for d in decoded], classifier, explainer
+            [d.request for d in decoded],
+            classifier,
+            explainer,
+            admission,
+            settings.long_texts == "windows",
         )
     except Exception:
         logger.exception("batch of %d failed unexpectedly; this is a bug", len(requests))
@@ -327,7 +426,7 @@ def answer_batch(
         outcomes, stats, owners = [failure] * len(requests), BatchStats(), []
     stats.handler_ms = (time.perf_counter() - received) * 1000
     if pace is not None and not stats.explained:
-        pace.record(len(owners), stats.handler_ms / 1000, at=began)
+        pace.record(sum(stats.windows) or len(owners), stats.handler_ms / 1000, at=began)
     _log_batch(requests, outcomes, stats)
     if observe is not None:
         observe(outcomes, stats)

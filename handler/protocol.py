@@ -28,6 +28,9 @@ class ValidText:
     text_pair: str | None = None
     options: ScoreOptions = ScoreOptions()
     explain: ExplainOptions | None = None
+    windows: bool | None = None
+    """The request's ``"windows"``: classify a long text as windows, or on its first
+    ``max_length`` tokens; None: as the ``long_texts`` setting says."""
 
     @property
     def items(self) -> tuple[ValidText]:

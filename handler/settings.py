@@ -18,6 +18,8 @@ CHOICES = {
     "precision": PRECISION_CHOICES,
     "score_function": SCORE_FUNCTION_CHOICES,
     "capture": ("eager", "compile", "cuda_graphs"),
+    "long_texts": ("windows", "truncate"),
+    "window_multi_label": ("mean", "max"),
 }
 
 
@@ -50,6 +52,18 @@ class HandlerSettings:
     """The forward captured for bucketed shapes (``handler.capture``): eager (none), compile, cuda_graphs."""
     capture_rows: int = 4
     """The most texts of a sub-batch that runs captured (rows buckets 1, 2, 4, ... up to it)."""
+    long_texts: str = "windows"
+    """A text over ``max_length`` tokens: ``windows`` (classified whole, as overlapping windows
+    combined: docs/api.md, Long texts) or ``truncate`` (its first ``max_length`` tokens)."""
+    window_stride: int = -1
+    """Tokens each window repeats of the one before (transformers' ``stride``); -1: a quarter
+    of ``max_length`` (``stride``)."""
+    window_multi_label: str = "mean"
+    """A multi-label model's windows combined per label by their token-weighted mean, or max."""
+    max_windows_per_request: int = 0
+    """The most rows (windows, a short text is one) a request may bring; a request past it
+    answers 413. 0: the windows of one text of ``max_chars`` one-character tokens, or
+    ``max_texts_per_request`` if more (``windows_per_request``)."""
 
     def __post_init__(self) -> None:
         _require(self.max_length >= 8, f"max_length must be at least 8, got {self.max_length}")
@@ -66,6 +80,15 @@ class HandlerSettings:
         for name, choices in CHOICES.items():
             value = getattr(self, name)
             _require(value in choices, f"{name} must be one of {choices}, got {value!r}")
+        _require(
+            -1 <= self.window_stride <= (self.max_length - 4) // 2,
+            f"window_stride must be -1 (a quarter of max_length) or between 0 and half of "
+            f"max_length - 4 ({(self.max_length - 4) // 2}), got {self.window_stride}",
+        )
+        _require(
+            self.max_windows_per_request >= 0,
+            f"max_windows_per_request must be >= 0, got {self.max_windows_per_request}",
+        )
         _require(self.capture_rows >= 1, f"capture_rows must be >= 1, got {self.capture_rows}")
         _require(self.torch_threads >= 0, f"torch_threads must be >= 0, got {self.torch_threads}")
         _require(
@@ -86,6 +109,22 @@ class HandlerSettings:
             "explain_internal_batch_size must be >= 0 (0: from max_batch_tokens), "
             f"got {self.explain_internal_batch_size}",
         )
+
+    @property
+    def stride(self) -> int:
+        """The tokens a window repeats: ``window_stride``, or where -1 a quarter of ``max_length``."""
+        return self.max_length // 4 if self.window_stride < 0 else self.window_stride
+
+    @property
+    def windows_per_request(self) -> int:
+        """``max_windows_per_request``, or where 0 the windows of a text of ``max_chars``
+        tokens (one a character, the most most tokenizers make of plain text) with a single
+        text's 2 special tokens, at least ``max_texts_per_request``."""
+        if self.max_windows_per_request:
+            return self.max_windows_per_request
+        room = self.max_length - 2
+        windows = 1 + max(0, -(-(self.max_chars - room) // (room - self.stride)))
+        return max(windows, self.max_texts_per_request)
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any] | None) -> HandlerSettings:

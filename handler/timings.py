@@ -31,8 +31,8 @@ def timing_headers(
     text the classifier was given; ``received`` the handler's ``perf_counter`` at receipt."""
     forwarded: list[set[int]] = [set() for _ in range(requests)]
     if len(stats.sub_batch_of) == len(text_owners) and stats.forward_started:
-        for owner, sub_batch in zip(text_owners, stats.sub_batch_of, strict=True):
-            forwarded[owner].add(sub_batch)
+        for owner, batches_of_text in zip(text_owners, stats.sub_batch_of, strict=True):
+            forwarded[owner].update(batches_of_text)
     common = ((COMPUTE_TIME, milliseconds(stats.handler_ms)), (BATCH_SIZE, str(requests)))
     headers: list[Headers] = []
     for sub_batches in forwarded:

@@ -25,9 +25,14 @@ from transformers import (
 )
 from transformers.utils import logging as transformers_logging
 
+from handler.settings import HandlerSettings
 from tests.conftest import encoder_dir
 
 transformers_logging.disable_progress_bar()
+
+
+SERVED_STRIDE = HandlerSettings().stride
+"""What a served model windows long texts with by default (``long_texts: windows``)."""
 
 
 @dataclass(frozen=True)
@@ -143,14 +148,73 @@ def largest_difference(got: dict[str, float], expected: dict[str, float]) -> flo
 
 
 class Reference:
-    """The pipeline's answers for one model folder, computed once per item."""
+    """The pipeline's answers for one model folder, computed once per item; with ``stride``,
+    a long item's windows combined as docs/api.md (Long texts) says (``windowed_scores``)."""
 
-    def __init__(self, model_dir: Path, max_length: int = 128, **options: Any) -> None:
+    def __init__(
+        self, model_dir: Path, max_length: int = 128, stride: int | None = None, **options: Any
+    ) -> None:
         self.classifier = reference_pipeline(model_dir, **options)
         self.max_length = max_length
+        self.stride = stride
         self.cache: dict[Any, dict[str, float]] = {}
 
     def __call__(self, item: str | tuple[str, str]) -> dict[str, float]:
         if item not in self.cache:
-            self.cache[item] = reference_scores(self.classifier, item, self.max_length)
+            windowed = None
+            if self.stride is not None:
+                windowed = windowed_scores(self.classifier, item, self.max_length, self.stride)
+            self.cache[item] = windowed or reference_scores(self.classifier, item, self.max_length)
         return self.cache[item]
+
+
+def windowed_scores(
+    classifier: Any,
+    item: str | tuple[str, str],
+    max_length: int,
+    stride: int,
+    use_max: bool = False,
+) -> dict[str, float] | None:
+    """Label -> score of an item classified as windows, recomputed with transformers alone:
+    the tokenizer's windows (``return_overflowing_tokens`` with ``stride``; a pair
+    ``only_second``), each scored by the pipeline's function, combined per label by the mean
+    weighted by each window's tokens (its attention mask's sum), or the max. None for an item
+    of one window, and for a pair whose first text leaves the second no more than ``stride``
+    tokens a window (the server truncates those as the pipeline does)."""
+    tokenizer, model = classifier.tokenizer, classifier.model
+    if isinstance(item, tuple):
+        first = len(tokenizer(item[0], add_special_tokens=False)["input_ids"])
+        if max_length - tokenizer.num_special_tokens_to_add(pair=True) - first <= stride:
+            return None
+        text, pair, truncation = item[0], item[1], "only_second"
+    else:
+        text, pair, truncation = item, None, True
+    encoded = tokenizer(
+        text,
+        pair,
+        truncation=truncation,
+        max_length=max_length,
+        stride=stride,
+        return_overflowing_tokens=True,
+        padding=True,
+        return_tensors="pt",
+    )
+    encoded.pop("overflow_to_sample_mapping", None)
+    if encoded["input_ids"].shape[0] == 1:
+        return None
+    with torch.no_grad():
+        logits = model(**encoded).logits.float()
+    config = model.config
+    if config.problem_type == "regression":
+        scores = logits
+    elif config.problem_type == "multi_label_classification" or config.num_labels == 1:
+        scores = torch.sigmoid(logits)
+    else:
+        scores = torch.softmax(logits, dim=-1)
+    weights = encoded["attention_mask"].sum(-1).double()
+    if use_max:
+        combined = scores.max(dim=0).values.double()
+    else:
+        combined = (scores.double() * weights[:, None]).sum(0) / weights.sum()
+    labels = [config.id2label[i] for i in range(config.num_labels)]
+    return {label: float(value) for label, value in zip(labels, combined, strict=True)}

@@ -21,7 +21,7 @@ from bert_serve_server import control as torchserve_ctl
 from bert_serve_server.archive import package, package_variant
 
 from lab.batchlog import logged_batches
-from tests.heads import ITEMS, Reference, largest_difference
+from tests.heads import ITEMS, SERVED_STRIDE, Reference, largest_difference
 from tests.integration.conftest import model_log, stated_settings
 
 TOLERANCE = 1e-4
@@ -37,7 +37,7 @@ def served(
     package(model_dir, root / "store")
     overrides = {"model_store": str(root / "store")} | stated_settings()
     with torchserve_ctl.running(overrides, state_dir=root / "state") as server:
-        yield Reference(model_dir), server
+        yield Reference(model_dir, stride=SERVED_STRIDE), server
 
 
 def classify(server: torchserve_ctl.Server, item: str | tuple[str, str]) -> requests.Response:

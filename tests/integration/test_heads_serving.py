@@ -1,6 +1,6 @@
 """A multi-label and a sentence-pair model, packaged and served by a real torchserve.
 
-Each is built on the real MiniLM encoder (tests/heads.py), packaged by bert_serve_server.package
+Each is built on the real MiniLM encoder (tests/heads.py), packaged by bert_serve_server.archive
 into its own model store and served on free 127.0.0.1 ports from a state folder of its own,
 always stopped at the end. Over HTTP, every valid item must equal transformers' pipeline,
 and under concurrent mixed traffic every request must get exactly its answer when alone.
@@ -20,7 +20,7 @@ from bert_serve_server.archive import package
 from bert_serve_server.control import Server, running
 
 from lab.batchlog import logged_batches
-from tests.heads import ITEMS, Reference, largest_difference
+from tests.heads import ITEMS, SERVED_STRIDE, Reference, largest_difference
 from tests.integration.conftest import model_log, stated_settings
 
 TOLERANCE = 1e-4
@@ -40,7 +40,7 @@ def served(
     package(model_dir, root / "store")
     overrides = {"model_store": str(root / "store")} | stated_settings()
     with running(overrides, state_dir=root / "state") as server:
-        yield kind, Reference(model_dir), server
+        yield kind, Reference(model_dir, stride=SERVED_STRIDE), server
 
 
 def post(server: Server, data: Any, content_type: str = "application/json"):

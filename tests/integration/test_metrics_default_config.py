@@ -20,7 +20,7 @@ from bert_serve_server.archive import package
 from bert_serve_server.config import BASE_CONFIG
 from bert_serve_server.control import Server, running
 
-from tests.heads import Reference, largest_difference
+from tests.heads import SERVED_STRIDE, Reference, largest_difference
 
 TEXTS = [
     "Fine.",
@@ -55,7 +55,7 @@ def post(server: Server, text: str) -> requests.Response:
 
 def test_answers_are_right_and_each_worker_warns_once(served: Server, tiny_model_dir) -> None:
     assert "metrics_config" not in served.properties
-    reference = Reference(tiny_model_dir)
+    reference = Reference(tiny_model_dir, stride=SERVED_STRIDE)
     with ThreadPoolExecutor(8) as pool:
         responses = list(pool.map(lambda text: post(served, text), TEXTS * 6))
     for text, response in zip(TEXTS * 6, responses, strict=True):

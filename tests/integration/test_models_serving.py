@@ -4,7 +4,7 @@ One server for the module, on free 127.0.0.1 ports, always stopped: ``toxicity``
 DistilBERT), ``nli`` in two versions (RoBERTa sentence-pair classifiers of different weights;
 the config makes version 2 the default although 1 is listed first) and ``broken`` (a folder
 with no tokenizer, refused by name while the others start). Packaged and configured by the same
-code as ``make serve MODELS=...`` (``bert_serve_server.models``), batch settings stated so that the start
+code as ``make serve MODELS=...`` (``bert_serve_server.config``, ``archive``), batch settings stated so that the start
 measures nothing (``bert_serve_server.sizing`` is tested on its own).
 """
 
@@ -24,13 +24,14 @@ from typing import Any
 
 import pytest
 import requests
+from bert_serve_server.archive import package_models
+from bert_serve_server.config import parse_models
 from bert_serve_server.control import Server, running
-from bert_serve_server.models import package_models, parse_models
 
 from lab.load import ClosedLoop, Job, statuses
 from tests.architectures import build_architecture
 from tests.conftest import ROOT
-from tests.heads import ITEMS, Reference, largest_difference
+from tests.heads import ITEMS, SERVED_STRIDE, Reference, largest_difference
 
 TOLERANCE = 1e-4
 SETTINGS = {"maxBatchDelay": 5, "batchSize": 8, "minWorkers": 1, "maxWorkers": 1}
@@ -82,7 +83,11 @@ def served(
     }
     overrides, refused = package_models(specs, root / "store", configured)
     assert overrides is not None
-    references = {key: Reference(folder) for key, folder in folders.items() if key not in refused}
+    references = {
+        key: Reference(folder, stride=SERVED_STRIDE)
+        for key, folder in folders.items()
+        if key not in refused
+    }
     with running(overrides | FIXED, state_dir=root / "state") as server:
         yield Served(server, references, refused)
 

@@ -19,7 +19,7 @@ from handler.inference import classify
 from handler.model import LoadedModel, load_model
 from handler.settings import HandlerSettings
 from tests.architectures import ARCHITECTURES
-from tests.heads import ITEMS, Reference, largest_difference
+from tests.heads import ITEMS, SERVED_STRIDE, Reference, largest_difference
 from tests.worker_harness import Sent, build_worker, predict
 
 TOLERANCE = 1e-4
@@ -90,7 +90,7 @@ def test_served_through_the_worker(architecture_dir, tmp_path: Path, name: str) 
     a mixed batch like the pipeline (DeBERTa-v2's worker failed at start before)."""
     model_dir = architecture_dir(name)
     worker = build_worker(tmp_path, model_dir)
-    reference = Reference(model_dir)
+    reference = Reference(model_dir, stride=SERVED_STRIDE)
     texts = [item for item in ITEMS if isinstance(item, str)]
     answers = predict(worker.service, [Sent(text.encode()) for text in texts])
     import json

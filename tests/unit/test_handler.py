@@ -78,10 +78,19 @@ def test_scores_do_not_depend_on_batch_mates(service) -> None:
         assert together[label] == pytest.approx(probability, abs=1e-4)
 
 
-def test_long_text_is_truncated_and_says_so(service) -> None:
-    """A text over max_length tokens is cut, answered, and flagged truncated."""
-    answers = predict(service[0], [Sent(b"word " * 400), GOOD])
-    assert [body(a)["truncated"] for a in answers] == [True, False]
+def test_long_text_is_windowed_unless_the_request_says_truncate(service) -> None:
+    """A text over max_length tokens is classified as windows by default (it says how many),
+    and on its first max_length tokens, flagged truncated, with "windows": false; a short
+    text's answer is the same either way."""
+    long = json.dumps({"text": "word " * 400})
+    cut = json.dumps({"text": "word " * 400, "windows": False})
+    short = json.dumps({"text": "a short text", "windows": False})
+    sent = [Sent(b.encode(), "application/json") for b in (long, cut, short)]
+    windowed, truncated, plain = [body(a) for a in predict(service[0], [*sent, GOOD])][:3]
+    # 400 words in windows of 126 with 32 repeated: 126, then 94 new tokens a window
+    assert windowed["truncated"] is False and windowed["windows"] == 4
+    assert truncated["truncated"] is True and "windows" not in truncated
+    assert "windows" not in plain and plain["truncated"] is False
 
 
 def test_model_failure_fails_only_this_batch_and_worker_recovers(service, monkeypatch) -> None:

@@ -19,7 +19,7 @@ from handler.inference import TextInput, classify, tokenize, with_options
 from handler.model import LoadedModel, head_kind, load_model
 from handler.scoring import ScoreFunction, ScoreOptions
 from handler.settings import HandlerSettings
-from tests.heads import HEADS, ITEMS, Reference, build_head_model, largest_difference
+from tests.heads import HEADS, ITEMS, SERVED_STRIDE, Reference, build_head_model, largest_difference
 from tests.worker_harness import Sent, build_worker, predict
 
 TOLERANCE = 1e-4
@@ -328,7 +328,7 @@ def test_worker_answers_each_item_like_the_pipeline_in_a_mixed_batch(
     pipeline and its answer when sent alone; each bad item fails alone."""
     model_dir = head_model_dir(kind, "tiny")
     service, _ = build_worker(tmp_path, model_dir)
-    reference = Reference(model_dir)
+    reference = Reference(model_dir, stride=SERVED_STRIDE)
     requests = mixed_requests()
     together = predict(service, [sent for sent, _ in requests])
     for (sent, items), answer in zip(requests, together, strict=True):

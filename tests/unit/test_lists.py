@@ -43,7 +43,7 @@ def test_kserve_instances_take_strings_or_text_objects() -> None:
 def test_instances_are_answered_as_predictions() -> None:
     """The answer to {"instances": [...]} uses KServe's "predictions" key, in order."""
 
-    def classifier(texts):
+    def classifier(texts, *_):
         return [Prediction(t, 1.0, {t: 1.0}, False) for t in texts], BatchStats(texts=len(texts))
 
     request = IncomingRequest({"body": b'{"instances": ["one", "", {"text": "two"}]}'}, JSON, "r")
@@ -77,7 +77,7 @@ def test_list_texts_share_the_classifier_call_with_single_requests() -> None:
     """One classifier call for the batch, in request order; results go back to their slots."""
     calls: list[list[str]] = []
 
-    def classifier(texts):
+    def classifier(texts, *_):
         calls.append(list(texts))
         return [Prediction(t, 1.0, {t: 1.0}, False) for t in texts], BatchStats(texts=len(texts))
 

@@ -154,7 +154,7 @@ class RecordingClassifier:
     def __init__(self) -> None:
         self.calls: list[list[TextInput]] = []
 
-    def __call__(self, texts: Sequence[TextInput]) -> tuple[list[Prediction], BatchStats]:
+    def __call__(self, texts: Sequence[TextInput], *_: Any) -> tuple[list[Prediction], BatchStats]:
         self.calls.append(list(texts))
         predictions = []
         for text in texts:
@@ -199,7 +199,7 @@ def test_pairs_and_options_share_one_classifier_call_and_answer_per_request() ->
 def test_multi_label_answers_carry_labels() -> None:
     """labels is answered when the classifier gives it, and kept under top_k and raw_scores."""
 
-    def classifier(texts: Sequence[TextInput]) -> tuple[list[Prediction], BatchStats]:
+    def classifier(texts: Sequence[TextInput], *_: Any) -> tuple[list[Prediction], BatchStats]:
         scores = {"x": 0.9, "y": 0.7, "z": 0.1}
         raw = {"x": 2.2, "y": 0.8, "z": -2.2}
         return [Prediction("x", 0.9, scores, False, ["x", "y"], raw) for _ in texts], BatchStats()

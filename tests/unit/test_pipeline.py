@@ -55,7 +55,7 @@ class FakeClassifier:
         self.drop = drop
         self.extra = extra
 
-    def __call__(self, texts: Sequence[str]) -> tuple[list[Prediction], BatchStats]:
+    def __call__(self, texts: Sequence[str], *_: Any) -> tuple[list[Prediction], BatchStats]:
         self.calls.append(list(texts))
         if self.error is not None:
             raise self.error
@@ -207,7 +207,7 @@ def test_wrong_prediction_count_gives_500_to_valid_items_only(drop: int, extra: 
 class PoisonClassifier(FakeClassifier):
     """Fails any call that holds the text "poison", as a model can fail on one input."""
 
-    def __call__(self, texts: Sequence[str]) -> tuple[list[Prediction], BatchStats]:
+    def __call__(self, texts: Sequence[str], *_: Any) -> tuple[list[Prediction], BatchStats]:
         if "poison" in texts:
             self.calls.append(list(texts))
             raise RuntimeError("index out of range in self")
@@ -303,7 +303,7 @@ def test_unicode_text_round_trips_through_the_response() -> None:
     assert_success(responses[0], "u", "très bien 😀")
 
 
-def tokenizer_like_classifier(texts: Sequence[str]) -> tuple[list[Prediction], BatchStats]:
+def tokenizer_like_classifier(texts: Sequence[str], *_: Any) -> tuple[list[Prediction], BatchStats]:
     """Like the real fast tokenizer, fails the whole batch on a text it cannot encode."""
     for text in texts:
         text.encode("utf-8")
@@ -451,7 +451,7 @@ def test_a_text_whose_scores_are_not_finite_fails_alone(broken: Prediction) -> N
     """bf16 or fp16 can give a text NaN or infinite scores: that text answers 500 in valid JSON,
     its batch-mates their predictions (json.dumps would otherwise write NaN, which is not JSON)."""
 
-    def classifier(texts: Sequence[str]) -> tuple[list[Prediction], BatchStats]:
+    def classifier(texts: Sequence[str], *_: Any) -> tuple[list[Prediction], BatchStats]:
         predictions = [broken if text == "overflow" else fake_prediction(text) for text in texts]
         return predictions, BatchStats(texts=len(texts))
 
@@ -505,7 +505,7 @@ def test_no_head_logits_or_options_fail_an_item_or_its_neighbour(
     function, threshold, rows = head
     labels = LABEL_NAMES[: len(rows[0])]
 
-    def classifier(texts: Sequence[Any]) -> tuple[list[Prediction], BatchStats]:
+    def classifier(texts: Sequence[Any], *_: Any) -> tuple[list[Prediction], BatchStats]:
         logits = [rows[int(text.split()[-1])] if text != "plain" else rows[0] for text in texts]
         scores = apply_score_function(function, torch.tensor(logits, dtype=torch.float32))
         return [

@@ -25,7 +25,7 @@ STATS = BatchStats(
     tokenize_ms=2.0,
     forward_started=[RECEIVED + 0.010, RECEIVED + 0.030],
     sub_batch_forward_ms=[15.0, 40.0],
-    sub_batch_of=[0, 1, 0],
+    sub_batch_of=[(0,), (1,), (0,)],
     handler_ms=75.0,
 )
 
