@@ -23,6 +23,8 @@ BATCH_COUNTERS = (
     "SubBatches",
     "ItemsAccepted",
     "ItemsTruncated",
+    "ItemsWindowed",
+    "Windows",
     "RealTokens",
     "PaddedTokens",
     "TokenizeMs",
@@ -33,7 +35,13 @@ COUNTER_DIMENSIONS = {name: DIMENSIONS for name in BATCH_COUNTERS} | {
     REJECTED: ["Reason", *DIMENSIONS]
 }
 """Each counter the handler emits, with the dimensions metrics.yaml must declare for it."""
-HISTOGRAMS = ("HandlerSeconds", "ForwardSeconds", "BatchSizeHundreds", "BatchTokensThousands")
+HISTOGRAMS = (
+    "HandlerSeconds",
+    "ForwardSeconds",
+    "BatchSizeHundreds",
+    "BatchTokensThousands",
+    "TextWindowsHundreds",
+)
 """Each histogram the handler emits, all with ``DIMENSIONS``."""
 
 
@@ -54,6 +62,8 @@ def batch_metrics(outcomes: Sequence[Outcome], stats: BatchStats) -> dict[str, f
         "SubBatches": len(stats.sub_batches),
         "ItemsAccepted": sum(isinstance(item, Prediction) for item in texts),
         "ItemsTruncated": sum(isinstance(item, Prediction) and item.truncated for item in texts),
+        "ItemsWindowed": sum(count > 1 for count in stats.windows),
+        "Windows": sum(stats.windows),
         "RealTokens": stats.real_tokens,
         "PaddedTokens": stats.padded_tokens,
         "TokenizeMs": round(stats.tokenize_ms, 3),
@@ -68,6 +78,7 @@ def batch_observations(outcomes: Sequence[Outcome], stats: BatchStats) -> dict[s
         "ForwardSeconds": [round(ms / 1000, 6) for ms in stats.sub_batch_forward_ms],
         "BatchSizeHundreds": [len(outcomes) / 100],
         "BatchTokensThousands": [stats.padded_tokens / 1000] if stats.padded_tokens else [],
+        "TextWindowsHundreds": [count / 100 for count in stats.windows if count > 1],
     }
 
 

@@ -372,7 +372,11 @@ def classify_valid(
         results.update(explain_each(to_explain, explainer))
         stats.explained = len(to_explain)
         stats.explain_ms = (time.perf_counter() - started) * 1000
-    outcomes = [assemble(index, request, results) for index, request in enumerate(requests)]
+    refused = admission.refused if admission is not None else {}
+    outcomes = [
+        refused.get(index) or assemble(index, request, results)
+        for index, request in enumerate(requests)
+    ]
     return outcomes, stats, [index for (index, _), _ in slots]
 
 

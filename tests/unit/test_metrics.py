@@ -51,6 +51,7 @@ STATS = BatchStats(
     forward_ms=20.0,
     sub_batch_forward_ms=[12.0, 7.5],
     handler_ms=31.25,
+    windows=[1, 3],
 )
 
 
@@ -61,6 +62,8 @@ def test_one_batch_adds_the_right_amounts() -> None:
         "SubBatches": 2,
         "ItemsAccepted": 2,
         "ItemsTruncated": 1,
+        "ItemsWindowed": 1,
+        "Windows": 4,
         "RealTokens": 150,
         "PaddedTokens": 200,
         "TokenizeMs": 1.5,
@@ -147,6 +150,7 @@ def test_one_batch_observes_each_histogram_scaled_into_the_default_buckets() -> 
         "ForwardSeconds": [0.012, 0.0075],
         "BatchSizeHundreds": [0.05],
         "BatchTokensThousands": [0.2],
+        "TextWindowsHundreds": [0.03],
     }
     assert tuple(batch_observations(OUTCOMES, STATS)) == HISTOGRAMS
     nothing_forwarded = batch_observations(OUTCOMES[1:2], BatchStats(handler_ms=2.0))
@@ -166,7 +170,7 @@ def test_a_metrics_file_without_the_histograms_keeps_the_counters(tmp_path, capl
         for _ in range(3):
             emitter.emit(OUTCOMES, STATS)
     (warning,) = handler_warnings(caplog)
-    assert "4 of the handler's 14 metrics" in warning and ", ".join(HISTOGRAMS) in warning
+    assert "5 of the handler's 17 metrics" in warning and ", ".join(HISTOGRAMS) in warning
     assert caplog.text.count("[METRICS]Batches.") == 3 and "#type:HISTOGRAM" not in caplog.text
 
 
@@ -210,7 +214,7 @@ def test_a_metric_declared_with_other_dimensions_is_named_and_left_out(tmp_path,
         emitter = MetricsEmitter(metrics, "bert", "1.0")
         emitter.emit(OUTCOMES, STATS)
     (warning,) = handler_warnings(caplog)
-    assert str(path) in warning and "1 of the handler's 14 metrics" in warning
+    assert str(path) in warning and "1 of the handler's 17 metrics" in warning
     assert (
         "ItemsRejected (dimensions must be ['Reason', 'ModelName', 'ModelVersion', 'Level'])"
         in warning
@@ -238,7 +242,7 @@ def test_served_with_torchserve_default_metrics_a_worker_answers_and_warns_once_
     metric_warnings = [w for w in handler_warnings(caplog) if "metric" in w.lower()]
     assert len(metric_warnings) == 2, metric_warnings  # the serving and the model metrics
     assert all(str(TORCHSERVE_METRICS) in warning for warning in metric_warnings)
-    assert "14 of the handler's 14 metrics" in metric_warnings[0]
+    assert "17 of the handler's 17 metrics" in metric_warnings[0]
     assert "AnswersByLabel" in metric_warnings[1]
     assert "MetricsCacheKeyError" not in caplog.text
     assert "[METRICS]Batches" not in caplog.text
