@@ -73,7 +73,6 @@ MEASURED = (
     "deploy/proxy/entrypoint.sh",
     "deploy/proxy/nginx.conf",
     "server/bert_serve_server/ready.py",
-    "server/bert_serve_server/readiness.py",
 )
 """What the record's figures depend on besides the images' packages: its ``measured_from``."""
 

@@ -11,9 +11,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from bert_serve_server.config import effective_properties, read_models
+from bert_serve_server.archive import package_models
+from bert_serve_server.config import effective_properties, parse_models, read_models
 from bert_serve_server.layout import DEFAULT_OUT, write_layout
-from bert_serve_server.models import package_models, parse_models
 
 
 def main() -> int:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from bert_serve_server.control import DEFAULT_STATE_DIR, server_for
-from bert_serve_server.metrics import scrape_models, summary
+from bert_serve_server.live_metrics import scrape_models, summary
 
 
 def main() -> int:

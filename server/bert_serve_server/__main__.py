@@ -1,7 +1,7 @@
 """``python -m bert_serve_server COMMAND`` (or ``bert-serve-server COMMAND``):
 
-    start | stop | status | key | url | predict-url | models   one TorchServe (``ctl``)
-    package --model-dir DIR [...]                              a .mar (``package``)
+    start | stop | status | key | url | predict-url | models   one TorchServe (``control``)
+    package --model-dir DIR [...]                              a .mar (``archive``)
     size --out FILE [--plan-out|--plan PLAN] -- TORCHSERVE_ARGS  the sizing step (``size_cli``)
     ready [--live] [--config FILE]                             the pod's probe (``ready``)
 
@@ -18,9 +18,9 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     command, rest = (args[0], args[1:]) if args else ("", [])
     if command == "package":
-        from bert_serve_server import package
+        from bert_serve_server import archive
 
-        return package.main(rest)
+        return archive.main(rest)
     if command == "size":
         from bert_serve_server import size_cli
 
@@ -32,9 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     if command in ("-h", "--help", ""):
         print(__doc__)
         return 0 if command else 2
-    from bert_serve_server import ctl
+    from bert_serve_server import control
 
-    return ctl.main(args)
+    return control.main(args)
 
 
 if __name__ == "__main__":

@@ -4,19 +4,28 @@ The archive holds ``bert_handler.py`` (TorchServe's entry point), the ``handler`
 itself (the same files the unit tests import) under ``handler/``, the model under
 ``model/`` (config, safetensors weights, tokenizer: never pickled weights),
 ``config/model-config.yaml`` as the model config, with ``--reference`` the reference profile
-(``reference-profile.json``, ``bert_serve_server.reference``), and ``mar-source.json``: which model
+(``reference-profile.json``, ``reference_profile``), and ``mar-source.json``: which model
 folder (each file's size and modification time) and which handler config (its sha256) it
 was built from. The same record is kept beside the archive as ``bert.mar.source``, a stamp
 the Makefile refreshes with ``--stamp-only`` and that is rewritten only when the record
 changes, so ``make serve MODEL_DIR=X`` repackages whenever X is not what the .mar holds,
 even when X's files are older than the .mar.
 
-``python -m bert_serve_server package`` (``make package``) is the command; the tuner and the tests call
-``package`` and ``package_variant`` from here.
+``python -m bert_serve_server package`` (``make package``, ``USAGE``) is the command; the tuner and
+the tests call ``package`` and ``package_variant``, a start with ``--models`` ``package_models``.
+
+The reference profile an archive carries: what the model says on texts the user gives,
+computed when the archive is packaged, in the terms of the handler's model metrics
+(``handler.model_metrics``), so live and reference can be put side by side in PromQL. The texts
+file holds one text a line (blank lines skipped); a line with a tab is a text pair, tokenized as
+the pair route does. The model runs as the handler config packed beside it says (precision,
+max_length, labels, score function), on the CPU.
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import hashlib
 import json
 import os
@@ -24,12 +33,21 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from bert_serve_server.config import MODEL_NAME, MODEL_VERSION, ROOT
+from bert_serve_server.config import (
+    MODEL_NAME,
+    MODEL_VERSION,
+    NAME_PATTERN,
+    ROOT,
+    ModelSpec,
+    archive_name,
+    serving_overrides,
+)
 
 DEFAULT_MODEL_DIR = ROOT / "build" / "bert-sentiment"
 DEFAULT_ARCHIVE = ROOT / "model_store" / f"{MODEL_NAME}.mar"
@@ -38,6 +56,7 @@ DEFAULT_REFERENCE = ROOT / "build" / "reference-reviews.txt"
 """The default model's reference texts, its held-out reviews (``scripts/reference_texts.py``)."""
 HANDLER_DIR = ROOT / "handler"
 MODEL_CONFIG = ROOT / "config" / "model-config.yaml"
+PER_MODEL_CONFIG_DIR = ROOT / "config" / "models"
 PICKLED_SUFFIXES = {".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".h5", ".msgpack"}
 BATCH_KEYS = ("batchSize", "maxBatchDelay", "minWorkers", "maxWorkers")
 """TorchServe's batching and worker keys: config.properties' ``models=``, never the .mar's yaml."""
@@ -215,7 +234,7 @@ def package(
     (make runs ``--stamp-only`` first), so the check, which imports torch and transformers, is
     not run twice. The entries are stored, not deflated (the archiver's ``zip-store``):
     deflating the safetensors weights saves 8 % of their size and took most of the archiver's
-    time. ``reference``: texts to profile the model on (``bert_serve_server.reference``)."""
+    time. ``reference``: texts to profile the model on (``reference_profile``)."""
     if not checked:
         check_model_dir(model_dir, model_config)
     check_model_config(model_config)
@@ -225,8 +244,6 @@ def package(
     update_stamp(stamp_for(archive), record)
     profile = None
     if reference is not None:
-        from bert_serve_server.reference import reference_profile
-
         profile = reference_profile(model_dir, model_config, reference)
     with tempfile.TemporaryDirectory(prefix="bert-mar-") as temp:
         staging = Path(temp) / "extra"
@@ -306,11 +323,7 @@ def fresh_default_archive(model_dir: Path) -> Path | None:
     return None if is_stale(DEFAULT_ARCHIVE, record) else DEFAULT_ARCHIVE
 
 
-PACKAGING_CODE = (
-    Path(__file__).with_name("package.py"),
-    Path(__file__),
-    Path(__file__).with_name("reference.py"),
-)
+PACKAGING_CODE = (Path(__file__),)
 """Besides the handler: what the Makefile's .mar rule lists as the archive's prerequisites."""
 
 
@@ -348,3 +361,193 @@ def package_if_changed(
         model_dir, archive.parent, model_config, name, version, archive.name, reference=reference
     )
     return True
+
+
+def handler_config_for(name: str, default: Path = MODEL_CONFIG) -> Path:
+    """``config/models/NAME.yaml`` where it exists (precision, limits, deadline budget of that
+    model), else ``default``."""
+    own = PER_MODEL_CONFIG_DIR / f"{name}.yaml"
+    return own if own.is_file() else default
+
+
+def package_models(
+    specs: Sequence[ModelSpec],
+    store: Path,
+    configured: dict[str, dict[str, dict[str, Any]]],
+    model_config: Path | None = None,
+    precision: str | None = None,
+) -> tuple[dict[str, str] | None, dict[str, str]]:
+    """Package into ``store`` each model whose source changed; the overrides that serve those
+    that could be packaged with the settings ``configured`` (a config's ``models=``; None if
+    none could), and why each other one is refused (``NAME:VERSION`` -> the package check's
+    reasons)."""
+    refused: dict[str, str] = {}
+    for spec in specs:
+        archive = store / archive_name(spec, specs)
+        config = handler_config_for(spec.name, model_config or MODEL_CONFIG)
+        if not (spec.model_dir / "config.json").is_file():
+            refused[spec.key] = f"{spec.model_dir} has no config.json: not a Hugging Face folder"
+            continue
+        try:
+            built = package_if_changed(
+                spec.model_dir, archive, config, spec.name, spec.version, precision
+            )
+        except SystemExit as error:
+            refused[spec.key] = str(error)
+            continue
+        print(f"{spec.key}: {archive.name} {'packaged' if built else 'unchanged'}")
+    kept = [spec for spec in specs if spec.key not in refused]
+    if not kept:
+        return None, refused
+    return serving_overrides(kept, configured) | {"model_store": str(store)}, refused
+
+
+CHUNK = 64
+"""Texts per forward call while profiling."""
+
+
+def read_texts(path: Path) -> list[str | tuple[str, str]]:
+    """One text a line; a tab makes a (text, text_pair)."""
+    texts: list[str | tuple[str, str]] = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        first, tab, second = line.partition("\t")
+        texts.append((first, second) if tab else line)
+    if not texts:
+        raise SystemExit(f"{path}: no texts (one a line)")
+    return texts
+
+
+def reference_profile(model_dir: Path, model_config: Path, texts_file: Path) -> str:
+    """The profile's JSON text (``handler.model_metrics.Profile``)."""
+    from handler.inference import classify
+    from handler.model import head_kind, load_model
+    from handler.model_metrics import profile
+    from handler.settings import HandlerSettings
+
+    document = yaml.safe_load(model_config.read_text()) or {}
+    settings = HandlerSettings.from_mapping(document.get("handler"))
+    budget = settings.max_batch_tokens or settings.max_length * 16
+    settings = dataclasses.replace(settings, device="cpu", max_batch_tokens=budget)
+    loaded = load_model(model_dir, settings, None)
+    texts = read_texts(texts_file)
+    too_long = [
+        t for t in texts if sum(map(len, t if isinstance(t, tuple) else (t,))) > settings.max_chars
+    ]
+    if too_long:
+        raise SystemExit(
+            f"{texts_file}: {len(too_long)} texts have more than max_chars "
+            f"({settings.max_chars}) characters, which the server refuses; shorten or drop them"
+        )
+    predictions, tokens = [], []
+    for start in range(0, len(texts), CHUNK):
+        chunk = texts[start : start + CHUNK]
+        found, stats = classify(loaded, chunk, settings.max_length, budget)
+        predictions += found
+        tokens += stats.text_tokens
+    return profile(predictions, tokens, head_kind(loaded), loaded.labels).to_json()
+
+
+USAGE = """Package a Hugging Face sequence-classification folder and the handler as a .mar.
+
+What the archive holds and how its source is recorded: ``bert_serve_server.archive``.
+
+    python -m bert_serve_server package --model-dir build/bert-sentiment
+    python -m bert_serve_server package --model-dir build/bert-sentiment --stamp-only
+    python -m bert_serve_server package --model-dir build/bert-sentiment --precision bf16
+    python -m bert_serve_server package --model-dir build/toxicity --name toxicity --version 2
+    python -m bert_serve_server package --model-dir build/toxicity --reference texts.txt
+
+The folder is checked first with the worker's own check (``handler/model_check.py``): one
+that cannot be served is refused in seconds, every reason printed with its fix, exit 1.
+
+``--precision`` packs the handler config with ``handler.precision`` replaced (kept beside the
+archive as ``NAME.mar.model-config.yaml``), so ``make serve PRECISION=bf16`` serves the fast
+mode and ``make serve`` without it repackages the config as written.
+
+``--reference FILE`` (one text a line) profiles the model on those texts and packs the profile,
+which the workers export as ``Reference*`` gauges for the drift rules (docs/operating/README.md).
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    # Packing copies the handler from the checkout: without it (the image) say so, not a trace.
+    try:
+        from handler.settings import PRECISION_CHOICES
+    except ModuleNotFoundError as error:
+        print(f"error: package needs the checkout's handler/ ({error})", file=sys.stderr)
+        return 2
+    parser = argparse.ArgumentParser(
+        prog="python -m bert_serve_server package",
+        description=USAGE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--model-dir", type=Path, required=True, help="Hugging Face sequence-classification folder"
+    )
+    parser.add_argument("--export-path", type=Path, default=ROOT / "model_store")
+    parser.add_argument(
+        "--model-config", type=Path, default=MODEL_CONFIG, help="the handler config to pack"
+    )
+    parser.add_argument(
+        "--precision",
+        choices=PRECISION_CHOICES,
+        help="pack the handler config with this precision (default: as the config says)",
+    )
+    parser.add_argument(
+        "--name",
+        default=MODEL_NAME,
+        help="the model's name: model_store/NAME.mar, /predictions/NAME",
+    )
+    parser.add_argument("--version", default=MODEL_VERSION, help="the model's version")
+    parser.add_argument(
+        "--reference",
+        type=Path,
+        help="texts like the ones the model should see, one a line: their profile is packed",
+    )
+    parser.add_argument(
+        "--checked",
+        action="store_true",
+        help="skip the folder check: --stamp-only has just checked these arguments (make does)",
+    )
+    parser.add_argument(
+        "--stamp-only",
+        action="store_true",
+        help="only check the folder and refresh the archive's .source stamp (rewritten when "
+        "the source changed); an unchanged source the archive was packaged from since the "
+        "handler's code last changed is not checked again",
+    )
+    args = parser.parse_args(argv)
+    for what in ("name", "version"):
+        if not NAME_PATTERN.fullmatch(getattr(args, what)):
+            parser.error(f"--{what} must be letters, digits, '_', '-' or '.'")
+    model_dir, model_config = args.model_dir.resolve(), args.model_config.resolve()
+    reference = args.reference.resolve() if args.reference else None
+    if reference is not None and not reference.is_file():
+        parser.error(f"--reference {args.reference}: no such file")
+    archive = args.export_path.resolve() / f"{args.name}.mar"
+    if args.precision:
+        model_config = write_variant_config(
+            variant_config_for(archive), model_config, handler_changes={"precision": args.precision}
+        )
+    if args.stamp_only:
+        record = source_record(model_dir, model_config, args.name, args.version, reference)
+        if checked_before(archive, record):
+            return 0
+        check_model_dir(model_dir, model_config)
+        stamp = stamp_for(archive)
+        if update_stamp(stamp, record):
+            print(f"{stamp.name}: the model folder or handler config changed; repackaging")
+        return 0
+    archive = package(
+        model_dir,
+        args.export_path.resolve(),
+        model_config,
+        args.name,
+        args.version,
+        checked=args.checked,
+        reference=reference,
+    )
+    print(f"packaged {archive} ({archive.stat().st_size / 1e6:.1f} MB)")
+    return 0

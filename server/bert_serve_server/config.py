@@ -1,10 +1,29 @@
-"""config/config.properties: read it, override some keys, and write an instance's copy."""
+"""config/config.properties: read it, override some keys, and write an instance's copy; and its
+``models=`` entry, the one reader of it, and the entry that serves several models.
+
+``make serve MODELS="sentiment=DIR toxicity:2=DIR2"`` names each model ``NAME[:VERSION]=DIR``
+(version ``1.0`` when left out). One name may be listed with several versions: all of them are
+loaded, each at ``/predictions/NAME/VERSION``, and ``/predictions/NAME`` answers the default
+one. The default of a name is the version that config.properties' ``models=`` marks
+``"defaultVersion": true``, else the first listed.
+
+From that list ``serving_overrides`` derives what TorchServe reads at start: ``load_models``
+(the default versions first: TorchServe 0.12 makes the first version it registers the default,
+and reads ``defaultVersion`` only when it restores a snapshot) and a ``models=`` entry per name
+and version. Each entry is the config's own entry for that name and version where it has one,
+else the settings of the config's first entry (batch delay, workers, batch size: what the
+config states for its model applies to every model it does not name). A model's archive is
+``model_store/NAME.mar``, or ``NAME-vVERSION.mar`` when several versions of NAME are served
+(``archive_name``; packing them: ``bert_serve_server.archive.package_models``).
+"""
 
 from __future__ import annotations
 
 import json
+import re
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +35,9 @@ ADDRESS_KEYS = ("inference_address", "management_address", "metrics_address")
 PATH_KEYS = ("model_store", "metrics_config")
 GRPC_PORT_KEYS = ("grpc_inference_port", "grpc_management_port")
 LOG_CONFIG_FLAG = "-Dlog4j.configurationFile="
+TS_CONFIG_ENV = "TS_CONFIG_FILE"
+"""TorchServe reads the file this names in place of any ``--ts-config``: a start and the sizing
+step refuse it, so that the config they size is the one that runs."""
 
 
 def read_properties(path: Path) -> dict[str, str]:
@@ -168,9 +190,14 @@ def local_port_overrides() -> dict[str, str]:
     return overrides | {key: str(free_port()) for key in GRPC_PORT_KEYS}
 
 
+def served_models(properties: dict[str, str]) -> dict[str, dict[str, dict[str, Any]]]:
+    """The ``models=`` entry of a config, parsed: {name: {version: entry}} (none: {})."""
+    return dict(json.loads(properties.get("models", "{}")))
+
+
 def read_models(config: Path = BASE_CONFIG) -> dict[str, dict[str, dict[str, Any]]]:
-    """The ``models=`` entry of a config.properties, parsed: {model: {version: settings}}."""
-    return dict(json.loads(read_properties(config).get("models", "{}")))
+    """The ``models=`` entry of a config.properties file (``served_models``)."""
+    return served_models(read_properties(config))
 
 
 SIZED_AT_START = "sizedAtStart"
@@ -255,3 +282,128 @@ def models_entry(
     versions = models[MODEL_NAME]
     versions[MODEL_VERSION] = with_stated_values(versions[MODEL_VERSION], values)
     return json.dumps(models)
+
+
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
+"""What TorchServe accepts as a model name (and what we accept as a version)."""
+ENTRY_ONLY_KEYS = ("marName", "defaultVersion")
+"""Keys of a ``models=`` entry that describe that entry's archive, never copied to another."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One model version to serve: its name, version and Hugging Face folder."""
+
+    name: str
+    version: str
+    model_dir: Path
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}:{self.version}"
+
+
+def parse_models(text: str) -> list[ModelSpec]:
+    """``NAME[:VERSION]=DIR`` items separated by spaces; ValueError naming the bad item."""
+    specs: list[ModelSpec] = []
+    for item in text.split():
+        label, separator, folder = item.partition("=")
+        name, _, version = label.partition(":")
+        version = version or MODEL_VERSION
+        if not separator or not folder:
+            raise ValueError(f"MODELS item {item!r}: expected NAME[:VERSION]=DIR")
+        for what, value in (("name", name), ("version", version)):
+            if not NAME_PATTERN.fullmatch(value):
+                raise ValueError(
+                    f"MODELS item {item!r}: the {what} {value!r} must be letters, digits, "
+                    "'_', '-' or '.', starting with a letter or digit"
+                )
+        spec = ModelSpec(name, version, Path(folder))
+        if any(other.key == spec.key for other in specs):
+            raise ValueError(f"MODELS lists {spec.key} twice")
+        specs.append(spec)
+    if not specs:
+        raise ValueError("MODELS is empty: expected NAME[:VERSION]=DIR items")
+    return specs
+
+
+def single_model(model_dir: Path) -> list[ModelSpec]:
+    """What ``make serve MODEL_DIR=...`` serves: one model named ``bert``."""
+    return [ModelSpec(MODEL_NAME, MODEL_VERSION, model_dir)]
+
+
+def archive_name(spec: ModelSpec, specs: Sequence[ModelSpec]) -> str:
+    versions = sum(other.name == spec.name for other in specs)
+    return f"{spec.name}.mar" if versions == 1 else f"{spec.name}-v{spec.version}.mar"
+
+
+def default_versions(
+    specs: Sequence[ModelSpec], configured: dict[str, dict[str, dict[str, Any]]]
+) -> dict[str, str]:
+    """Each name's default version: the one the config marks, else the first listed."""
+    defaults: dict[str, str] = {}
+    for spec in specs:
+        marked = configured.get(spec.name, {}).get(spec.version, {}).get("defaultVersion")
+        if spec.name not in defaults or marked is True:
+            defaults[spec.name] = spec.version
+    return defaults
+
+
+def template_entry(configured: dict[str, dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    """The config's first entry without what belongs to its own archive."""
+    for versions in configured.values():
+        for entry in versions.values():
+            return {key: value for key, value in entry.items() if key not in ENTRY_ONLY_KEYS}
+    return {}
+
+
+def models_entry_for(
+    specs: Sequence[ModelSpec], configured: dict[str, dict[str, dict[str, Any]]]
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """The ``models=`` value that serves ``specs`` (see the module's docstring)."""
+    defaults = default_versions(specs, configured)
+    template = template_entry(configured)
+    models: dict[str, dict[str, dict[str, Any]]] = {}
+    for spec in specs:
+        own = configured.get(spec.name, {}).get(spec.version)
+        settings = {k: v for k, v in (own or template).items() if k not in ENTRY_ONLY_KEYS}
+        models.setdefault(spec.name, {})[spec.version] = {
+            "defaultVersion": defaults[spec.name] == spec.version,
+            "marName": archive_name(spec, specs),
+            **settings,
+        }
+    return models
+
+
+def serving_overrides(
+    specs: Sequence[ModelSpec], configured: dict[str, dict[str, dict[str, Any]]]
+) -> dict[str, str]:
+    """``load_models`` and ``models`` for config.properties, to serve ``specs``."""
+    models = models_entry_for(specs, configured)
+    ordered = sorted(specs, key=lambda spec: not models[spec.name][spec.version]["defaultVersion"])
+    return {
+        "load_models": ",".join(archive_name(spec, specs) for spec in ordered),
+        "models": json.dumps(models),
+    }
+
+
+def without(properties: dict[str, str], refused: dict[str, str]) -> dict[str, str]:
+    """``properties`` without the model versions ``refused`` (``NAME:VERSION`` -> reason) in
+    ``models=`` and ``load_models``; a name left without its default gets the first version
+    left as its default (first in ``load_models``)."""
+    if not refused:
+        return dict(properties)
+    models = served_models(properties)
+    files: list[str] = []
+    kept: dict[str, dict[str, dict[str, Any]]] = {}
+    for name, versions in models.items():
+        left = {v: e for v, e in versions.items() if f"{name}:{v}" not in refused}
+        if left and not any(entry.get("defaultVersion") for entry in left.values()):
+            first = next(iter(left))
+            left[first] = left[first] | {"defaultVersion": True}
+        if left:
+            kept[name] = left
+    for name, versions in kept.items():
+        for entry in sorted(versions.values(), key=lambda e: not e.get("defaultVersion")):
+            files.append(str(entry.get("marName", f"{name}.mar")))
+    return properties | {"models": json.dumps(kept), "load_models": ",".join(files)}

@@ -92,7 +92,7 @@ def write_layout(
 ) -> Path:
     """Write ``out/config/``, ``out/model-store/`` and ``out/requirements.txt``; return out.
     ``models``: the ``model_store``, ``load_models`` and ``models`` of several models
-    (``bert_serve_server.models.package_models``), whose archives are copied instead of ``mar``."""
+    (``bert_serve_server.archive.package_models``), whose archives are copied instead of ``mar``."""
     base = read_properties(base_config)
     archives = [mar]
     if models is not None:

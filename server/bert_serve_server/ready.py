@@ -4,7 +4,7 @@ TorchServe's ``/ping`` answers Healthy once the frontend has started its workers
 model is loaded and while a failing worker retries; a pod that said ready then would take
 traffic it can only queue. This command asks TorchServe's management API (its public API for
 worker status, on 127.0.0.1 inside the pod) about every version of every model the config
-serves (what ready and started mean: ``bert_serve_server.readiness``):
+serves:
 
     python -m bert_serve_server ready [--config PATH]            # readiness: >= 1 READY worker each
     python -m bert_serve_server ready --startup [--config PATH]  # startup: every worker READY
@@ -22,6 +22,23 @@ request TorchServe accepted has been answered, polling with a growing pause, wit
 It reads the config TorchServe runs (the entrypoint's sized copy, ``$HOME/config.properties``,
 by default) for the addresses and the models, and imports nothing but the standard library and
 that config reader, so a probe every few seconds costs little. It prints why it is not ready.
+
+What "ready" and "drained" mean, as pure functions of what TorchServe's public APIs answer
+(the management API's model descriptions and the metrics API's text), defined here once for the
+probes, the drain and ``make serve``'s wait (``control.Server.workers_ready``):
+
+- **Serving** (the readiness probe): every version of every model the config serves has at
+  least one READY worker. One worker restarting after a crash or a ``responseTimeout`` leaves
+  the others serving; the pod stays in the Service.
+- **Started** (the startup probe, ``make serve``): every version has workers and all of them
+  are READY, as at the end of a start that loaded everything.
+- **Drained**: every request TorchServe accepted has been answered. The management API's
+  ``pendingRequests`` counts the queue only, not the batches other workers are running, so
+  the metrics API is read too: per model, the frontend's ``ts_inference_requests_total``
+  (counted as a request is accepted) against the handler's ``BatchItems`` (the requests of
+  each batch it answered, config/metrics.yaml). A request the frontend answers without the
+  handler (a 503 for a full queue, a batch whose worker died) never reaches ``BatchItems``:
+  the difference then stays above 0 and the drain ends at its deadline, erring on waiting.
 """
 
 from __future__ import annotations
@@ -29,23 +46,80 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import socket
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from bert_serve_server import readiness
-from bert_serve_server.config import read_properties
+from bert_serve_server.config import read_properties, served_models
 
 TIMEOUT_S = 3.0
 DRAIN_DEADLINE_S = 70.0
 """The drain's bound from SIGTERM: the proxy's stop delay (10 s, deploy/k8s/deployment.yaml)
 plus the longest answer (the model's responseTimeout, 60 s, config/model-config.yaml): a
 request accepted at the end of that delay is answered, or timed out by TorchServe, by then."""
+
+ACCEPTED = "ts_inference_requests_total"
+"""The frontend's count of the requests it accepted, by ``model_name`` and ``model_version``
+(``default`` for a request that names no version)."""
+ANSWERED = "BatchItems"
+"""The handler's count of the requests in the batches it answered (``ModelName``)."""
+SAMPLE = re.compile(r"^(\w+)\{([^}]*)\}\s+([0-9.eE+-]+)\s*$")
+
+
+def unready(
+    models: Mapping[str, Iterable[str]],
+    described: Mapping[str, list[dict[str, Any]] | None],
+    every_worker: bool,
+) -> list[str]:
+    """Why the served models are not ready; empty when they are. ``models``: name -> the
+    versions the config serves; ``described``: name -> the management API's ``/models/NAME/all``
+    (None where it did not answer). ``every_worker``: all workers READY (started), else at
+    least one per version (serving)."""
+    problems = []
+    for name, versions in models.items():
+        entries = described.get(name)
+        if entries is None:
+            problems.append(f"model {name}: not described by the management API")
+            continue
+        found = {str(entry.get("modelVersion")): entry.get("workers") or [] for entry in entries}
+        for version in versions:
+            states = [worker.get("status") for worker in found.get(str(version), [])]
+            ready = [state == "READY" for state in states]
+            if not states:
+                problems.append(f"model {name} {version}: no workers")
+            elif not (all(ready) if every_worker else any(ready)):
+                problems.append(f"model {name} {version}: workers {states}")
+    if not models:
+        problems.append("the config serves no model")
+    return problems
+
+
+def counts(metrics_text: str, metric: str, label: str) -> dict[str, float]:
+    """A counter of the metrics API's text, summed by the value of ``label``."""
+    found: dict[str, float] = {}
+    for line in metrics_text.splitlines():
+        match = SAMPLE.match(line)
+        if not match or match.group(1) != metric:
+            continue
+        value = re.search(rf'(?:^|,){label}="([^"]*)"', match.group(2))
+        if value:
+            found[value.group(1)] = found.get(value.group(1), 0.0) + float(match.group(3))
+    return found
+
+
+def unanswered(metrics_text: str, names: Iterable[str]) -> dict[str, int]:
+    """Per model, the requests the frontend accepted that the handler has not answered; only
+    models with some left."""
+    accepted = counts(metrics_text, ACCEPTED, "model_name")
+    answered = counts(metrics_text, ANSWERED, "ModelName")
+    left = {name: round(accepted.get(name, 0.0) - answered.get(name, 0.0)) for name in names}
+    return {name: count for name, count in left.items() if count > 0}
 
 
 def sized_config() -> Path:
@@ -66,17 +140,12 @@ def get_json(url: str) -> tuple[int, Any]:
         return error.code, None
 
 
-def served(properties: dict[str, str]) -> dict[str, list[str]]:
-    models: dict[str, dict[str, Any]] = json.loads(properties.get("models", "{}"))
-    return {name: list(versions) for name, versions in models.items()}
-
-
 def describe_all(properties: dict[str, str]) -> dict[str, list[dict[str, Any]] | None]:
     """The management API's ``/models/NAME/all`` for each served model (None where it
     answered no list); OSError when it does not answer at all."""
     management = local(properties.get("management_address", "http://127.0.0.1:8081"))
     described: dict[str, list[dict[str, Any]] | None] = {}
-    for name in served(properties):
+    for name in served_models(properties):
         status, body = get_json(f"{management}/models/{name}/all")
         described[name] = body if status == 200 and isinstance(body, list) else None
     return described
@@ -89,7 +158,7 @@ def not_ready(properties: dict[str, str], every_worker: bool = False) -> list[st
     except (OSError, ValueError) as error:
         management = local(properties.get("management_address", "http://127.0.0.1:8081"))
         return [f"the management API at {management} does not answer: {error}"]
-    return readiness.unready(served(properties), described, every_worker)
+    return unready(served_models(properties), described, every_worker)
 
 
 def draining_marker() -> Path:
@@ -154,7 +223,7 @@ def drain(properties: dict[str, str], deadline_s: float, wait_port: int | None =
     """Mark the pod not ready; if ``wait_port`` is given (the proxy's), wait until nothing
     listens there (the proxy has stopped accepting) and no connection to it is open (it has
     answered all it accepted, with TorchServe's answers); then until every request the
-    frontend accepted has been answered (``readiness.unanswered``), all within ``deadline_s``."""
+    frontend accepted has been answered (``unanswered``), all within ``deadline_s``."""
     draining_marker().touch()
     deadline = time.monotonic() + deadline_s
     if wait_port is not None:
@@ -173,7 +242,7 @@ def drain(properties: dict[str, str], deadline_s: float, wait_port: int | None =
         if why:
             return [f"{why} after {deadline_s:g} s"]
     metrics = local(properties.get("metrics_address", "http://127.0.0.1:8082"))
-    names = list(served(properties))
+    names = list(served_models(properties))
 
     def left() -> str | None:
         try:
@@ -183,8 +252,8 @@ def drain(properties: dict[str, str], deadline_s: float, wait_port: int | None =
             return f"the metrics API answered {error.code}"
         except (OSError, ValueError) as error:
             raise Gone(str(error)) from error
-        unanswered = readiness.unanswered(text, names)
-        return f"requests not answered yet: {unanswered}" if unanswered else None
+        waiting = unanswered(text, names)
+        return f"requests not answered yet: {waiting}" if waiting else None
 
     try:
         why = poll(left, deadline)

@@ -22,14 +22,12 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from bert_serve_server.config import properties_text, read_properties
+from bert_serve_server.config import TS_CONFIG_ENV, properties_text, read_properties
 from bert_serve_server.plan import PlanError, plan_of
 from bert_serve_server.rules import StatedError, gc_flag_in, heap_mib_in
 from bert_serve_server.served import SizingError, served_list
 from bert_serve_server.sizing import INFERENCE_ADDRESS_ENV, Resolved, report, resolve
 from bert_serve_server.stated import StatedValueError, read_stated
-
-TS_CONFIG_ENV = "TS_CONFIG_FILE"
 
 
 class UsageError(ValueError):

@@ -54,13 +54,13 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from bert_serve_server import measure, rules, served
+from bert_serve_server.config import without as without_models
 from bert_serve_server.machine import Machine, gpu_count, read_machine, serving_gpus
 from bert_serve_server.measure import (
     holds_a_model,
     measured_device_load,
     measured_rates,
 )
-from bert_serve_server.models import without as without_models
 from bert_serve_server.plan import planned_properties
 from bert_serve_server.rules import (
     BATCH_SIZES,

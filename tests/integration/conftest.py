@@ -105,7 +105,8 @@ def pod_server(
     """TorchServe as in the pod, token authorization off (the proxy in front strips any
     Authorization header), serving two models: ``bert`` (the default model's archive) and
     ``tiny`` version 2 (a tiny 3-label classifier), on free 127.0.0.1 ports, always stopped."""
-    from bert_serve_server.models import package_models, parse_models
+    from bert_serve_server.archive import package_models
+    from bert_serve_server.config import parse_models
 
     if not MAR_PATH.is_file():
         pytest.fail(f"{MAR_PATH} is missing: run `make package` (make test does it)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from bert_serve_server.metrics import histogram_delta, scrape, summary
+from bert_serve_server.live_metrics import histogram_delta, scrape, summary
 
 from handler.timings import BATCH_SIZE, COMPUTE_TIME, INFERENCE_TIME, TIMING_HEADERS
 from tests.integration.test_serving import post

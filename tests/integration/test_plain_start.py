@@ -24,8 +24,7 @@ import pytest
 import requests
 from bert_serve_server.archive import archiver_command
 from bert_serve_server.config import free_port, read_properties
-from bert_serve_server.control import stop, torchserve_command, wait_ready
-from bert_serve_server.server import Server
+from bert_serve_server.control import Server, stop, torchserve_command, wait_ready
 
 from lab.batchlog import logged_batches
 from lab.corpus import make_corpus

@@ -491,7 +491,7 @@ def test_the_proxy_fronts_torchserve_with_the_shipped_config(layout_config: dict
 def test_a_layout_of_several_models_holds_each_archive_and_serves_each(tmp_path: Path) -> None:
     """make deploy-layout MODELS=...: every archive in model-store/, the config loading each
     (default version first) with its own models= entry."""
-    from bert_serve_server.models import parse_models, serving_overrides
+    from bert_serve_server.config import parse_models, serving_overrides
 
     store = tmp_path / "store"
     store.mkdir()

@@ -177,7 +177,7 @@ def test_an_unchanged_source_is_checked_once(
 ) -> None:
     """--stamp-only (every make of the .mar) checks the folder again only where the source, or
     the handler's code that checks it, changed since the archive was packaged."""
-    from bert_serve_server import package as package_cli
+    from bert_serve_server import archive as package_cli
 
     archive = tmp_path / "store" / "bert.mar"
     model_dir = head_model_dir("single_label")

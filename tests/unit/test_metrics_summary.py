@@ -3,7 +3,13 @@ the bucket that holds them, scaled back to milliseconds, requests and tokens."""
 
 from __future__ import annotations
 
-from bert_serve_server.metrics import buckets, histogram_delta, parse_metrics, quantile, summary
+from bert_serve_server.live_metrics import (
+    buckets,
+    histogram_delta,
+    parse_metrics,
+    quantile,
+    summary,
+)
 
 BOUNDS = ["0.005", "0.01", "0.025", "0.05", "0.075", "0.1", "0.25", "0.5", "0.75", "1.0"]
 BOUNDS += ["2.5", "5.0", "7.5", "10.0", "+Inf"]

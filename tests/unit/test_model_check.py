@@ -1,6 +1,6 @@
 """A folder that cannot be served is refused, with its reason and fix, before packaging and at start.
 
-``handler.model_check.inspect_folder`` is the one check: ``bert_serve_server.package`` runs it before
+``handler.model_check.inspect_folder`` is the one check: ``bert_serve_server.archive`` runs it before
 archiving (and ``make serve`` through ``--stamp-only``), ``load_model`` runs it at worker start.
 Each broken folder is a copy of a good tiny one (tests/architectures.py) with one thing wrong.
 """

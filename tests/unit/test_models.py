@@ -1,5 +1,6 @@
-"""server/bert_serve_server/models.py: MODELS parsed, archives named, and the ``models=``/``load_models`` that
-serve several models and versions, the default version first."""
+"""server/bert_serve_server/config.py: MODELS parsed, archives named, and the ``models=``/
+``load_models`` that serve several models and versions, the default version first; and
+archive.py's ``handler_config_for``."""
 
 from __future__ import annotations
 
@@ -7,12 +8,12 @@ import json
 from pathlib import Path
 
 import pytest
-from bert_serve_server.config import read_models
-from bert_serve_server.models import (
+from bert_serve_server.archive import handler_config_for
+from bert_serve_server.config import (
     ModelSpec,
     archive_name,
-    handler_config_for,
     parse_models,
+    read_models,
     serving_overrides,
     single_model,
     without,
@@ -96,9 +97,9 @@ def test_a_refused_model_leaves_the_others_and_its_name_keeps_a_default() -> Non
 def test_a_models_own_handler_config_is_used_where_it_exists(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from bert_serve_server import models
+    from bert_serve_server import archive
 
-    monkeypatch.setattr(models, "PER_MODEL_CONFIG_DIR", tmp_path)
+    monkeypatch.setattr(archive, "PER_MODEL_CONFIG_DIR", tmp_path)
     (tmp_path / "toxicity.yaml").write_text("handler: {}\n")
     default = Path("default.yaml")
     assert handler_config_for("toxicity", default) == tmp_path / "toxicity.yaml"

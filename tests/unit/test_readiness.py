@@ -1,11 +1,11 @@
-"""server/bert_serve_server/readiness.py: serving, started and drained as pure functions of the
+"""server/bert_serve_server/ready.py: serving, started and drained as pure functions of the
 management and metrics APIs' answers (shapes of TorchServe 0.12)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from bert_serve_server import readiness
+from bert_serve_server import ready
 
 
 def described(*states: str, version: str = "1.0", pending: int = 0) -> list[dict[str, Any]]:
@@ -21,13 +21,13 @@ def described(*states: str, version: str = "1.0", pending: int = 0) -> list[dict
 def test_serving_needs_one_ready_worker_per_version_started_needs_all() -> None:
     models = {"bert": ["1.0"]}
     one_restarting = {"bert": described("READY", "UNLOADED")}
-    assert readiness.unready(models, one_restarting, every_worker=False) == []
-    assert readiness.unready(models, one_restarting, every_worker=True) == [
+    assert ready.unready(models, one_restarting, every_worker=False) == []
+    assert ready.unready(models, one_restarting, every_worker=True) == [
         "model bert 1.0: workers ['READY', 'UNLOADED']"
     ]
     none_ready = {"bert": described("UNLOADED", "UNLOADED")}
-    assert readiness.unready(models, none_ready, every_worker=False)
-    assert readiness.unready(models, {"bert": described()}, every_worker=False) == [
+    assert ready.unready(models, none_ready, every_worker=False)
+    assert ready.unready(models, {"bert": described()}, every_worker=False) == [
         "model bert 1.0: no workers"
     ]
 
@@ -35,17 +35,11 @@ def test_serving_needs_one_ready_worker_per_version_started_needs_all() -> None:
 def test_every_served_version_and_model_counts() -> None:
     models = {"bert": ["1.0"], "nli": ["1", "2"]}
     answers = {"bert": described("READY"), "nli": described("READY", version="1")}
-    assert readiness.unready(models, answers, every_worker=False) == ["model nli 2: no workers"]
-    assert readiness.unready(models, {"bert": described("READY"), "nli": None}, False) == [
+    assert ready.unready(models, answers, every_worker=False) == ["model nli 2: no workers"]
+    assert ready.unready(models, {"bert": described("READY"), "nli": None}, False) == [
         "model nli: not described by the management API"
     ]
-    assert readiness.unready({}, {}, every_worker=False) == ["the config serves no model"]
-
-
-def test_pending_sums_every_version_of_every_model() -> None:
-    answers = {"bert": described("READY", pending=3), "nli": described(version="2", pending=4)}
-    assert readiness.pending(answers) == 7
-    assert readiness.pending({"bert": None}) == 0
+    assert ready.unready({}, {}, every_worker=False) == ["the config serves no model"]
 
 
 METRICS = """\
@@ -64,8 +58,8 @@ BatchItemsOther{ModelName="bert",Level="Model",} 1000.0
 def test_unanswered_compares_accepted_with_answered_per_model_over_versions() -> None:
     """Requests without a version are counted under "default" by the frontend and under the
     version that served them by the handler: the sum per model name compares them."""
-    assert readiness.unanswered(METRICS, ["bert", "nli"]) == {"bert": 7}
+    assert ready.unanswered(METRICS, ["bert", "nli"]) == {"bert": 7}
     answered = METRICS.replace("} 118.0", "} 125.0")
-    assert readiness.unanswered(answered, ["bert", "nli"]) == {}
-    assert readiness.unanswered("", ["bert"]) == {}
-    assert readiness.unanswered(METRICS, ["absent"]) == {}
+    assert ready.unanswered(answered, ["bert", "nli"]) == {}
+    assert ready.unanswered("", ["bert"]) == {}
+    assert ready.unanswered(METRICS, ["absent"]) == {}

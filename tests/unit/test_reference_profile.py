@@ -9,8 +9,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from bert_serve_server.archive import MODEL_CONFIG, package, source_record
-from bert_serve_server.reference import read_texts, reference_profile
+from bert_serve_server.archive import (
+    MODEL_CONFIG,
+    package,
+    read_texts,
+    reference_profile,
+    source_record,
+)
 
 from handler.model_metrics import PROFILE_FILE, Profile
 

@@ -49,7 +49,7 @@ def test_the_isolation_hides_the_handler(tmp_path: Path) -> None:
 
 
 def test_every_server_module_imports_without_the_checkout(tmp_path: Path) -> None:
-    assert {"ctl", "control", "ready", "sizing", "package"} <= set(MODULES)
+    assert {"control", "ready", "sizing", "archive"} <= set(MODULES)
     code = "".join(f"import bert_serve_server.{name};" for name in MODULES)
     result = alone(code, tmp_path)
     assert result.returncode == 0, result.stderr

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 from bert_serve_server import control
-from bert_serve_server import server as server_module
 from bert_serve_server.config import properties_text
 
 VARIABLES = (*control.START_VARIABLES, control.THREADS_ENV)
@@ -22,7 +21,7 @@ def running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     and start only recorded), started with `environment` recorded, its .mar older than it."""
     for name in VARIABLES:
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(server_module, "is_frontend", lambda pid: pid == os.getpid())
+    monkeypatch.setattr(control, "is_frontend", lambda pid: pid == os.getpid())
     store = tmp_path / "store"
     store.mkdir()
     (store / "bert.mar").write_bytes(b"mar")

@@ -15,8 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 from bert_serve_server import control
-from bert_serve_server.control import Server, ServerError, stop
-from bert_serve_server.server import FRONTEND_CLASS
+from bert_serve_server.control import FRONTEND_CLASS, Server, ServerError, stop
 
 from tests.conftest import ROOT
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from bert_serve_server import server as server_module
+from bert_serve_server import control as server_module
 from bert_serve_server.control import Server, ServerError
 
 from tests.stub_http import stub_server
@@ -148,8 +148,6 @@ def test_a_frontend_that_exits_during_start_is_started_again_on_new_ports(
 ) -> None:
     """A port picked free can be taken before TorchServe binds it (CI saw "TorchServe exited
     during start"): the start tries again on new ports, and says why when it gives up."""
-    from bert_serve_server import control as server_module
-
     tried: list[str] = []
 
     def start(state_dir: Path, overrides: dict[str, str], **_: object) -> Server:

@@ -332,7 +332,7 @@ def test_a_pid_file_is_trusted_only_for_a_torchserve_process(tmp_path: Path) -> 
     server; a process whose command line names TorchServe's frontend class does."""
     import os
 
-    from bert_serve_server.server import Server, is_frontend
+    from bert_serve_server.control import Server, is_frontend
 
     server = Server(tmp_path, {})
     server.tmp_dir.mkdir()

@@ -8,8 +8,8 @@ import re
 import requests
 
 from bert_serve_server.config import MODEL_NAME
+from bert_serve_server.ready import SAMPLE
 
-SAMPLE = re.compile(r"^(\w+)\{([^}]*)\}\s+([0-9.eE+-]+)$")
 Series = dict[tuple[str, str], float]
 
 
