@@ -95,6 +95,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     classify.add_argument(
         "--raw-scores", action="store_true", help="the logits, no softmax or sigmoid"
     )
+    classify.add_argument(
+        "--windows",
+        action=argparse.BooleanOptionalAction,
+        help="a text over the model's max_length tokens: classified whole as windows, or "
+        "(--no-windows) on its first tokens (default: the model's long_texts setting)",
+    )
     add_connection_arguments(classify)
     classify.add_argument(
         "--chunk-size", type=int, default=DEFAULT_CHUNK_SIZE, help="texts per request"
@@ -312,7 +318,11 @@ def classify_one(client: Client, args: argparse.Namespace) -> int:
     text; any other failure ends the run (exit 2)."""
     try:
         prediction = client.classify(
-            args.text, args.text_pair, top_k=args.top_k, raw_scores=args.raw_scores
+            args.text,
+            args.text_pair,
+            top_k=args.top_k,
+            raw_scores=args.raw_scores,
+            windows=args.windows,
         )
     except (Rejected, BodyTooLarge) as error:
         print(json.dumps({"error": {"code": error.code, "message": error.message}}))
@@ -386,6 +396,7 @@ def classify_file(client: Client, args: argparse.Namespace) -> int:
             concurrency=args.concurrency,
             top_k=args.top_k,
             raw_scores=args.raw_scores,
+            windows=args.windows,
         )
         try:
             for line, result in enumerate(results, start=1):

@@ -6,7 +6,11 @@
 `concurrency` at a time, and returns one `ItemResult` per text, in order: a bad text fails
 alone, as it does on the server. A text is a `str`, or a `(text, text_pair)` tuple for the
 sentence-pair models (NLI, cross-encoders). Both take the API's options: `top_k` (keep the k
-best labels in `scores`) and `raw_scores` (the logits, no softmax or sigmoid).
+best labels in `scores`), `raw_scores` (the logits, no softmax or sigmoid) and `windows` (a
+text over the server's `max_length` tokens classified whole, as overlapping windows, or on its
+first tokens; unset, the model's `long_texts` setting decides; docs/api.md, "Long texts"). A
+list request whose texts make more windows than the server takes at once
+(`max_windows_per_request`) is refused whole with 413; `classify_many` then sends its halves.
 
 The errors, one class per way a call fails, are drawn in `bert_serve.exceptions`.
 Every answer that means "the worker is gone" (`is_worker_gone`), 503, 429, 504
@@ -56,9 +60,11 @@ from bert_serve.exceptions import (
     BodyTooLarge,
     ConnectError,
     DeadlineExceeded,
+    ErrorCode,
     InvalidKeyFile,
     ModelNotFound,
     RequestFailed,
+    TextTooLong,
     Timeout,
     Unauthorized,
     Unavailable,
@@ -112,6 +118,8 @@ class Prediction:
     scores: dict[str, float]
     truncated: bool
     labels: tuple[str, ...] | None = None
+    windows: int | None = None
+    """The windows a long text was classified as (2 or more); None for a text in one."""
 
     @classmethod
     def from_json(cls, body: Any) -> Prediction:
@@ -119,12 +127,16 @@ class Prediction:
             labels = body.get("labels")
             if labels is not None and not isinstance(labels, list):
                 raise TypeError(f"labels must be a list, got {type(labels).__name__}")
+            windows = body.get("windows")
+            if windows is not None and (isinstance(windows, bool) or not isinstance(windows, int)):
+                raise TypeError(f"windows must be a whole number, got {windows!r}")
             return cls(
                 label=str(body["label"]),
                 score=float(body["score"]),
                 scores={str(k): float(v) for k, v in body["scores"].items()},
                 truncated=bool(body.get("truncated", False)),
                 labels=None if labels is None else tuple(str(label) for label in labels),
+                windows=windows,
             )
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise BadResponse(f"not a prediction: {body!r:.200}") from error
@@ -138,6 +150,8 @@ class Prediction:
         }
         if self.labels is not None:
             fields["labels"] = list(self.labels)
+        if self.windows is not None:
+            fields["windows"] = self.windows
         return fields
 
 
@@ -227,8 +241,11 @@ def token_from_key_file(path: str | Path, kind: str = "inference") -> str:
         raise InvalidKeyFile(f"cannot read a {kind} key from {path}: {error}") from error
 
 
-def score_options(top_k: int | None = None, raw_scores: bool = False) -> dict[str, Any]:
-    """The request's option fields; checked here, since a bad one would fail every chunk."""
+def score_options(
+    top_k: int | None = None, raw_scores: bool = False, windows: bool | None = None
+) -> dict[str, Any]:
+    """The request's option fields; checked here, since a bad one would fail every chunk.
+    `windows` is sent only when given (None: the model's `long_texts` setting decides)."""
     options: dict[str, Any] = {}
     if top_k is not None:
         if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
@@ -238,6 +255,10 @@ def score_options(top_k: int | None = None, raw_scores: bool = False) -> dict[st
         raise ValueError(f"raw_scores must be True or False, got {raw_scores!r}")
     if raw_scores:
         options["raw_scores"] = True
+    if windows is not None:
+        if not isinstance(windows, bool):
+            raise ValueError(f"windows must be True, False or None, got {windows!r}")
+        options["windows"] = windows
     return options
 
 
@@ -348,6 +369,13 @@ def repeats_for_every_chunk(error: BertServeError) -> bool:
     if isinstance(error, (Unauthorized, ModelNotFound, ConnectError, RequestFailed)):
         return True
     return isinstance(error, UnexpectedStatus) and error.status in (400, 405)
+
+
+def is_split_worthy(error: BertServeError) -> bool:
+    """A list request the handler refused whole as too large (413 `payload_too_large`): more
+    windows than `max_windows_per_request`, or more texts than `max_texts_per_request`; fewer
+    texts may pass. A text over `max_chars` is refused alone, inside a 200, so never this."""
+    return isinstance(error, TextTooLong) and error.code == ErrorCode.PAYLOAD_TOO_LARGE
 
 
 def backoff_delays(retries: int, base: float, cap: float) -> Iterator[float]:
@@ -517,10 +545,11 @@ class Client:
         *,
         top_k: int | None = None,
         raw_scores: bool = False,
+        windows: bool | None = None,
     ) -> Prediction:
         """One text, or one pair; raises the error's class (`bert_serve.exceptions`) if it
         fails, a `Rejected` with the server's code if the server refuses it."""
-        payload: dict[str, Any] = {"text": text, **score_options(top_k, raw_scores)}
+        payload: dict[str, Any] = {"text": text, **score_options(top_k, raw_scores, windows)}
         if text_pair is not None:
             payload["text_pair"] = text_pair
         return Prediction.from_json(self._post(payload))
@@ -551,15 +580,28 @@ class Client:
         return Explanation.from_json(self._post(payload, self.explain_url))
 
     def classify_chunk(
-        self, texts: list[Text], *, top_k: int | None = None, raw_scores: bool = False
+        self,
+        texts: list[Text],
+        *,
+        top_k: int | None = None,
+        raw_scores: bool = False,
+        windows: bool | None = None,
     ) -> list[ItemResult]:
-        """One list request; a failure of the whole request becomes every item's error."""
+        """One list request; a failure of the whole request becomes every item's error, except
+        a list refused as too large (`is_split_worthy`: its texts make more windows than the
+        server takes in one request), whose halves are sent in turn."""
         items = [wire_item(text) for text in texts]
         try:
-            body = self._post({"texts": items, **score_options(top_k, raw_scores)})
+            body = self._post({"texts": items, **score_options(top_k, raw_scores, windows)})
         except BertServeError as error:
             if repeats_for_every_chunk(error):
                 raise
+            if len(texts) > 1 and is_split_worthy(error):
+                half = len(texts) // 2
+                send = partial(
+                    self.classify_chunk, top_k=top_k, raw_scores=raw_scores, windows=windows
+                )
+                return send(texts[:half]) + send(texts[half:])
             return [ItemResult(error=ItemError(error.code, error.message))] * len(texts)
         results = body.get("results")
         if not isinstance(results, list) or len(results) != len(texts):
@@ -575,6 +617,7 @@ class Client:
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         top_k: int | None = None,
         raw_scores: bool = False,
+        windows: bool | None = None,
     ) -> Iterator[ItemResult]:
         """Results in input order as they arrive, with at most `concurrency` requests in flight.
 
@@ -584,9 +627,9 @@ class Client:
             raise ValueError(
                 f"chunk_size and concurrency must be >= 1, got {chunk_size} and {concurrency}"
             )
-        options = score_options(top_k, raw_scores)
+        options = score_options(top_k, raw_scores, windows)
         chunks = chunk_texts(texts, chunk_size, max_request_bytes, options)
-        send = partial(self.classify_chunk, top_k=top_k, raw_scores=raw_scores)
+        send = partial(self.classify_chunk, top_k=top_k, raw_scores=raw_scores, windows=windows)
         with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="bert-serve") as pool:
             pending: deque[Future[list[ItemResult]]] = deque()
             try:

@@ -586,7 +586,7 @@ def test_item_result_json_shapes() -> None:
 
 def answer_with_body(body: dict[str, Any]) -> Reply:
     """A prediction whose `scores` carry the request's options back, so a test sees them."""
-    options = {key: body[key] for key in ("top_k", "raw_scores") if key in body}
+    options = {key: body[key] for key in ("top_k", "raw_scores", "windows") if key in body}
     prediction = {"label": "a", "score": 0.5, "scores": {"a": 0.5}, "truncated": False}
     if "texts" in body:
         return 200, {"results": [{**prediction, "sent": options}] * len(body["texts"])}
@@ -620,7 +620,15 @@ def test_classify_many_sends_pairs_as_objects_and_the_options_on_every_chunk(
 
 @pytest.mark.parametrize(
     "options",
-    [{"top_k": 0}, {"top_k": True}, {"top_k": 1.5}, {"raw_scores": "yes"}, {"raw_scores": 1}],
+    [
+        {"top_k": 0},
+        {"top_k": True},
+        {"top_k": 1.5},
+        {"raw_scores": "yes"},
+        {"raw_scores": 1},
+        {"windows": "yes"},
+        {"windows": 0},
+    ],
 )
 def test_bad_options_are_refused_before_sending(
     stub_factory: Callable[..., Stub], options: dict[str, Any]
@@ -628,11 +636,143 @@ def test_bad_options_are_refused_before_sending(
     """A bad option would fail every chunk of a long run; it fails at once, here."""
     stub = stub_factory()
     client, _ = client_for(stub)
-    with pytest.raises(ValueError, match="top_k|raw_scores"):
+    with pytest.raises(ValueError, match="top_k|raw_scores|windows"):
         client.classify("x", **options)
-    with pytest.raises(ValueError, match="top_k|raw_scores"):
+    with pytest.raises(ValueError, match="top_k|raw_scores|windows"):
         client.classify_many(["x"], **options)
     assert stub.requests == []
+
+
+def test_windows_is_sent_only_when_given(stub_factory: Callable[..., Stub]) -> None:
+    """`windows=None` leaves the choice to the model's long_texts setting: no field at all;
+    True and False go as JSON booleans, on one text and on every chunk of a list."""
+    stub = stub_factory(answer_with_body)
+    client, _ = client_for(stub)
+    client.classify("long", windows=True)
+    client.classify("long", windows=False)
+    client.classify("long")
+    client.classify_many(["a", "b", "c"], chunk_size=2, concurrency=1, windows=False)
+    client.classify_many(["a"])
+    assert [body for _, body in stub.requests] == [
+        {"text": "long", "windows": True},
+        {"text": "long", "windows": False},
+        {"text": "long"},
+        {"texts": ["a", "b"], "windows": False},
+        {"texts": ["c"], "windows": False},
+        {"texts": ["a"]},
+    ]
+
+
+def test_a_windowed_answer_keeps_its_windows(stub_factory: Callable[..., Stub]) -> None:
+    """A text of more than one window answers `"windows": n`; the client keeps it through
+    classify, classify_many and the JSON it writes, and a one-window answer has none."""
+    windowed = {"label": "a", "score": 0.7, "scores": {"a": 0.7}, "truncated": False, "windows": 3}
+    short = {"label": "a", "score": 0.6, "scores": {"a": 0.6}, "truncated": False}
+
+    def reply(body: dict[str, Any]) -> Reply:
+        if "texts" in body:
+            return 200, {"results": [windowed if len(t) > 3 else short for t in body["texts"]]}
+        return 200, windowed
+
+    stub = stub_factory(reply)
+    client, _ = client_for(stub)
+    prediction = client.classify("long text")
+    assert prediction.windows == 3 and prediction.to_json() == windowed
+    long_one, short_one = client.classify_many(["long text", "hi"])
+    assert long_one.prediction == prediction and long_one.to_json()["windows"] == 3
+    assert short_one.prediction is not None and short_one.prediction.windows is None
+    assert "windows" not in short_one.to_json()
+
+
+@pytest.mark.parametrize("windows", ["3", 2.5, True, [2]])
+def test_a_windows_field_that_is_not_a_whole_number_is_a_bad_response(
+    stub_factory: Callable[..., Stub], windows: Any
+) -> None:
+    answer = {"label": "a", "score": 0.5, "scores": {"a": 0.5}, "windows": windows}
+    stub = stub_factory(lambda _: (200, answer))
+    client, _ = client_for(stub)
+    with pytest.raises(client_module.BadResponse, match="not a prediction"):
+        client.classify("x")
+
+
+WINDOWS_LIMIT = 3
+
+
+def windows_limited(body: dict[str, Any]) -> Reply:
+    """A server that takes at most WINDOWS_LIMIT windows a request, a text one window per
+    word: past it the whole list is refused 413, as the handler refuses it."""
+    texts = body["texts"]
+    windows = sum(len(t.split()) for t in texts)
+    if windows > WINDOWS_LIMIT:
+        message = f"the request's texts make {windows} windows; the limit is {WINDOWS_LIMIT}"
+        return 413, {"error": {"code": "payload_too_large", "message": message}}
+    return echo(body)
+
+
+def test_a_list_refused_for_its_windows_is_sent_again_in_halves(
+    stub_factory: Callable[..., Stub],
+) -> None:
+    """A chunk of long texts may make more windows than max_windows_per_request (413 for the
+    whole list): its halves go in turn, down to one text, so each text that fits is answered,
+    in order, and only a text past the limit alone is refused."""
+    stub = stub_factory(windows_limited)
+    client, _ = client_for(stub)
+    texts = ["a b", "c", "d e f", "g h i j", "k", "l m"]
+    results = client.classify_many(texts, chunk_size=6, concurrency=1)
+    assert [r.prediction.label if r.prediction else r.error.code for r in results] == [  # type: ignore[union-attr]
+        "label-3",
+        "label-1",
+        "label-5",
+        "payload_too_large",
+        "label-1",
+        "label-3",
+    ]
+    assert [body["texts"] for _, body in stub.requests] == [
+        texts,
+        texts[:3],
+        ["a b"],
+        ["c", "d e f"],
+        ["c"],
+        ["d e f"],
+        texts[3:],
+        ["g h i j"],
+        ["k", "l m"],
+    ]
+
+
+def test_other_refusals_of_a_whole_list_are_not_split(stub_factory: Callable[..., Stub]) -> None:
+    """Only a list refused as too large is worth sending in parts; a 504 or a 500 for the whole
+    list stays every text's error, in one request."""
+    body = {"error": {"code": "internal_error", "message": "m"}}
+    stub = stub_factory(lambda _: (500, body))
+    client, _ = client_for(stub, retries=0)
+    results = client.classify_many(["a", "b", "c"], chunk_size=3)
+    assert [r.error.code for r in results] == ["internal_error"] * 3  # type: ignore[union-attr]
+    assert len(stub.requests) == 1
+
+
+@pytest.mark.parametrize(
+    ("arguments", "sent"),
+    [([], None), (["--windows"], True), (["--no-windows"], False)],
+)
+def test_cli_windows_option(
+    stub_factory: Callable[..., Stub],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    arguments: list[str],
+    sent: bool | None,
+) -> None:
+    """--windows / --no-windows send the option with one text and with every chunk of a file;
+    neither sends nothing, so the model's setting decides."""
+    stub = stub_factory(answer_with_body)
+    texts = tmp_path / "in.txt"
+    texts.write_text("one\ntwo\n")
+    assert cli.main(["classify", "--url", stub.url, "x", *arguments]) == cli.EXIT_OK
+    command = ["classify", "--url", stub.url, "--file", str(texts), "--no-progress"]
+    assert cli.main([*command, *arguments]) == cli.EXIT_OK
+    bodies = [body for _, body in stub.requests]
+    assert [body.get("windows") for body in bodies] == [sent, sent]
+    assert all(("windows" in body) == (sent is not None) for body in bodies)
 
 
 @pytest.mark.parametrize("bad", [("only one",), ("a", 2), ["a", "b"], 3])
