@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bert_serve_server import measure, rules, sizing
+from bert_serve_server import probe, rules
 from bert_serve_server.archive import package_variant
 from bert_serve_server.config import models_entry
 from bert_serve_server.control import Server
@@ -51,7 +51,7 @@ class Plan:
 
     @property
     def gpus(self) -> int:
-        return sizing.gpu_count() if self.device == "cuda" else 0
+        return probe.gpu_count() if self.device == "cuda" else 0
 
     @property
     def loads(self) -> Loads:
@@ -176,13 +176,13 @@ def ceiling_processes(model_dir: Path, gpus: int) -> int:
     if gpus:
         settings = config_settings()
         loaded = load_model(model_dir, settings, 0)
-        load = measure.measure_device_load(loaded, settings, max(sizing.BATCH_SIZES))
-        return sizing.workers_for(sizing.read_machine(gpus), sizing.GPU_WORKER_HOST_BYTES, load)[0]
+        load = probe.measure_device_load(loaded, settings, max(rules.BATCH_SIZES))
+        return rules.workers_for(probe.read_machine(gpus), rules.GPU_WORKER_HOST_BYTES, load)[0]
     weights = sum(path.stat().st_size for path in model_dir.glob("*.safetensors"))
     worker_bytes = (
         weights + rules.UNMEASURED_WORKER_OVERHEAD_BYTES
     )  # a folder, not a .mar to measure
-    return sizing.workers_for(sizing.read_machine(gpus), worker_bytes)[0]
+    return rules.workers_for(probe.read_machine(gpus), worker_bytes)[0]
 
 
 def run(plan: Plan, corpus: list[str]) -> dict[str, Any]:

@@ -66,7 +66,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from bert_serve_server import sizing
+from bert_serve_server import probe
 from bert_serve_server.archive import package_variant
 from bert_serve_server.config import ROOT
 
@@ -101,7 +101,7 @@ class Plan:
 
     @property
     def gpus(self) -> int:
-        return sizing.gpu_count() if self.device == "cuda" else 0
+        return probe.gpu_count() if self.device == "cuda" else 0
 
     @property
     def ladder_s(self) -> float:

@@ -62,12 +62,7 @@ STOP_AFTER_S = 3.0
 READY_PROBE = ("python3.11", "-m", "bert_serve_server", "ready")
 SIZED_FILES = (
     "deploy/entrypoint.sh",
-    *(
-        f"server/bert_serve_server/{name}.py"
-        for name in ("config", "machine", "stated", "plan", "measure", "rules", "served")
-    ),
-    "server/bert_serve_server/sizing.py",
-    "server/bert_serve_server/size_cli.py",
+    *(f"server/bert_serve_server/{name}.py" for name in ("config", "probe", "rules", "sizing")),
 )
 """What the record's figures depend on besides the image's packages: its ``sized_from``."""
 DEPLOYMENT = ROOT / "deploy" / "k8s" / "deployment.yaml"
@@ -86,7 +81,7 @@ STATED_ENV = {
     "BERT_SERVE_QUEUE": "64",
     "BERT_SERVE_HEAP": "384m",
 }
-"""What step 7 states (``bert_serve_server.stated``): every value the start would otherwise
+"""What step 7 states (``bert_serve_server.sizing``): every value the start would otherwise
 measure or derive, so it measures nothing; 2 workers where the pod's limits give 1."""
 IMAGE_ARCHIVE = "/mnt/models/model-store/bert.mar"
 """Where the image holds the default model's archive (deploy/Dockerfile)."""

@@ -22,12 +22,12 @@ ROOT = Path(__file__).resolve().parent.parent
 REAL_MODEL_DIR = ROOT / "build" / "bert-sentiment"
 MAR_PATH = ROOT / "model_store" / "bert.mar"
 LABELS = ("negative", "positive")
-MEASURE_CACHE_ENV = "BERT_SERVE_MEASURE_CACHE"  # bert_serve_server.measure.CACHE_ENV
+MEASURE_CACHE_ENV = "BERT_SERVE_MEASURE_CACHE"  # bert_serve_server.probe.CACHE_ENV
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """Every start of the run, in this process and in the tools it runs, measures each archive
-    version once (bert_serve_server.measure.remembered): dozens of servers start on a few
+    version once (bert_serve_server.probe.remembered): dozens of servers start on a few
     archives, and a start's measurement takes a minute on 2 cores."""
     if MEASURE_CACHE_ENV not in os.environ:
         os.environ[MEASURE_CACHE_ENV] = tempfile.mkdtemp(prefix="bert-serve-measured-")

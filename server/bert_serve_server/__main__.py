@@ -2,7 +2,7 @@
 
     start | stop | status | key | url | predict-url | models   one TorchServe (``control``)
     package --model-dir DIR [...]                              a .mar (``archive``)
-    size --out FILE [--plan-out|--plan PLAN] -- TORCHSERVE_ARGS  the sizing step (``size_cli``)
+    size --out FILE [--plan-out|--plan PLAN] -- TORCHSERVE_ARGS  the sizing step (``sizing``)
     ready [--live] [--config FILE]                             the pod's probe (``ready``)
 
 Each command imports only its own module: ``size`` runs in the image, where ``handler/`` and
@@ -22,9 +22,9 @@ def main(argv: list[str] | None = None) -> int:
 
         return archive.main(rest)
     if command == "size":
-        from bert_serve_server import size_cli
+        from bert_serve_server import sizing
 
-        return size_cli.main(rest)
+        return sizing.main(rest)
     if command == "ready":
         from bert_serve_server import ready
 

@@ -313,7 +313,7 @@ def package_variant(
 def fresh_default_archive(model_dir: Path) -> Path | None:
     """``DEFAULT_ARCHIVE`` where ``model_dir`` is the default model and the archive is built
     from it and the shipped config as they are now (``is_stale``), else None. Its copies are
-    byte for byte the same, so a start measures them once (``measure.remembered``)."""
+    byte for byte the same, so a start measures them once (``probe.remembered``)."""
     if model_dir.resolve() != DEFAULT_MODEL_DIR.resolve():
         return None
     model_dir, config = model_dir.resolve(), MODEL_CONFIG.resolve()

@@ -60,12 +60,8 @@ from bert_serve_server.config import (
     served_models,
     without,
 )
-from bert_serve_server.plan import PlanError
 from bert_serve_server.ready import unready
-from bert_serve_server.rules import StatedError
-from bert_serve_server.served import SizingError
-from bert_serve_server.stated import VARIABLES as STATED_VARIABLES
-from bert_serve_server.stated import StatedValueError, read_stated
+from bert_serve_server.rules import SizingError
 
 USAGE = """Start, wait for, and stop one TorchServe instance that lives in its own state folder
 (``bert_serve_server.control``: it only ever stops the instance it started).
@@ -96,13 +92,13 @@ THREADS_ENV = "OMP_NUM_THREADS"
 
 
 START_ATTEMPTS = 3
-PLAN_ENV = STATED_VARIABLES["plan"]
+PLAN_ENV = sizing.VARIABLES["plan"]
 START_VARIABLES = (
-    *STATED_VARIABLES.values(),
+    *sizing.VARIABLES.values(),
     "BERT_SERVE_MODEL_LOG_STDOUT",  # config/log4j2.xml reads these two when the frontend starts
     "BERT_SERVE_ACCESS_LOG_STDOUT",
 )
-"""The ``BERT_SERVE_*`` variables a start reads (what ``bert_serve_server.stated`` takes as stated,
+"""The ``BERT_SERVE_*`` variables a start reads (what ``bert_serve_server.sizing`` takes as stated,
 and the frontend's log config), recorded in ``sizing.json``: a change restarts ``start_or_reuse``'s
 server. Others (the client's, ``BERT_SERVE_STOP_S``, ``BERT_SERVE_MEASURE_CACHE``: a cache of
 what the same archive measures) change nothing a start decides."""
@@ -493,10 +489,10 @@ def launch_sized(
 ) -> tuple[Server, sizing.Resolved]:
     """Size ``source`` for this machine (``bert_serve_server.sizing``) and launch it; models that sizing
     refused are named on stderr, and when none is left nothing is launched. What ``BERT_SERVE_*``
-    variables state (``bert_serve_server.stated``, a plan included) is taken as stated."""
+    variables state (``sizing.read_stated``, a plan included) is taken as stated."""
     try:
-        resolved = sizing.resolve(source, stated=read_stated(os.environ))
-    except (SizingError, StatedError, StatedValueError, PlanError) as error:
+        resolved = sizing.resolve(source, stated=sizing.read_stated(os.environ))
+    except SizingError as error:
         raise ServerError(str(error)) from None
     refusals = "; ".join(f"model {key} refused: {why}" for key, why in resolved.refused.items())
     if not served_models(resolved.properties):

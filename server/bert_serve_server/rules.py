@@ -1,6 +1,7 @@
-"""The sizing rules as pure functions: from a ``Machine`` and what was measured (or stated) to
-workers, torch threads, ``batchSize``, the queue and the heap, each with its reasons. Nothing
-here reads the machine, a file or the clock (``bert_serve_server.sizing`` has the whole rule).
+"""The sizing rules as pure functions: from a ``Machine`` (what ``bert_serve_server.probe`` reads
+of it, or what is stated) and what was measured (``DeviceLoad``, a worker's memory) to workers,
+torch threads, ``batchSize``, the queue and the heap, each with its reasons. Nothing here reads
+the machine, a file or the clock (``bert_serve_server.sizing`` has the whole rule).
 
 Units: ``*_bytes`` are bytes, ``*_mib`` are MiB (2**20 bytes); TorchServe's ``job_queue_size``
 counts requests.
@@ -11,8 +12,6 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-
-from bert_serve_server.machine import Machine
 
 PATIENT_S = 60.0
 BATCH_SIZES = (2, 4, 8, 16, 32, 64)
@@ -63,6 +62,63 @@ FRONTEND_CORES = 1
 """Cores left to TorchServe's frontend (HTTP, batching) beside GPU workers."""
 GPU_MEMORY_SHARE = 0.9
 """Of each GPU's memory, what its workers may hold: the rest for the allocator's fragmentation."""
+CGROUP_LIMIT = "the cgroup limit"
+PHYSICAL = "the physical memory"
+STATED = "the stated BERT_SERVE_MEMORY"
+"""The bounds on the memory, as the reasons name them (``Machine.memory_bounds``)."""
+
+
+@dataclass(frozen=True)
+class Machine:
+    """The machine sized for: as ``probe.read_machine`` reads it, or as it is stated
+    (``sizing.with_stated``)."""
+
+    cores: float
+    """Physical cores this process may use (never more than ``cpus``)."""
+    memory_bytes: int
+    gpus: int
+    gpu_memory_bytes: int = 0
+    """The smallest of the GPUs' memories (0: no GPU, or not known)."""
+    cpus: float = 0.0
+    """Logical CPUs paid for (hyperthreads counted); 0: as many as ``cores``."""
+    cpu_source: str = ""
+    """How the CPUs were read, for the reasons."""
+    memory_bounds: tuple[tuple[str, int], ...] = ()
+    """Each bound on the memory that was known (``CGROUP_LIMIT``, ``PHYSICAL``, ``STATED``) and
+    its bytes; ``memory_bytes`` is the least of them."""
+
+    @property
+    def logical_cpus(self) -> float:
+        return self.cpus or self.cores
+
+    @property
+    def source(self) -> tuple[str, ...]:
+        """How each value was read or stated, for the reasons."""
+        lines = [f"machine: {self.cpu_source}"] if self.cpu_source else []
+        if self.memory_bounds:
+            lines.append(f"machine: {memory_line(self.memory_bounds)}")
+        return tuple(lines)
+
+
+def least_memory(bounds: tuple[tuple[str, int], ...]) -> tuple[str, int]:
+    """The bound that binds: the least (the first of equal ones)."""
+    return min(bounds, key=lambda bound: bound[1])
+
+
+def memory_line(bounds: tuple[tuple[str, int], ...]) -> str:
+    """The memory sized for, the bound that set it, and the others beside it."""
+    name, least = least_memory(bounds)
+    others = [f"{other} {size // 2**20} MiB" for other, size in bounds if other != name]
+    if not any(other == CGROUP_LIMIT for other, _ in bounds):
+        others.append("no cgroup limit")
+    line = f"{least // 2**20} MiB of memory, bound by {name}"
+    line += f" ({', '.join(others)})" if others else ""
+    if name == PHYSICAL and len(others) == 1 and others[0] == "no cgroup limit":
+        line += (
+            ": a pod without a memory limit is sized for its node's memory unless it states its "
+            "request in BERT_SERVE_MEMORY"
+        )
+    return line
 
 
 HEAP_FLAG = re.compile(r"-(?:Xmx|XX:MaxHeapSize=)(\d+)([kKmMgGtT]?)(?=\s|$)")
@@ -90,7 +146,11 @@ def heap_stated(vmargs: str) -> bool:
     return bool(HEAP_FLAG.search(vmargs) or RAM_PERCENTAGE_FLAG.search(vmargs))
 
 
-class StatedError(ValueError):
+class SizingError(ValueError):
+    """A config, or a stated value, that cannot be sized; the message says why and what to change."""
+
+
+class StatedError(SizingError):
     """A stated setting that cannot run as stated; the message says what would."""
 
 

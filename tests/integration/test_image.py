@@ -29,7 +29,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from bert_serve_server import measure, served, sizing
+from bert_serve_server import probe, rules, sizing
 
 from lab.image import pod_limits
 from tests.conftest import MAR_PATH, ROOT
@@ -110,12 +110,12 @@ def test_image_builds_answers_and_stops_cleanly() -> None:
         # the entrypoint sized the workers for the container: this machine's cores and the
         # pod's limits, which the test ran under
         assert result["limits"] == pod_limits()
-        cores = min(sizing.read_machine(gpus=0).cores, float(result["limits"]["cpus"]))
+        cores = min(probe.read_machine(gpus=0).cores, float(result["limits"]["cpus"]))
         memory = int(result["limits"]["memory"].removesuffix("m")) * 2**20
-        worker_bytes = served.budgeted_bytes(
-            measure.measured_memory(str(MAR_PATH), MAR_PATH.stat().st_mtime_ns)
+        worker_bytes = sizing.budgeted_bytes(
+            probe.measured_memory(str(MAR_PATH), MAR_PATH.stat().st_mtime_ns)
         )
-        expected = sizing.workers_for(sizing.Machine(cores, memory, 0), worker_bytes)[0]
+        expected = rules.workers_for(rules.Machine(cores, memory, 0), worker_bytes)[0]
         assert roles.count("worker") == expected, (roles, expected)
         assert result["probe_not_ready_polls"] > 0 and not result["lost_under_stop"]
         assert result["unloadable"]["exit_code"] != 0

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 import requests
-from bert_serve_server import rules, sizing
+from bert_serve_server import probe, rules
 from bert_serve_server.config import configured_model
-from bert_serve_server.served import archive_limits
+from bert_serve_server.sizing import archive_limits
 
 from lab.batchlog import logged_batches
 from tests.conftest import MAR_PATH, ROOT
@@ -104,18 +104,18 @@ def test_inference_requires_the_token(server, predict_url) -> None:
     assert "Token" in response.text
 
 
-def expected_workers(server: Any) -> tuple[sizing.Machine, int]:
+def expected_workers(server: Any) -> tuple[rules.Machine, int]:
     """This machine as the start saw it (its GPUs as TorchServe is given them, else its cores)
     and the workers sizing's rule gives the default model there, from the load the start
     measured on a GPU."""
-    machine = sizing.read_machine(sizing.serving_gpus(server.properties))
+    machine = probe.read_machine(probe.serving_gpus(server.properties))
     load = server.sizing()["in_force"].get("device_loads", {}).get("bert:1.0")
     if load is None:  # on the CPU, with a worker's memory as the start measured it
         machine = replace(machine, gpus=0)
         worker_bytes = server.sizing()["in_force"]["measured"]["bert:1.0"]["worker_bytes"]
-        return machine, sizing.workers_for(machine, worker_bytes)[0]
-    device_load = sizing.DeviceLoad(**load)
-    return machine, sizing.workers_for(machine, sizing.GPU_WORKER_HOST_BYTES, device_load)[0]
+        return machine, rules.workers_for(machine, worker_bytes)[0]
+    device_load = rules.DeviceLoad(**load)
+    return machine, rules.workers_for(machine, rules.GPU_WORKER_HOST_BYTES, device_load)[0]
 
 
 def test_batch_settings_and_workers_in_force_are_what_make_status_reports(server) -> None:
@@ -131,7 +131,7 @@ def test_batch_settings_and_workers_in_force_are_what_make_status_reports(server
     assert "batchSize" not in configured, "the shipped config leaves the batch size to the start"
     (in_force,) = server.sizing()["in_force"]["models"]["bert"].values()
     assert model["maxBatchDelay"] == configured["maxBatchDelay"] == in_force["maxBatchDelay"]
-    assert model["batchSize"] == in_force["batchSize"] in sizing.BATCH_SIZES
+    assert model["batchSize"] == in_force["batchSize"] in rules.BATCH_SIZES
     assert any(
         reason.startswith(f"batchSize {model['batchSize']}:")
         for reason in server.sizing()["in_force"]["why"]
@@ -176,10 +176,10 @@ def test_make_status_prints_the_defaults_chosen_on_this_machine(server) -> None:
     heap_mb = rules.heap_mib_in(re.search(r"^vmargs (.*)$", printed, re.MULTILINE)[1])
     rates_line = re.search(r"why: batchSize \d+: .*\((.*)\)$", printed, re.MULTILINE)[1]
     rates = {int(size): float(rate) for rate, size in re.findall(r"([\d.]+) at (\d+)", rates_line)}
-    assert sorted(rates) == list(sizing.BATCH_SIZES)
+    assert sorted(rates) == list(rules.BATCH_SIZES)
 
     machine, workers = expected_workers(server)
-    batch_size, _ = sizing.batch_size_for(rates)
+    batch_size, _ = rules.batch_size_for(rates)
     max_request = int(server.properties["max_request_size"])
     request_bytes = rules.queued_request_bytes(max_request, *archive_limits(MAR_PATH))
     worker_bytes = server.sizing()["in_force"]["measured"]["bert:1.0"]["worker_bytes"]
@@ -196,7 +196,7 @@ def test_make_status_prints_the_defaults_chosen_on_this_machine(server) -> None:
     assert (int(entry["minWorkers"]), int(entry["maxWorkers"]), threads) == (
         workers,
         workers,
-        sizing.threads_for(machine, workers),
+        rules.threads_for(machine, workers),
     )
     assert int(entry["batchSize"]) == batch_size
     assert (queue, heap_mb) == (expected_queue, expected_heap)

@@ -13,9 +13,9 @@ from bert_serve_server.archive import (
     fresh_default_archive,
     package_variant,
 )
-from bert_serve_server.machine import Machine
-from bert_serve_server.measure import archive_handler_config
-from bert_serve_server.served import archive_limits, runs_on_gpu
+from bert_serve_server.probe import archive_handler_config
+from bert_serve_server.rules import Machine
+from bert_serve_server.sizing import archive_limits, runs_on_gpu
 
 GIB = 2**30
 

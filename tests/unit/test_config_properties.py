@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bert_serve_server import measure, rules, served, sizing
+from bert_serve_server import probe, rules, sizing
 from bert_serve_server.config import (
     BASE_CONFIG,
     MODEL_NAME,
@@ -29,8 +29,8 @@ from bert_serve_server.config import (
     stated_entry,
     with_stated_values,
 )
-from bert_serve_server.machine import Machine
-from bert_serve_server.served import SizingError, sized_at_start
+from bert_serve_server.rules import Machine, SizingError
+from bert_serve_server.sizing import sized_at_start
 
 
 def test_continuation_lines_as_torchserve_documents_models() -> None:
@@ -187,11 +187,11 @@ def test_the_project_start_sizes_the_shipped_entry(
     mib = 2**20
     with zipfile.ZipFile(tmp_path / "bert.mar", "w") as archive:
         archive.writestr("model/config.json", "{}")
-    worker = measure.WorkerMemory(peak_bytes=640 * mib, uss_bytes=600 * mib, pss_bytes=620 * mib)
+    worker = probe.WorkerMemory(peak_bytes=640 * mib, uss_bytes=600 * mib, pss_bytes=620 * mib)
     rates = {size: 10.0 * size for size in rules.BATCH_SIZES} | {64: 10.0 * 33}
     monkeypatch.setattr(sizing, "read_machine", lambda gpus: Machine(8, 16 * 2**30, gpus))
     monkeypatch.setattr(sizing, "measured_rates", lambda *args: rates)
-    monkeypatch.setattr(served, "measured_memory", lambda *args: worker)
+    monkeypatch.setattr(sizing, "measured_memory", lambda *args: worker)
     resolved = sizing.resolve(effective_properties({"model_store": str(tmp_path)}), gpus=0)
     (entry,) = json.loads(resolved.properties["models"])[MODEL_NAME].values()
     assert (entry["minWorkers"], entry["maxWorkers"], resolved.torch_threads) == (8, 8, 1)

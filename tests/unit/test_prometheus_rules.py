@@ -19,9 +19,9 @@ from types import ModuleType
 
 import pytest
 import yaml
-from bert_serve_server import measure, served, sizing
+from bert_serve_server import probe, rules, sizing
 from bert_serve_server.config import effective_properties
-from bert_serve_server.machine import Machine
+from bert_serve_server.rules import Machine
 
 from lab.proxy import PROXY_CONF
 from tests.conftest import ROOT
@@ -148,7 +148,7 @@ def deployment_queue(monkeypatch: pytest.MonkeyPatch) -> int:
     budget = int(worker_line.split("a worker holds ")[1].split()[0]) * 2**20
     rate = max(float(rate) for rate in re.findall(r"([\d.]+) at \d+", rates_line))
     cpus, limit = deployment_limits()
-    worker = measure.WorkerMemory(round(budget / served.MEASURED_WORKER_HEADROOM), 0, 0)
+    worker = probe.WorkerMemory(round(budget / sizing.MEASURED_WORKER_HEADROOM), 0, 0)
     pod = Machine(cores=cpus, memory_bytes=limit, gpus=0, cpus=cpus)
     fake_start(monkeypatch, pod, worker, texts_per_s=rate)
     resolved = sizing.resolve(effective_properties(), gpus=0)
@@ -175,15 +175,15 @@ def test_the_queue_alert_fires_before_the_deployments_queue_is_full(
 
 
 def test_the_route_timeout_is_the_patient_minute() -> None:
-    """The queue is sized to what the workers drain in sizing.PATIENT_S at most; that is also
+    """The queue is sized to what the workers drain in rules.PATIENT_S at most; that is also
     the proxy's route timeout."""
     conf = PROXY_CONF.read_text()
     route = re.search(
         r"map \$http_x_request_timeout \$request_timeout \{.*?default (\d+);", conf, re.S
     )
     gives_up = re.search(r"proxy_read_timeout (\d+)s;", conf)
-    assert route and float(route.group(1)) == sizing.PATIENT_S
-    assert gives_up and float(gives_up.group(1)) == sizing.PATIENT_S
+    assert route and float(route.group(1)) == rules.PATIENT_S
+    assert gives_up and float(gives_up.group(1)) == rules.PATIENT_S
 
 
 RECORDED = ("bert_serve:label_psi:rate10m", "bert_serve:truncated_share:rate10m")

@@ -15,10 +15,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from bert_serve_server import machine as host
-from bert_serve_server import measure, rules, served, sizing
+from bert_serve_server import probe, rules, sizing
 from bert_serve_server.config import configured_model, effective_properties
-from bert_serve_server.machine import Machine
+from bert_serve_server.rules import Machine
 
 from tests.conftest import ROOT
 
@@ -29,20 +28,20 @@ MIB = 2**20
 def test_cgroup_v2_and_v1_quotas(tmp_path: Path) -> None:
     (tmp_path / "cpu.max").write_text("250000 100000\n")
     (tmp_path / "memory.max").write_text(f"{3 * GIB}\n")
-    assert host.cgroup_cores(tmp_path) == 2.5
-    assert host.cgroup_memory(tmp_path) == 3 * GIB
+    assert probe.cgroup_cores(tmp_path) == 2.5
+    assert probe.cgroup_memory(tmp_path) == 3 * GIB
     (tmp_path / "cpu.max").write_text("max 100000\n")
     (tmp_path / "memory.max").write_text("max\n")
-    assert host.cgroup_cores(tmp_path) is None
-    assert host.cgroup_memory(tmp_path) is None
+    assert probe.cgroup_cores(tmp_path) is None
+    assert probe.cgroup_memory(tmp_path) is None
     v1 = tmp_path / "v1"
     (v1 / "cpu").mkdir(parents=True)
     (v1 / "cpu" / "cpu.cfs_quota_us").write_text("400000\n")
     (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
-    assert host.cgroup_cores(v1) == 4.0
+    assert probe.cgroup_cores(v1) == 4.0
     (v1 / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
-    assert host.cgroup_cores(v1) is None
-    assert host.cgroup_memory(v1) is None
+    assert probe.cgroup_cores(v1) is None
+    assert probe.cgroup_memory(v1) is None
 
 
 @pytest.mark.parametrize(
@@ -66,7 +65,7 @@ def test_workers_and_threads_follow_cores_and_memory(
 REQUEST = rules.queued_request_bytes(2**20)
 """A queued request as the shipped limits hold it: a body of max_request_size (1 MiB), which a
 list of texts can fill, and the request's own objects."""
-WORKER = measure.WorkerMemory(peak_bytes=640 * MIB, uss_bytes=600 * MIB, pss_bytes=620 * MIB)
+WORKER = probe.WorkerMemory(peak_bytes=640 * MIB, uss_bytes=600 * MIB, pss_bytes=620 * MIB)
 """A worker as a start would measure the shipped model's (deploy/image-test.json: 635 MiB PSS)."""
 
 
@@ -148,7 +147,7 @@ def machine_of_8_cores(monkeypatch: pytest.MonkeyPatch) -> list[tuple[tuple[int,
 
     monkeypatch.setattr(sizing, "read_machine", lambda gpus: Machine(8, 128 * GIB, gpus))
     monkeypatch.setattr(sizing, "measured_rates", rates)
-    monkeypatch.setattr(served, "measured_memory", lambda mar, mtime_ns: WORKER)
+    monkeypatch.setattr(sizing, "measured_memory", lambda mar, mtime_ns: WORKER)
     return measured
 
 
@@ -170,7 +169,7 @@ def gpu_loads(
         measured.append(batch_size)
         return SERVED_LOAD
 
-    monkeypatch.setattr(host, "gpu_count", lambda: 2)
+    monkeypatch.setattr(probe, "gpu_count", lambda: 2)
     monkeypatch.setattr(
         sizing,
         "read_machine",
@@ -432,7 +431,7 @@ def archive(path: Path, handler: dict[str, object] | None) -> Path:
         if handler is not None:
             mar.writestr("model-config.yaml", yaml.safe_dump({"handler": handler}))
             manifest = {"model": {"modelName": "bert", "configFile": "model-config.yaml"}}
-            mar.writestr(measure.MANIFEST, json.dumps(manifest))
+            mar.writestr(probe.MANIFEST, json.dumps(manifest))
     return path
 
 
@@ -547,7 +546,7 @@ def device_busy(workers: int, cpu_s: float, device_s: float, seconds: float = 1.
 def test_the_measurement_splits_a_batch_into_its_device_and_cpu_time() -> None:
     """The stand-in's pass is the device's time; the CPU it burns is the worker's (more where
     other processes hold this machine's cores: the worker waits for them just the same)."""
-    device_s, cpu_s = measure.device_and_cpu_seconds(stand_in_batch(0.015, 0.030), seconds=0.3)
+    device_s, cpu_s = probe.device_and_cpu_seconds(stand_in_batch(0.015, 0.030), seconds=0.3)
     assert 0.030 <= device_s < 0.045
     assert cpu_s >= 0.014
 
@@ -555,7 +554,7 @@ def test_the_measurement_splits_a_batch_into_its_device_and_cpu_time() -> None:
 def test_the_rule_keeps_a_stand_in_device_busy() -> None:
     """Measured as the start measures a GPU, a stand-in device of 30 ms a pass beside 15 ms of
     a worker's own: two workers keep it busy, one leaves it idle a third of the time."""
-    device_s, cpu_s = measure.device_and_cpu_seconds(
+    device_s, cpu_s = probe.device_and_cpu_seconds(
         stand_in_batch(0.015, 0.030, burn=False), seconds=0.3
     )
     workers = rules.DeviceLoad(8, device_s, cpu_s, GIB, 0).busy_workers
@@ -603,7 +602,7 @@ def test_a_pass_its_launches_pace_gets_the_workers_that_fill_the_gpu_between_its
 
 def test_a_machine_without_cuda_times_no_kernels() -> None:
     """Where the profiler sees no CUDA kernels the start falls back to the pass's wall time."""
-    assert measure.kernel_seconds(lambda: sum(range(1000))) is None
+    assert probe.kernel_seconds(lambda: sum(range(1000))) is None
 
 
 def test_a_profiler_that_fails_leaves_the_wall_time(
@@ -620,11 +619,11 @@ def test_a_profiler_that_fails_leaves_the_wall_time(
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.profiler, "profile", refused)
     ran: list[int] = []
-    assert measure.kernel_seconds(lambda: ran.append(1)) is None
+    assert probe.kernel_seconds(lambda: ran.append(1)) is None
     assert "MULTIPLE_SUBSCRIBERS" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(not host.gpu_count(), reason="needs a CUDA GPU")
+@pytest.mark.skipif(not probe.gpu_count(), reason="needs a CUDA GPU")
 def test_a_batch_is_measured_on_the_gpu(tiny_model_dir: Path) -> None:
     """The real measurement: the pass's time, the CPU's around it, the worker's GPU memory."""
     from handler.model import load_model
@@ -632,7 +631,7 @@ def test_a_batch_is_measured_on_the_gpu(tiny_model_dir: Path) -> None:
 
     settings = HandlerSettings()
     loaded = load_model(tiny_model_dir, settings, 0)
-    load = measure.measure_device_load(loaded, settings, 16)
+    load = probe.measure_device_load(loaded, settings, 16)
     weights = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
     assert load.batch_size == 16 and load.device_s > 0 and load.cpu_s > 0
     assert load.gpu_bytes > weights and load.context_bytes > 0
@@ -694,12 +693,12 @@ def sized_pod(
     monkeypatch: pytest.MonkeyPatch,
     pod: Machine,
     texts_per_s: float,
-    worker: measure.WorkerMemory = WORKER,
+    worker: probe.WorkerMemory = WORKER,
 ) -> tuple[int, int, int]:
     """The shipped config on ``pod`` whose worker measures ``worker``: (workers, queue, heap MiB)."""
     monkeypatch.setattr(sizing, "read_machine", lambda gpus: pod)
     monkeypatch.setattr(sizing, "measured_rates", lambda *args: dict.fromkeys(args[2], texts_per_s))
-    monkeypatch.setattr(served, "measured_memory", lambda mar, mtime_ns: worker)
+    monkeypatch.setattr(sizing, "measured_memory", lambda mar, mtime_ns: worker)
     resolved = sizing.resolve(effective_properties(), gpus=0)
     (entry,) = json.loads(resolved.properties["models"])["bert"].values()
     heap = rules.heap_mib_in(resolved.properties["vmargs"])
@@ -707,13 +706,13 @@ def sized_pod(
     return entry["minWorkers"], int(resolved.properties["job_queue_size"]), heap
 
 
-def recorded_worker() -> measure.WorkerMemory:
+def recorded_worker() -> probe.WorkerMemory:
     """The worker deploy/image-test.json's start budgeted ("a worker holds N MiB"), as the peak
     that budget came from."""
     record = json.loads((ROOT / "deploy" / "image-test.json").read_text())
     (line,) = [line for line in record["sizing"] if "a worker holds" in line]
     budget = int(line.split("a worker holds ")[1].split()[0]) * MIB
-    return measure.WorkerMemory(round(budget / served.MEASURED_WORKER_HEADROOM), 0, 0)
+    return probe.WorkerMemory(round(budget / sizing.MEASURED_WORKER_HEADROOM), 0, 0)
 
 
 @pytest.mark.parametrize("texts_per_s", [124.0, 200.0])
@@ -731,7 +730,7 @@ def test_the_shipped_pod_fits_its_limit_and_queues_the_image_tests_clients(
     worker = recorded_worker()
     workers, queue, heap = sized_pod(monkeypatch, pod, texts_per_s, worker)
     assert workers == 1
-    planned = heap * MIB + workers * served.budgeted_bytes(worker) + rules.FRONTEND_NON_HEAP_BYTES
+    planned = heap * MIB + workers * sizing.budgeted_bytes(worker) + rules.FRONTEND_NON_HEAP_BYTES
     assert planned + rules.SERVER_SLACK_BYTES <= limit
     assert 256 <= queue <= int(workers * texts_per_s * 60)
     assert (heap - rules.BASE_HEAP_MIB) * MIB >= queue * REQUEST
@@ -743,9 +742,9 @@ def test_an_8_core_4_gib_pod_fits_its_limit(monkeypatch: pytest.MonkeyPatch) -> 
     estimate gave), and workers, heap and the JVM's non-heap memory fit in the limit."""
     pod = Machine(cores=8, memory_bytes=4 * GIB, gpus=0)
     workers, queue, heap = sized_pod(monkeypatch, pod, 100.0)
-    assert workers == 2048 // (served.budgeted_bytes(WORKER) // MIB) == 2
+    assert workers == 2048 // (sizing.budgeted_bytes(WORKER) // MIB) == 2
     assert (
-        heap + workers * served.budgeted_bytes(WORKER) / MIB + rules.FRONTEND_NON_HEAP_BYTES / MIB
+        heap + workers * sizing.budgeted_bytes(WORKER) / MIB + rules.FRONTEND_NON_HEAP_BYTES / MIB
         <= 4096
     )
     assert (heap - rules.BASE_HEAP_MIB) * MIB >= queue * REQUEST
@@ -766,10 +765,10 @@ def fake_host(root: Path, packages: int, cores: int, threads: int) -> Path:
 
 def test_physical_cores_count_hyperthreads_once(tmp_path: Path) -> None:
     topology = fake_host(tmp_path, packages=2, cores=16, threads=2)
-    assert host.physical_cores(set(range(64)), topology) == 32
-    assert host.physical_cores({0, 32}, topology) == 1, "two threads of one core"
-    assert host.physical_cores({0, 16}, topology) == 2, "core 0 of each package"
-    assert host.physical_cores({0, 99}, topology) == 2, "no topology: a core of its own"
+    assert probe.physical_cores(set(range(64)), topology) == 32
+    assert probe.physical_cores({0, 32}, topology) == 1, "two threads of one core"
+    assert probe.physical_cores({0, 16}, topology) == 2, "core 0 of each package"
+    assert probe.physical_cores({0, 99}, topology) == 2, "no topology: a core of its own"
 
 
 @pytest.mark.parametrize(
@@ -789,11 +788,11 @@ def test_a_64_thread_host(
     (cgroup / "cpu.max").write_text(f"{quota or 'max 100000'}\n")
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
     read = functools.partial(
-        host.read_machine, cgroup=cgroup, topology=topology, physical=512 * GIB
+        probe.read_machine, cgroup=cgroup, topology=topology, physical=512 * GIB
     )
     monkeypatch.setattr(sizing, "read_machine", read)
     monkeypatch.setattr(sizing, "measured_rates", lambda *args: dict.fromkeys(args[2], 50.0))
-    monkeypatch.setattr(served, "measured_memory", lambda mar, mtime_ns: WORKER)
+    monkeypatch.setattr(sizing, "measured_memory", lambda mar, mtime_ns: WORKER)
     resolved = sizing.resolve(effective_properties(), gpus=0)
     (entry,) = json.loads(resolved.properties["models"])["bert"].values()
     assert (entry["minWorkers"], resolved.torch_threads) == (workers, threads)
@@ -855,7 +854,7 @@ def test_a_model_that_cannot_load_leaves_its_traceback_on_stderr(
         archive.writestr("handler/inference.py", "def classify(*args):\n    pass\n")
         archive.writestr("model/config.json", "{}")
     with pytest.raises(RuntimeError, match="ValueError: model type `bert-next` is not known.$"):
-        measure.in_fresh_process("rates", broken, [[8], 1, 0])
+        probe.in_fresh_process("rates", broken, [[8], 1, 0])
     err = capsys.readouterr().err
     assert "Traceback (most recent call last)" in err and "in load_model" in err
 
@@ -867,10 +866,10 @@ def test_each_archive_is_measured_on_its_own_code_in_a_fresh_process(tmp_path: P
 
     slow = fake_archive(tmp_path / "slow.mar", 0.005)
     fast = fake_archive(tmp_path / "fast.mar", 0.0002)
-    slow_rates = measure.in_fresh_process("rates", slow, [[32], 1, 0])["32"]
-    fast_rates = measure.in_fresh_process("rates", fast, [[32], 1, 0])["32"]
-    assert len(slow_rates) == len(fast_rates) == measure.ROUNDS
+    slow_rates = probe.in_fresh_process("rates", slow, [[32], 1, 0])["32"]
+    fast_rates = probe.in_fresh_process("rates", fast, [[32], 1, 0])["32"]
+    assert len(slow_rates) == len(fast_rates) == probe.ROUNDS
     assert max(slow_rates) < 32 / 0.005 * 1.1
     assert min(fast_rates) > 5 * max(slow_rates)
     with pytest.raises(RuntimeError, match="fresh process"):
-        measure.measure_rates(slow, (32,), threads=1, gpus=0)
+        probe.measure_rates(slow, (32,), threads=1, gpus=0)

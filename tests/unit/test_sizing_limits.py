@@ -1,4 +1,4 @@
-"""The limits the sizing works within: the memory as the pod may use it (machine.py: the least of
+"""The limits the sizing works within: the memory as the pod may use it (probe.py: the least of
 the cgroup limits, the physical memory and a stated memory), the slack the plan leaves in it, the
 largest body the handler accepts (rules.handler_body_bytes) and what a queued request holds in the
 frontend's heap. Cgroup files, machines and measurements are faked; no model is loaded."""
@@ -13,11 +13,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from bert_serve_server import machine as host
-from bert_serve_server import measure, rules, served, sizing
+from bert_serve_server import probe, rules, sizing
 from bert_serve_server.config import effective_properties
-from bert_serve_server.machine import Machine
-from bert_serve_server.stated import Stated, quantity_bytes, with_stated
+from bert_serve_server.rules import Machine
+from bert_serve_server.sizing import Stated, quantity_bytes, with_stated
 
 from tests.conftest import ROOT
 
@@ -35,7 +34,7 @@ def cgroup_v2(root: Path, limits: dict[str, str]) -> Path:
 
 
 def machine_of(cgroup: Path, own: str = "/", physical: int = 8 * GIB) -> Machine:
-    return host.read_machine(0, cgroup, cgroup / "no-topology", own=(own, "/"), physical=physical)
+    return probe.read_machine(0, cgroup, cgroup / "no-topology", own=(own, "/"), physical=physical)
 
 
 def test_a_cgroup_limit_larger_than_the_machine_is_not_memory_the_pod_has(tmp_path: Path) -> None:
@@ -60,23 +59,23 @@ def test_the_least_limit_of_the_cgroups_above_this_one_binds(tmp_path: Path) -> 
     (v1 / "memory.limit_in_bytes").write_text("9223372036854771712\n")
     (v1 / "pod" / "memory.limit_in_bytes").write_text(f"{2 * GIB}\n")
     (v1 / "pod" / "ctr" / "memory.limit_in_bytes").write_text(f"{3 * GIB}\n")
-    assert host.cgroup_memory(tmp_path / "v1", ("/", "/pod/ctr")) == 2 * GIB
-    assert host.cgroup_memory(tmp_path / "v1", ("/", "/")) is None
+    assert probe.cgroup_memory(tmp_path / "v1", ("/", "/pod/ctr")) == 2 * GIB
+    assert probe.cgroup_memory(tmp_path / "v1", ("/", "/")) is None
 
 
 def test_own_cgroups_are_read_from_proc(tmp_path: Path) -> None:
     proc = tmp_path / "cgroup"
     proc.write_text("12:memory:/kubepods/pod1/ctr\n2:cpu,cpuacct:/x\n0::/kubepods/pod1/ctr\n")
-    assert host.own_cgroups(proc) == ("/kubepods/pod1/ctr", "/kubepods/pod1/ctr")
-    assert host.own_cgroups(tmp_path / "none") == ("/", "/")
+    assert probe.own_cgroups(proc) == ("/kubepods/pod1/ctr", "/kubepods/pod1/ctr")
+    assert probe.own_cgroups(tmp_path / "none") == ("/", "/")
 
 
 @pytest.mark.parametrize(
     ("stated", "memory", "bound"),
     [
-        (1 * GIB, 1 * GIB, host.STATED),
-        (4 * GIB, 1536 * MIB, host.CGROUP_LIMIT),
-        (64 * GIB, 1536 * MIB, host.CGROUP_LIMIT),
+        (1 * GIB, 1 * GIB, rules.STATED),
+        (4 * GIB, 1536 * MIB, rules.CGROUP_LIMIT),
+        (64 * GIB, 1536 * MIB, rules.CGROUP_LIMIT),
     ],
 )
 def test_a_stated_memory_only_lowers_what_the_pod_may_use(
@@ -150,19 +149,19 @@ def test_the_start_sets_a_body_limit_that_admits_the_largest_valid_list(
     assert max(len(body) for body in largest_lists().values()) <= admitted
 
 
-WORKER = measure.WorkerMemory(peak_bytes=490 * MIB, uss_bytes=470 * MIB, pss_bytes=480 * MIB)
+WORKER = probe.WorkerMemory(peak_bytes=490 * MIB, uss_bytes=470 * MIB, pss_bytes=480 * MIB)
 
 
 def fake_start(
     monkeypatch: pytest.MonkeyPatch,
     machine: Machine,
-    worker: measure.WorkerMemory = WORKER,
+    worker: probe.WorkerMemory = WORKER,
     texts_per_s: float = 186.4,
 ) -> None:
     """A start on ``machine`` whose worker measures ``worker`` and classifies ``texts_per_s``."""
     monkeypatch.setattr(sizing, "read_machine", lambda gpus: machine)
     monkeypatch.setattr(sizing, "measured_rates", lambda *args: dict.fromkeys(args[2], texts_per_s))
-    monkeypatch.setattr(served, "measured_memory", lambda mar, mtime_ns: worker)
+    monkeypatch.setattr(sizing, "measured_memory", lambda mar, mtime_ns: worker)
 
 
 # The slack the plan leaves, on the Deployment's own numbers.
@@ -207,7 +206,7 @@ def test_the_deployments_plan_leaves_the_slack_under_its_limit(
     rules.SERVER_SLACK_BYTES, which holds the processes beside them (before, 563 + 781 + 192 =
     1536: nothing left for the launcher and the probes)."""
     cpus, limit = deployment_limits()
-    worker = measure.WorkerMemory(round(worker_mib * MIB / served.MEASURED_WORKER_HEADROOM), 0, 0)
+    worker = probe.WorkerMemory(round(worker_mib * MIB / sizing.MEASURED_WORKER_HEADROOM), 0, 0)
     fake_start(monkeypatch, Machine(cores=cpus, memory_bytes=limit, gpus=0, cpus=cpus), worker)
     resolved = sizing.resolve(effective_properties(), gpus=0)
     (entry,) = json.loads(resolved.properties["models"])["bert"].values()
@@ -215,7 +214,7 @@ def test_the_deployments_plan_leaves_the_slack_under_its_limit(
     assert heap is not None
     planned = (
         heap * MIB
-        + entry["minWorkers"] * served.budgeted_bytes(worker)
+        + entry["minWorkers"] * sizing.budgeted_bytes(worker)
         + rules.FRONTEND_NON_HEAP_BYTES
     )
     assert limit - planned >= rules.SERVER_SLACK_BYTES
@@ -305,14 +304,14 @@ def test_the_memory_probe_runs_with_the_threads_the_plan_gives_a_worker(
     ):
         seen: list[int] = []
 
-        def memory(mar: str, mtime_ns: int, seen: list[int] = seen) -> measure.WorkerMemory:
-            probe = measure.PROBE.get()
-            assert probe is not None
-            seen.append(probe.threads)
-            return measure.WorkerMemory(560 * MIB, 0, 0)
+        def memory(mar: str, mtime_ns: int, seen: list[int] = seen) -> probe.WorkerMemory:
+            given = probe.PROBE.get()
+            assert given is not None
+            seen.append(given.threads)
+            return probe.WorkerMemory(560 * MIB, 0, 0)
 
         fake_start(monkeypatch, machine)
-        monkeypatch.setattr(served, "measured_memory", memory)
+        monkeypatch.setattr(sizing, "measured_memory", memory)
         resolved = sizing.resolve(effective_properties(), gpus=0)
         assert resolved.torch_threads == threads
         assert sorted(set(seen)) == measured_at and seen[-1] == threads
@@ -321,16 +320,16 @@ def test_the_memory_probe_runs_with_the_threads_the_plan_gives_a_worker(
 def test_the_probe_holds_the_largest_batch_of_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
     """The probe measures the config's max_request_size, a stated batchSize and at most what
     the machine can give a worker."""
-    seen: list[measure.Probe] = []
+    seen: list[probe.Probe] = []
 
-    def memory(mar: str, mtime_ns: int) -> measure.WorkerMemory:
-        probe = measure.PROBE.get()
-        assert probe is not None
-        seen.append(probe)
+    def memory(mar: str, mtime_ns: int) -> probe.WorkerMemory:
+        given = probe.PROBE.get()
+        assert given is not None
+        seen.append(given)
         return WORKER
 
     fake_start(monkeypatch, Machine(cores=2, memory_bytes=4 * GIB, gpus=0, cpus=2))
-    monkeypatch.setattr(served, "measured_memory", memory)
+    monkeypatch.setattr(sizing, "measured_memory", memory)
     models = json.loads(effective_properties()["models"])
     models["bert"]["1.0"]["batchSize"] = 16
     models["bert"]["1.0"].pop("sizedAtStart", None)
@@ -353,7 +352,7 @@ def test_the_largest_bodies_are_valid_and_within_the_limits(
     from handler.native import TextList, decode_request
     from handler.protocol import ValidText
 
-    bodies, shown = measure.largest_bodies(3, max_request, max_chars, max_texts)
+    bodies, shown = probe.largest_bodies(3, max_request, max_chars, max_texts)
     assert len(bodies) == 3 and len({id(body) for body in bodies}) == 3, "held apart"
     limit = min(max_request or 2**62, rules.handler_body_bytes(max_chars, max_texts))
     assert all(len(body) <= limit for body in bodies)
@@ -367,5 +366,5 @@ def test_the_largest_bodies_are_valid_and_within_the_limits(
         assert f"{items} text pairs of {max_chars:,} characters" in shown
     else:
         assert isinstance(decoded, ValidText) and "one text of" in shown
-    _, texts = measure.decoded_texts(bodies)
+    _, texts = probe.decoded_texts(bodies)
     assert len(texts) == 3 * max(items, 1)

@@ -1,4 +1,4 @@
-"""A worker's memory as the start budgets it (bert_serve_server/measure.py) against a worker
+"""A worker's memory as the start budgets it (bert_serve_server/probe.py) against a worker
 measured for real: deploy/image-test.json's, in the container under the pod's limits, and a
 worker of the tiny test model given the largest batch the limits admit.
 
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
-from bert_serve_server import measure, served
+from bert_serve_server import probe, sizing
 
 from tests.conftest import MAR_PATH, ROOT
 
@@ -34,8 +34,8 @@ def test_the_measured_worker_memory_covers_the_image_records_worker() -> None:
     record = json.loads((ROOT / "deploy" / "image-test.json").read_text())
     workers = [p["pss_mib"] for p in record["processes"] if p["role"] == "worker"]
     assert workers, "the record measured a worker"
-    memory = measure.measured_memory(str(MAR_PATH), MAR_PATH.stat().st_mtime_ns)
-    assert served.budgeted_bytes(memory) / MIB >= max(workers), (memory, workers)
+    memory = probe.measured_memory(str(MAR_PATH), MAR_PATH.stat().st_mtime_ns)
+    assert sizing.budgeted_bytes(memory) / MIB >= max(workers), (memory, workers)
     assert memory.peak_bytes >= memory.pss_bytes > 0 and memory.uss_bytes > 0
 
 
@@ -59,13 +59,13 @@ REAL_BATCH = """
 import json, sys
 from pathlib import Path
 import torch
-from bert_serve_server import measure
+from bert_serve_server import probe
 from tests.worker_harness import Sent, build_worker, predict
 workdir, model_dir, limits, batch, max_request = sys.argv[1:]
 limits = json.loads(limits)
 torch.set_num_threads(1)
 worker = build_worker(Path(workdir), Path(model_dir), limits, batch_size=int(batch))
-bodies, shown = measure.largest_bodies(
+bodies, shown = probe.largest_bodies(
     int(batch), int(max_request), limits["max_chars"], limits["max_texts_per_request"]
 )
 sent = [Sent(bytes(body), "application/json") for body in bodies]
@@ -73,7 +73,7 @@ del bodies
 answers = predict(worker.service, sent)
 results = [len(json.loads(answer.body)["results"]) for answer in answers]
 print(json.dumps({
-    "peak": measure.process_memory()[0],
+    "peak": probe.process_memory()[0],
     "statuses": sorted({answer.status for answer in answers}),
     "results": results,
     "largest": max(len(s.body or b"") for s in sent),
@@ -90,9 +90,7 @@ def test_the_budget_covers_a_worker_given_the_largest_batch(
     peaks within the budget. Before, the budget was the peak after a batch of 128-token texts
     only, and this worker peaked a few hundred MiB over it."""
     mar = tiny_archive(tmp_path / "tiny.mar", tiny_model_dir, LIMITS)
-    measured = measure.WorkerMemory(
-        **measure.in_fresh_process("memory", mar, [1, BATCH, MAX_REQUEST])
-    )
+    measured = probe.WorkerMemory(**probe.in_fresh_process("memory", mar, [1, BATCH, MAX_REQUEST]))
     assert measured.batch.startswith(f"{BATCH} requests of ") and measured.batch_bytes > 0
     done = subprocess.run(
         [sys.executable, "-c", REAL_BATCH, str(tmp_path / "worker"), str(tiny_model_dir),
@@ -103,7 +101,7 @@ def test_the_budget_covers_a_worker_given_the_largest_batch(
     real = json.loads(done.stdout.splitlines()[-1])
     assert real["statuses"] == [200] and real["largest"] <= MAX_REQUEST
     assert real["results"] == [LIMITS["max_texts_per_request"]] * BATCH, "every text answered"
-    assert served.budgeted_bytes(measured) >= real["peak"], (measured, real["peak"] // MIB)
+    assert sizing.budgeted_bytes(measured) >= real["peak"], (measured, real["peak"] // MIB)
 
 
 def test_a_child_that_does_nothing_for_too_long_is_stopped(
@@ -111,12 +109,12 @@ def test_a_child_that_does_nothing_for_too_long_is_stopped(
 ) -> None:
     """A measuring child that finishes no step (a hung CUDA initialization) is stopped after
     the timeout (BERT_SERVE_MEASURE_TIMEOUT_S here), with a message naming its last step."""
-    monkeypatch.setenv(measure.TIMEOUT_ENV, "1.5")
-    monkeypatch.setattr(measure, "MEASURE_SCRIPT", "import time; time.sleep(60)")
+    monkeypatch.setenv(probe.TIMEOUT_ENV, "1.5")
+    monkeypatch.setattr(probe, "MEASURE_SCRIPT", "import time; time.sleep(60)")
     mar = tmp_path / "hung.mar"
     mar.write_bytes(b"")
     with pytest.raises(RuntimeError, match=r"timed out: no step done for \d+ s after 'started'"):
-        measure.in_fresh_process("device_load", mar, [8])
+        probe.in_fresh_process("device_load", mar, [8])
 
 
 def test_a_child_that_outgrows_the_machine_is_stopped(tmp_path: Path) -> None:
@@ -125,19 +123,19 @@ def test_a_child_that_outgrows_the_machine_is_stopped(tmp_path: Path) -> None:
     mar.write_bytes(b"")
     script = "import time; held = bytearray(64 * 2**20); held[::4096] = b'x' * len(held[::4096]); time.sleep(60)"
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(measure, "MEASURE_SCRIPT", script)
+        patch.setattr(probe, "MEASURE_SCRIPT", script)
         with pytest.raises(RuntimeError, match="more than the 32 MiB this machine can give it"):
-            measure.in_fresh_process("memory", mar, [1], cap_bytes=32 * MIB)
+            probe.in_fresh_process("memory", mar, [1], cap_bytes=32 * MIB)
 
 
 def test_the_timeout_follows_the_archive_and_can_be_stated(tmp_path: Path) -> None:
     mar = tmp_path / "bert.mar"
     mar.write_bytes(b"x" * 2**20)
-    derived = measure.timeout_s(mar, {})
-    assert derived == pytest.approx(measure.STEP_TIMEOUT_S + measure.STEP_S_PER_GIB / 1024)
-    assert measure.timeout_s(mar, {measure.TIMEOUT_ENV: "900"}) == 900
-    with pytest.raises(measure.MeasureError, match=measure.TIMEOUT_ENV):
-        measure.timeout_s(mar, {measure.TIMEOUT_ENV: "soon"})
+    derived = probe.timeout_s(mar, {})
+    assert derived == pytest.approx(probe.STEP_TIMEOUT_S + probe.STEP_S_PER_GIB / 1024)
+    assert probe.timeout_s(mar, {probe.TIMEOUT_ENV: "900"}) == 900
+    with pytest.raises(probe.MeasureError, match=probe.TIMEOUT_ENV):
+        probe.timeout_s(mar, {probe.TIMEOUT_ENV: "soon"})
 
 
 SLOW_HANDLER = {
@@ -177,7 +175,7 @@ def test_a_largest_batch_too_slow_to_tokenize_is_left_out_and_said(
     with zipfile.ZipFile(mar, "w") as archive:
         for name, text in SLOW_HANDLER.items():
             archive.writestr(name, text)
-    monkeypatch.setenv(measure.TIMEOUT_ENV, "20")
-    memory = measure.memory_of(str(mar), mar.stat().st_mtime_ns, 1, 64, None, None)
-    assert memory.batch.startswith(measure.NOT_MEASURED) and "would take about" in memory.batch
+    monkeypatch.setenv(probe.TIMEOUT_ENV, "20")
+    memory = probe.memory_of(str(mar), mar.stat().st_mtime_ns, 1, 64, None, None)
+    assert memory.batch.startswith(probe.NOT_MEASURED) and "would take about" in memory.batch
     assert memory.batch_bytes == 0 and memory.peak_bytes > 0

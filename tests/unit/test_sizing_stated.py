@@ -1,6 +1,6 @@
-"""What a deployment states is run as stated: environment variables (bert_serve_server/stated.py),
-a saved plan (plan.py, nothing measured), the edges of stated heaps and workers, the CPUs a
-pod is paid for (machine.py) and the command line's refusals (size_cli.py). Machines and
+"""What a deployment states is run as stated: environment variables (bert_serve_server/sizing.py),
+a saved plan (nothing measured), the edges of stated heaps and workers, the CPUs a
+pod is paid for (probe.py) and the command line's refusals (sizing.py). Machines and
 measurements are faked; no model is loaded."""
 
 from __future__ import annotations
@@ -14,15 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bert_serve_server import machine as host
-from bert_serve_server import measure, rules, served, size_cli, sizing
+from bert_serve_server import probe, rules, sizing
 from bert_serve_server.config import effective_properties, properties_text, read_properties
-from bert_serve_server.machine import Machine
-from bert_serve_server.stated import Stated, StatedValueError, quantity_bytes, read_stated
+from bert_serve_server.rules import Machine
+from bert_serve_server.sizing import Stated, StatedValueError, quantity_bytes, read_stated
 
 GIB = 2**30
 MIB = 2**20
-WORKER = measure.WorkerMemory(peak_bytes=640 * MIB, uss_bytes=600 * MIB, pss_bytes=620 * MIB)
+WORKER = probe.WorkerMemory(peak_bytes=640 * MIB, uss_bytes=600 * MIB, pss_bytes=620 * MIB)
 RATE = 50.0
 
 
@@ -36,13 +35,13 @@ def measured(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         calls.append(f"rates {sizes} x{threads}")
         return dict.fromkeys(sizes, RATE)
 
-    def memory(mar: str, mtime_ns: int) -> measure.WorkerMemory:
+    def memory(mar: str, mtime_ns: int) -> probe.WorkerMemory:
         calls.append("memory")
         return WORKER
 
     monkeypatch.setattr(sizing, "read_machine", lambda gpus: Machine(8, 16 * GIB, gpus))
     monkeypatch.setattr(sizing, "measured_rates", rates)
-    monkeypatch.setattr(served, "measured_memory", memory)
+    monkeypatch.setattr(sizing, "measured_memory", memory)
     return calls
 
 
@@ -52,10 +51,10 @@ def no_measuring(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*args: object) -> Any:
         raise AssertionError(f"a measurement was started: {args}")
 
-    monkeypatch.setattr(measure, "in_fresh_process", refuse)
+    monkeypatch.setattr(probe, "in_fresh_process", refuse)
     monkeypatch.setattr(sizing, "measured_rates", refuse)
     monkeypatch.setattr(sizing, "measured_device_load", refuse)
-    monkeypatch.setattr(served, "measured_memory", refuse)
+    monkeypatch.setattr(sizing, "measured_memory", refuse)
 
 
 def store(tmp_path: Path) -> dict[str, str]:
@@ -114,7 +113,7 @@ def test_stated_cores_and_memory_replace_the_machines(measured: list[str], tmp_p
     heap = rules.heap_mib_in(resolved.properties["vmargs"])
     assert heap is not None
     assert (
-        heap + 2 * served.budgeted_bytes(WORKER) / MIB + rules.FRONTEND_NON_HEAP_BYTES / MIB <= 4096
+        heap + 2 * sizing.budgeted_bytes(WORKER) / MIB + rules.FRONTEND_NON_HEAP_BYTES / MIB <= 4096
     )
 
 
@@ -127,7 +126,7 @@ def test_a_saved_plan_is_used_as_stated_and_nothing_is_measured(
     config.write_text(properties_text(store(tmp_path)))
     plan, first, second = tmp_path / "plan.json", tmp_path / "first", tmp_path / "second"
     assert (
-        size_cli.main(
+        sizing.main(
             ["--out", str(first), "--plan-out", str(plan), "--", "--ts-config", str(config)], {}
         )
         == 0
@@ -137,7 +136,7 @@ def test_a_saved_plan_is_used_as_stated_and_nothing_is_measured(
     assert saved["models"]["bert"]["1.0"]["minWorkers"] == 8 and saved["why"]
     no_measuring(monkeypatch)
     environ = {"BERT_SERVE_PLAN": str(plan)}
-    assert size_cli.main(["--out", str(second), "--", "--ts-config", str(config)], environ) == 0
+    assert sizing.main(["--out", str(second), "--", "--ts-config", str(config)], environ) == 0
     planned, measured_here = read_properties(second), read_properties(first)
     assert json.loads(planned.pop("models")) == json.loads(measured_here.pop("models"))
     assert planned == measured_here
@@ -147,7 +146,7 @@ def test_a_plan_is_taken_even_on_another_machine(measured: list[str], tmp_path: 
     """Every replica runs the plan, whatever its node: a 2-core machine keeps 8 workers."""
     plan = tmp_path / "plan.json"
     resolved = sizing.resolve(store(tmp_path), gpus=0)
-    size_cli.write_plan(plan, resolved, store(tmp_path))
+    sizing.write_plan(plan, resolved, store(tmp_path))
     measured.clear()
     elsewhere = sizing.resolve(store(tmp_path), gpus=0, stated=Stated(cores=2, plan=plan))
     assert entry_of(elsewhere)["minWorkers"] == 8
@@ -211,9 +210,7 @@ def test_a_small_heap_is_refused_by_the_command_line_in_one_line(
 ) -> None:
     config = tmp_path / "config.properties"
     config.write_text(properties_text(store(tmp_path) | {"vmargs": "-Xmx256m"}))
-    assert (
-        size_cli.main(["--out", str(tmp_path / "out"), "--", "--ts-config", str(config)], {}) == 1
-    )
+    assert sizing.main(["--out", str(tmp_path / "out"), "--", "--ts-config", str(config)], {}) == 1
     assert capsys.readouterr().err.startswith("sizing: a heap of 256 MiB is stated")
 
 
@@ -241,7 +238,7 @@ def test_a_config_with_continuation_lines_is_sized(measured: list[str], tmp_path
         "max_request_size 1048576\n"
     )
     out = tmp_path / "sized.properties"
-    assert size_cli.main(["--out", str(out), "--", "--ts-config", str(config)], {}) == 0
+    assert sizing.main(["--out", str(out), "--", "--ts-config", str(config)], {}) == 0
     (entry,) = json.loads(read_properties(out)["models"])["bert"].values()
     assert entry["minWorkers"] == 8 and entry["maxBatchDelay"] == 1
 
@@ -251,11 +248,9 @@ def test_a_config_without_models_is_a_clear_error(
 ) -> None:
     config = tmp_path / "config.properties"
     config.write_text(f"model_store={tmp_path}\n")
-    assert (
-        size_cli.main(["--out", str(tmp_path / "out"), "--", "--ts-config", str(config)], {}) == 1
-    )
+    assert sizing.main(["--out", str(tmp_path / "out"), "--", "--ts-config", str(config)], {}) == 1
     assert "the config has no models= entry" in capsys.readouterr().err
-    with pytest.raises(served.SizingError, match="no models="):
+    with pytest.raises(sizing.SizingError, match="no models="):
         sizing.resolve(read_properties(config), gpus=0)
 
 
@@ -268,9 +263,9 @@ def test_ts_config_file_is_refused_and_model_store_followed(
     config.write_text(properties_text(store(tmp_path) | {"model_store": "/nowhere"}))
     out = tmp_path / "out"
     args = ["--out", str(out), "--", "--ts-config", str(config), "--model-store", str(tmp_path)]
-    assert size_cli.main(args, {"TS_CONFIG_FILE": str(config)}) == 1
+    assert sizing.main(args, {"TS_CONFIG_FILE": str(config)}) == 1
     assert "TS_CONFIG_FILE" in capsys.readouterr().err
-    assert size_cli.main(args, {}) == 0
+    assert sizing.main(args, {}) == 0
     assert read_properties(out)["model_store"] == str(tmp_path)
     assert entry_of(sizing.Resolved(read_properties(out), 1, ()))["minWorkers"] == 8
 
@@ -289,8 +284,8 @@ def test_an_smt_pod_gets_the_threads_it_pays_for(
     cgroup = tmp_path / "cgroup"
     cgroup.mkdir()
     (cgroup / "cpu.max").write_text("200000 100000\n")
-    monkeypatch.setattr(host.os, "sched_getaffinity", lambda pid: {0, 1})
-    machine = host.read_machine(0, cgroup, topology)
+    monkeypatch.setattr(probe.os, "sched_getaffinity", lambda pid: {0, 1})
+    machine = probe.read_machine(0, cgroup, topology)
     assert (machine.cores, machine.cpus) == (1, 2)
     workers, _ = rules.workers_for(machine, GIB)
     assert (workers, rules.threads_for(machine, workers)) == (1, 2)
@@ -307,12 +302,12 @@ def test_with_no_quota_the_cpu_request_sizes_not_the_node(
     cgroup.mkdir()
     (cgroup / "cpu.max").write_text("max 100000\n")
     (cgroup / "cpu.weight").write_text(f"{weight}\n")
-    assert host.cgroup_cpu_request(cgroup) == pytest.approx(request_cpus, abs=0.03)
-    monkeypatch.setattr(host.os, "sched_getaffinity", lambda pid: set(range(64)))
-    machine = host.read_machine(0, cgroup, tmp_path / "no-topology")
+    assert probe.cgroup_cpu_request(cgroup) == pytest.approx(request_cpus, abs=0.03)
+    monkeypatch.setattr(probe.os, "sched_getaffinity", lambda pid: set(range(64)))
+    machine = probe.read_machine(0, cgroup, tmp_path / "no-topology")
     assert machine.cpus == max(1, request_cpus) and machine.cores == max(1, request_cpus)
     (cgroup / "cpu.weight").write_text("100\n")
-    assert host.read_machine(0, cgroup, tmp_path / "no-topology").cpus == 64
+    assert probe.read_machine(0, cgroup, tmp_path / "no-topology").cpus == 64
 
 
 def test_a_gpu_caps_the_queue_at_what_it_drains() -> None:
@@ -374,17 +369,17 @@ def test_a_measurement_is_remembered_in_the_cache_folder(
         path.write_bytes(content)
         return str(path), path.stat().st_mtime_ns
 
-    monkeypatch.setattr(measure, "in_fresh_process", fresh)
-    monkeypatch.setenv(measure.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(probe, "in_fresh_process", fresh)
+    monkeypatch.setenv(probe.CACHE_ENV, str(tmp_path / "cache"))
     mar, mtime = archive("bert.mar", b"one")
-    assert measure.remembered("memory", mar, mtime, [2]) == {"answer": 1}
-    assert measure.remembered("memory", mar, mtime, [2]) == {"answer": 1}
-    assert measure.remembered("memory", *archive("copy/bert.mar", b"one"), [2]) == {"answer": 1}
-    assert measure.remembered("memory", *archive("other.mar", b"two"), [2]) == {"answer": 2}
-    assert measure.remembered("rates", mar, mtime, [2]) == {"answer": 3}
+    assert probe.remembered("memory", mar, mtime, [2]) == {"answer": 1}
+    assert probe.remembered("memory", mar, mtime, [2]) == {"answer": 1}
+    assert probe.remembered("memory", *archive("copy/bert.mar", b"one"), [2]) == {"answer": 1}
+    assert probe.remembered("memory", *archive("other.mar", b"two"), [2]) == {"answer": 2}
+    assert probe.remembered("rates", mar, mtime, [2]) == {"answer": 3}
     assert len(list((tmp_path / "cache").glob("*.json"))) == 3
-    monkeypatch.delenv(measure.CACHE_ENV)
-    assert measure.remembered("memory", mar, mtime, [2]) == {"answer": 4}
+    monkeypatch.delenv(probe.CACHE_ENV)
+    assert probe.remembered("memory", mar, mtime, [2]) == {"answer": 4}
 
 
 def test_starts_asking_at_once_share_one_measurement(
@@ -402,14 +397,14 @@ def test_starts_asking_at_once_share_one_measurement(
 
     mar = tmp_path / "bert.mar"
     mar.write_bytes(b"one")
-    monkeypatch.setattr(measure, "in_fresh_process", fresh)
-    monkeypatch.setenv(measure.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(probe, "in_fresh_process", fresh)
+    monkeypatch.setenv(probe.CACHE_ENV, str(tmp_path / "cache"))
     together = threading.Barrier(2)
     answers: list[Any] = []
 
     def ask() -> None:
         together.wait()
-        answers.append(measure.remembered("rates", str(mar), mar.stat().st_mtime_ns, [2]))
+        answers.append(probe.remembered("rates", str(mar), mar.stat().st_mtime_ns, [2]))
 
     threads = [threading.Thread(target=ask) for _ in range(2)]
     for thread in threads:

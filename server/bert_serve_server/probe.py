@@ -1,9 +1,30 @@
-"""Measuring an archive's own model, in a fresh child process: one worker's texts/s at each
-batch size, its memory, and on a GPU a batch's device and CPU time.
+"""What the sizing reads of the world: the machine the server starts on, and each archive's own
+model measured in a fresh child process (``bert_serve_server.rules`` turns both into a plan).
 
-The rate is measured so that it repeats start after start: every batch size classifies the
-same ``SAMPLE_COUNT`` texts (their lengths spread as reviews' are), so each size sees the same
-lengths; the sizes are measured in rounds, each round going through every size once, so a
+The machine, as sizing sees it: the CPUs this process is paid for, the physical cores under
+them, the memory and the GPUs. Read from sysfs and the cgroup files only (no measurement); every
+value may be stated instead (``bert_serve_server.sizing``'s ``BERT_SERVE_*`` variables).
+
+- **CPUs paid for** (``Machine.cpus``, logical CPUs: what a Kubernetes ``cpu`` counts): the CPUs
+  of this process's affinity, capped by a cgroup CPU quota (``cpu.max``, ``cpu.cfs_quota_us``);
+  with no quota, by the cgroup's CPU request (``cpu.weight`` or ``cpu.shares``, which the
+  kubelet sets from the pod's request), so a pod without a limit is sized for what it asked for,
+  not for the whole node. The kernel's defaults (weight 100, shares 1024) read as no request.
+- **Cores** (``Machine.cores``): the physical cores those CPUs sit on (sysfs ``topology``:
+  hyperthreads of one core share its units), never more than the CPUs paid for. Workers follow
+  the cores; the torch threads follow the CPUs (``rules.threads_for``).
+- **Memory** (``Machine.memory_bytes``): the least of the cgroup's memory limit (the least
+  ``memory.max``, or v1 ``memory.limit_in_bytes``, of this process's cgroup and those above it),
+  the physical memory, and a stated memory (``BERT_SERVE_MEMORY``, ``sizing.with_stated``): a
+  limit larger than the machine (a fake 1 TiB ``memory.max``) is not memory the pod can use, and
+  a stated value can only lower what there is. The reasons say which one bound it. A pod with no
+  memory limit is sized for the node's memory: state its request (the Downward API's
+  ``requests.memory`` in ``BERT_SERVE_MEMORY``).
+
+The model: one worker's texts/s at each batch size, its memory, and on a GPU a batch's device
+and CPU time. The rate is measured so that it repeats start after start: every batch size
+classifies the same ``SAMPLE_COUNT`` texts (their lengths spread as reviews' are), so each size
+sees the same lengths; the sizes are measured in rounds, each round going through every size once, so a
 moment of contention on a shared machine falls on all sizes alike; each size's rate is the
 best of its rounds (``rules.best_rates``): a round is only ever slowed by what else runs, and a
 cloud VM's core runs slower for seconds at a time, so the best round is the machine's own
@@ -43,13 +64,188 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from bert_serve_server.config import BASE_CONFIG, read_properties
 from bert_serve_server.rules import (
     BATCH_SIZES,
+    CGROUP_LIMIT,
+    PHYSICAL,
     REQUEST_OVERHEAD_BYTES,
     DeviceLoad,
+    Machine,
     best_rates,
     handler_body_bytes,
+    least_memory,
 )
+
+CGROUP = Path("/sys/fs/cgroup")
+CPU_TOPOLOGY = Path("/sys/devices/system/cpu")
+DEFAULT_CPU_WEIGHT = 100
+"""cgroup v2's ``cpu.weight`` when nothing set it: read as no CPU request."""
+DEFAULT_CPU_SHARES = 1024
+"""cgroup v1's ``cpu.shares`` when nothing set it: read as no CPU request."""
+PROC_CGROUP = Path("/proc/self/cgroup")
+NO_LIMIT_BYTES = 2**60
+"""cgroup v1 writes "no limit" as a huge number (2**63 less a page); any limit this large is none."""
+
+
+def cgroup_cores(root: Path = CGROUP) -> float | None:
+    """The CPU quota of this process's cgroup in CPUs (v2 ``cpu.max``, v1 cfs), if any."""
+    v2 = root / "cpu.max"
+    if v2.is_file():
+        quota, _, period = v2.read_text().partition(" ")
+        return None if quota == "max" else int(quota) / int(period)
+    v1_quota, v1_period = root / "cpu" / "cpu.cfs_quota_us", root / "cpu" / "cpu.cfs_period_us"
+    if v1_quota.is_file() and v1_period.is_file():
+        quota_us = int(v1_quota.read_text())
+        return None if quota_us <= 0 else quota_us / int(v1_period.read_text())
+    return None
+
+
+def cgroup_cpu_request(root: Path = CGROUP) -> float | None:
+    """The CPU request the kubelet wrote into this cgroup, in CPUs, if any: v1 ``cpu.shares``
+    are 1024 per CPU; v2 ``cpu.weight`` maps shares as ``1 + (shares - 2) * 9999 / 262142``
+    (runc's conversion), inverted here; the conversion loses up to 0.03 CPU, so the request is
+    rounded to the nearest 0.05."""
+    v2 = root / "cpu.weight"
+    if v2.is_file():
+        weight = int(v2.read_text())
+        if weight == DEFAULT_CPU_WEIGHT:
+            return None
+        shares = 2 + (weight - 1) * 262142 / 9999
+        return round(shares / 1024 * 20) / 20
+    v1 = root / "cpu" / "cpu.shares"
+    if v1.is_file():
+        shares = int(v1.read_text())
+        return None if shares == DEFAULT_CPU_SHARES else shares / 1024
+    return None
+
+
+def own_cgroups(proc_cgroup: Path = PROC_CGROUP) -> tuple[str, str]:
+    """This process's cgroup paths (v2's unified one, v1's memory controller's), from
+    ``/proc/self/cgroup``; "/" where it names none (in a container's own namespace, its root)."""
+    unified = memory = "/"
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        return unified, memory
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            unified = path or "/"
+        elif "memory" in controllers.split(","):
+            memory = path or "/"
+    return unified, memory
+
+
+def limit_in(path: Path) -> int | None:
+    """The memory limit one cgroup file states, None for none (or no such file)."""
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return None if text == "max" or int(text) >= NO_LIMIT_BYTES else int(text)
+
+
+def cgroup_memory(root: Path = CGROUP, own: tuple[str, str] | None = None) -> int | None:
+    """The least memory limit of this process's cgroup and every cgroup above it (each one's
+    limit applies), v2 ``memory.max`` or v1 ``memory.limit_in_bytes``; None where none is set.
+    ``own``: the (v2, v1 memory) cgroup paths, ``own_cgroups()`` by default."""
+    unified, memory = own if own is not None else own_cgroups()
+    limits = []
+    for base, path, name in (
+        (root, unified, "memory.max"),
+        (root / "memory", memory, "memory.limit_in_bytes"),
+    ):
+        folder = base / path.strip("/")
+        while True:
+            found = limit_in(folder / name)
+            if found is not None:
+                limits.append(found)
+            if folder == base or base not in folder.parents:
+                break
+            folder = folder.parent
+    return min(limits, default=None)
+
+
+def physical_memory() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def bounds_of(limit: int | None, physical: int) -> tuple[tuple[str, int], ...]:
+    physical_bound = ((PHYSICAL, physical),)
+    return physical_bound if limit is None else ((CGROUP_LIMIT, limit), *physical_bound)
+
+
+def physical_cores(cpus: set[int], topology: Path = CPU_TOPOLOGY) -> int:
+    """The cores that ``cpus`` (logical CPUs, hyperthreads included) sit on: one per
+    (package, core) of sysfs topology; a CPU whose topology cannot be read counts as a core."""
+    cores: set[tuple[str, ...]] = set()
+    for cpu in cpus:
+        folder = topology / f"cpu{cpu}" / "topology"
+        try:
+            package = (folder / "physical_package_id").read_text().strip()
+            core = (folder / "core_id").read_text().strip()
+        except OSError:
+            cores.add(("cpu", str(cpu)))
+            continue
+        cores.add((package, core))
+    return len(cores)
+
+
+def paid_cpus(affinity: int, root: Path = CGROUP) -> tuple[float, str]:
+    """The logical CPUs this process is paid for, and how that was read."""
+    quota = cgroup_cores(root)
+    if quota is not None:
+        return min(float(affinity), quota), f"{min(float(affinity), quota):g} CPUs (cgroup quota)"
+    request = cgroup_cpu_request(root)
+    if request is not None:
+        cpus = min(float(affinity), max(1.0, request))
+        return cpus, f"{cpus:g} CPUs (no quota: the cgroup's CPU request of {request:.2f})"
+    return float(affinity), f"{affinity} CPUs (this process's affinity, no quota or request)"
+
+
+def read_machine(
+    gpus: int,
+    cgroup: Path = CGROUP,
+    topology: Path = CPU_TOPOLOGY,
+    own: tuple[str, str] | None = None,
+    physical: int | None = None,
+) -> Machine:
+    """The CPUs paid for and the physical cores under them (never more than those CPUs); the
+    least of the cgroup's memory limit and the physical memory (``physical``, read here unless
+    given); with ``gpus`` of its GPUs (their memory read here)."""
+    affinity = os.sched_getaffinity(0)
+    cpus, cpu_source = paid_cpus(len(affinity), cgroup)
+    cores = min(float(physical_cores(affinity, topology)), cpus)
+    bounds = bounds_of(
+        cgroup_memory(cgroup, own), physical_memory() if physical is None else physical
+    )
+    gpu_memory = 0
+    if gpus:
+        import torch
+
+        gpu_memory = min(torch.cuda.get_device_properties(i).total_memory for i in range(gpus))
+    return Machine(
+        cores=cores,
+        memory_bytes=least_memory(bounds)[1],
+        gpus=gpus,
+        gpu_memory_bytes=gpu_memory,
+        cpus=cpus,
+        cpu_source=f"{cpu_source}, {cores:g} physical core(s) under them",
+        memory_bounds=bounds,
+    )
+
+
+def gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def serving_gpus(properties: dict[str, str]) -> int:
+    """The GPUs TorchServe hands to workers: this machine's, capped by ``number_of_gpu``."""
+    return min(gpu_count(), int(properties.get("number_of_gpu", sys.maxsize)))
+
 
 ROUNDS = 5
 """Rounds of every batch size: each size's rate is the best of this many."""
@@ -62,7 +258,6 @@ SAMPLE_WORDS = (
     "the film was slow at first but the acting and the score carried it to a fine end "
     "although some scenes dragged and the plot left a few questions open for the next one"
 ).split()
-DEFAULT_MAX_CHARS = 10_000
 MANIFEST = "MAR-INF/MANIFEST.json"
 PROGRESS = "measure-progress: "
 """The child's line on stderr for each step done (``progress``)."""
@@ -468,16 +663,16 @@ def measure_device_load(loaded: Any, settings: Any, batch_size: int) -> DeviceLo
 MEASURE_SCRIPT = """import json, sys
 from dataclasses import asdict
 from pathlib import Path
-from bert_serve_server import measure
+from bert_serve_server import probe
 what, mar, args = sys.argv[1], Path(sys.argv[2]), json.loads(sys.argv[3])
 if what == "rates":
-    print(json.dumps(measure.measure_rates(mar, tuple(args[0]), args[1], args[2])))
+    print(json.dumps(probe.measure_rates(mar, tuple(args[0]), args[1], args[2])))
 elif what == "memory":
-    print(json.dumps(asdict(measure.measure_memory(mar, *args))))
+    print(json.dumps(asdict(probe.measure_memory(mar, *args))))
 else:
-    loaded, settings = measure.load_archive(mar, 1, 1)
-    measure.progress("loaded the model on the GPU")
-    print(json.dumps(asdict(measure.measure_device_load(loaded, settings, args[0]))))
+    loaded, settings = probe.load_archive(mar, 1, 1)
+    probe.progress("loaded the model on the GPU")
+    print(json.dumps(asdict(probe.measure_device_load(loaded, settings, args[0]))))
 """
 
 
@@ -736,8 +931,6 @@ def probing(probe: Probe) -> Iterator[Probe]:
 def default_probe() -> Probe:
     """Outside a start: as many torch threads as this process may use (a worker never gets more)
     and the shipped config's ``max_request_size``."""
-    from bert_serve_server.config import BASE_CONFIG, read_properties
-
     stated = read_properties(BASE_CONFIG).get("max_request_size")
     return Probe(len(os.sched_getaffinity(0)), (), int(stated) if stated else None)
 
