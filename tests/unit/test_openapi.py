@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -116,6 +117,9 @@ def infer(*texts: str) -> bytes:
         (b'{"text": "a", "text_pair": "b", "top_k": 1}', "application/json"),
         (b'{"texts": [{"text": "a", "text_pair": " "}], "top_k": 1}', "application/json"),
         (b'{"text": "a", "top_k": 0}', "application/json"),
+        (b'{"text": "a", "windows": false}', "application/json"),
+        (b'{"texts": ["a", "b"], "windows": true}', "application/json"),
+        (b'{"text": "a", "windows": "yes"}', "application/json"),
         (infer("a", "b"), "application/json"),
         (infer("a", ""), "application/json"),
     ],
@@ -153,6 +157,33 @@ def test_an_expired_request_conforms_too(body: bytes) -> None:
     )[0]
     assert response.status == 504
     OAS30Validator(answers_schema(504)).validate(json.loads(response.body))
+
+
+def test_windowed_answers_and_the_windows_refusal_conform(tiny_model_dir: Path) -> None:
+    """A long text's answer with its `windows` (alone and in a list, beside a short one), and
+    the 413 of a request past max_windows_per_request, by the real classifier (tiny model)."""
+    from handler.inference import Windows, classify_admitted
+    from handler.model import load_model
+
+    settings = HandlerSettings(max_windows_per_request=8)
+    model = load_model(tiny_model_dir, HandlerSettings(device="cpu"), None)
+
+    def classifier(texts: Any, windowed: Any, admit: Any) -> Any:
+        return classify_admitted(model, texts, 128, 4096, Windows(settings.stride), windowed, admit)
+
+    long = "word " * 300
+    bodies = [{"text": long}, {"texts": [long, "short"]}, {"texts": [long] * 4}]
+    requests = [
+        IncomingRequest({"body": json.dumps(b).encode()}, "application/json", f"r-{i}")
+        for i, b in enumerate(bodies)
+    ]
+    responses, _ = answer_batch(requests, classifier, settings)
+    answers = [json.loads(response.body) for response in responses]
+    assert [response.status for response in responses] == [200, 200, 413]
+    assert answers[0]["windows"] >= 2 and answers[1]["results"][0]["windows"] >= 2
+    assert "windows" not in answers[1]["results"][1]
+    for response, answer in zip(responses, answers, strict=True):
+        OAS30Validator(answers_schema(response.status)).validate(answer)
 
 
 def explain_schema(status: int, operation: str = "/explanations/bert") -> dict[str, Any]:
