@@ -10,7 +10,7 @@ status (TorchServe counts them per server, not per model), requests and queue wa
 worker restarts, memory and GPU (exported only where a GPU is). One row per selected model
 then shows the handler's own metrics for its versions: time per batch (p50, p99), the batch
 sizes formed, texts classified and texts refused by reason (`deadline_exceeded`: expired),
-then what the model says against its reference profile (the drift rules' recorded series,
+the windows of each long text and the share of texts windowed, then what the model says against its reference profile (the drift rules' recorded series,
 deploy/prometheus/rules.yaml): answers by label, the label mix live and reference with its
 population stability index, the mean top score and the truncated share and text length, each
 live and reference. A model packaged without a reference shows the live side only.
@@ -83,7 +83,8 @@ SERVER = (
                 "{{instance}} {{model_name}}",
             ),
         ),
-        "Time a request waited for a worker; the queue is sized for 60 s (alert at 48 s).",
+        "Time a request waited for a worker, on average. The queue alert is on the requests"
+        " waiting instead (BertServeQueueNearBound: about half the queue's bound).",
     ),
     Chart(
         "Worker restarts",
@@ -162,6 +163,27 @@ PER_MODEL = (
             ),
         ),
         "Refused by the handler; deadline_exceeded: expired before its batch began.",
+    ),
+    Chart(
+        "Windows per long text",
+        "short",
+        (
+            *(
+                Query(
+                    f"100 * histogram_quantile({q}, sum by (le, ModelVersion) (rate(TextWindowsHundreds_bucket{{{PODS}, {VERSIONS}}}[{RATE}])))"
+                    f" or 0 * sum by (ModelVersion) (rate(ItemsAccepted{{{PODS}, {VERSIONS}}}[{RATE}]))",
+                    f"{{{{ModelVersion}}}} p{round(q * 100)}",
+                )
+                for q in (0.5, 0.99)
+            ),
+            Query(
+                f"100 * sum by (ModelVersion) (rate(ItemsWindowed{{{PODS}, {VERSIONS}}}[{RATE}]))"
+                f" / sum by (ModelVersion) (rate(ItemsAccepted{{{PODS}, {VERSIONS}}}[{RATE}]))",
+                "{{ModelVersion}} % of texts windowed",
+            ),
+        ),
+        "Windows of each text over max_length classified whole (long_texts: windows), p50 and"
+        " p99 (0: no such text yet), and the share of texts windowed, in percent.",
     ),
 )
 
@@ -251,7 +273,7 @@ DRIFT = (
                 "{{ModelVersion}} reference",
             ),
         ),
-        "Mean input length in tokens, special tokens included.",
+        "Mean input length in tokens, special tokens included (a long text's windows together).",
     ),
 )
 
