@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from handler.model import LoadedModel, forward
+from handler.model import LoadedModel, forward, head_kind
 from handler.scoring import ScoreOptions, apply_score_function
 
 TextInput = str | tuple[str, str]
@@ -217,8 +217,8 @@ class Windows:
     tokens, each repeating ``stride`` tokens of the one before, combined (``combine``)."""
 
     stride: int
-    multi_label_max: bool = False
-    """A multi-label model's windows combined per label by the max, not the weighted mean."""
+    multi_label: str = "mean"
+    """A multi-label model's windows combined per label by the weighted ``mean`` or the ``max``."""
 
 
 def tokenize_windows(
@@ -280,18 +280,25 @@ def _encode_windows(
         ]
 
 
+COMBINE_RULES = ("confident", "mean", "max")
+
+
 def combine(
     logits: Sequence[Sequence[float]],
     scores: Sequence[Sequence[float]],
     weights: Sequence[int],
-    use_max: bool = False,
+    rule: str = "mean",
 ) -> tuple[list[float], list[float]]:
-    """One text's (scores, logits) from its windows': per label, the mean weighted by each
-    window's tokens (its length, special tokens included), or with ``use_max`` the max; one
+    """One text's (scores, logits) from its windows': ``confident``, the window whose best
+    score is highest (the first of equals); ``mean``, per label the mean weighted by each
+    window's tokens (its length, special tokens included); ``max``, per label the max. One
     window's are its own, unchanged."""
     if len(logits) == 1:
         return list(scores[0]), list(logits[0])
-    if use_max:
+    if rule == "confident":
+        best = max(range(len(scores)), key=lambda i: (max(scores[i]), -i))
+        return list(scores[best]), list(logits[best])
+    if rule == "max":
         return [max(column) for column in zip(*scores, strict=True)], [
             max(column) for column in zip(*logits, strict=True)
         ]
@@ -304,6 +311,13 @@ def combine(
         ]
 
     return mean(scores), mean(logits)
+
+
+def combine_rule(head: str, windows: Windows) -> str:
+    """A single-label model answers as its most confident window (measured: docs/api.md, Long
+    texts), a multi-label one as ``windows.multi_label`` says, one logit and regression by the
+    weighted mean."""
+    return {"single_label": "confident", "multi_label": windows.multi_label}.get(head, "mean")
 
 
 def chunks(items: Sequence[int], sizes: Sequence[int], max_size: int) -> list[list[int]]:
@@ -491,7 +505,7 @@ def classify_admitted(
         stats.padded_tokens += input_ids.numel()
     stats.forward_ms = (time.perf_counter() - started) * 1000
     stats.sub_batch_of = [tuple(sorted(each)) for each in sub_batch_of]
-    use_max = windows is not None and windows.multi_label_max
+    rule = "mean" if windows is None else combine_rule(head_kind(loaded), windows)
     by_text: dict[int, list[int]] = {}
     for row, (index, _) in enumerate(flat):
         by_text.setdefault(index, []).append(row)
@@ -501,7 +515,7 @@ def classify_admitted(
             [logits[r] for r in text_rows],
             [scores[r] for r in text_rows],
             [lengths[r] for r in text_rows],
-            use_max and loaded.multi_label_threshold is not None,
+            rule,
         )
         prediction = to_prediction(
             text_scores,

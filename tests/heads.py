@@ -173,12 +173,13 @@ def windowed_scores(
     item: str | tuple[str, str],
     max_length: int,
     stride: int,
-    use_max: bool = False,
+    multi_label: str = "mean",
 ) -> dict[str, float] | None:
     """Label -> score of an item classified as windows, recomputed with transformers alone:
     the tokenizer's windows (``return_overflowing_tokens`` with ``stride``; a pair
-    ``only_second``), each scored by the pipeline's function, combined per label by the mean
-    weighted by each window's tokens (its attention mask's sum), or the max. None for an item
+    ``only_second``), each scored by the pipeline's function, combined: a single-label model's
+    most confident window; else per label the mean weighted by each window's tokens (its
+    attention mask's sum), or a multi-label model's max with ``multi_label="max"``. None for an item
     of one window, and for a pair whose first text leaves the second no more than ``stride``
     tokens a window (the server truncates those as the pipeline does)."""
     tokenizer, model = classifier.tokenizer, classifier.model
@@ -205,14 +206,17 @@ def windowed_scores(
     with torch.no_grad():
         logits = model(**encoded).logits.float()
     config = model.config
+    multi = config.problem_type == "multi_label_classification"
     if config.problem_type == "regression":
         scores = logits
-    elif config.problem_type == "multi_label_classification" or config.num_labels == 1:
+    elif multi or config.num_labels == 1:
         scores = torch.sigmoid(logits)
     else:
         scores = torch.softmax(logits, dim=-1)
     weights = encoded["attention_mask"].sum(-1).double()
-    if use_max:
+    if scores.shape[1] > 1 and not multi and config.problem_type != "regression":
+        combined = scores[int(scores.max(dim=1).values.argmax())].double()
+    elif multi and multi_label == "max":
         combined = scores.max(dim=0).values.double()
     else:
         combined = (scores.double() * weights[:, None]).sum(0) / weights.sum()

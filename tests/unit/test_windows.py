@@ -82,14 +82,17 @@ def options(max_length: int, stride: int, truncation: Any) -> dict[str, Any]:
 
 
 def test_combine_weights_windows_by_their_tokens() -> None:
-    """The token-weighted mean of scores and of logits; the max per label; one window as is."""
+    """The token-weighted mean of scores and of logits; the max per label; the most confident
+    window (the first of equals); one window as is."""
     logits, scores, weights = [[1.0, -1.0], [3.0, 1.0]], [[0.8, 0.2], [0.4, 0.6]], [30, 10]
     assert combine(logits, scores, weights) == (
         pytest.approx([0.7, 0.3]),
         pytest.approx([1.5, -0.5]),
     )
-    assert combine(logits, scores, weights, use_max=True) == ([0.8, 0.6], [3.0, 1.0])
-    assert combine([[2.0, 1.0]], [[0.6, 0.4]], [7]) == ([0.6, 0.4], [2.0, 1.0])
+    assert combine(logits, scores, weights, "max") == ([0.8, 0.6], [3.0, 1.0])
+    assert combine(logits, scores, weights, "confident") == ([0.8, 0.2], [1.0, -1.0])
+    assert combine([[0.0], [1.0]], [[0.5, 0.5], [0.5, 0.5]], [1, 1], "confident")[1] == [0.0]
+    assert combine([[2.0, 1.0]], [[0.6, 0.4]], [7], "confident") == ([0.6, 0.4], [2.0, 1.0])
 
 
 @pytest.fixture(scope="module")
@@ -252,3 +255,29 @@ def test_the_settings_bound_the_stride_and_derive_the_request_limit() -> None:
         HandlerSettings(max_length=16, window_stride=7)
     with pytest.raises(ValueError, match="long_texts"):
         HandlerSettings(long_texts="split")
+
+
+@pytest.mark.parametrize(
+    ("kind", "multi_label"),
+    [
+        ("single_label", "mean"),
+        ("multi_label", "mean"),
+        ("multi_label", "max"),
+        ("regression", "mean"),
+    ],
+)
+def test_each_head_combines_as_documented(head_model_dir: Any, kind: str, multi_label: str) -> None:
+    """In process, each head's combination equals the one recomputed with transformers
+    (tests/heads.py ``windowed_scores``), max for multi-label included."""
+    from tests.heads import ITEMS, reference_pipeline, windowed_scores
+
+    model_dir = head_model_dir(kind, "tiny")
+    loaded = load_model(model_dir, HandlerSettings(device="cpu", max_batch_tokens=2048), None)
+    classifier = reference_pipeline(model_dir)
+    long = [item for item in ITEMS if windowed_scores(classifier, item, 128, 32) is not None]
+    predictions, stats = classify(loaded, long, 128, 2048, Windows(32, multi_label))
+    assert len(long) >= 2 and all(count > 1 for count in stats.windows)
+    for item, prediction in zip(long, predictions, strict=True):
+        expected = windowed_scores(classifier, item, 128, 32, multi_label)
+        assert expected is not None
+        assert prediction.scores == pytest.approx(expected, abs=1e-5)
