@@ -1,6 +1,9 @@
-# A thin index over scripts/: each target is one command a person can also run by hand.
+# A thin index over scripts/, the build (python -m training) and the lab (python -m lab): each
+# target is one command a person can also run by hand.
 VENV      ?= .venv
 PY        := $(VENV)/bin/python
+# The lab's tools: `python -m lab NAME` (`python -m lab` lists them); the targets below call them.
+LAB       := $(PY) -m lab
 STAMP     := $(VENV)/.installed
 MODEL_DIR ?= build/bert-sentiment
 MODEL_CONFIG ?= config/model-config.yaml
@@ -21,7 +24,7 @@ STATE_DIR ?= .run
 TORCH ?=
 LOCK      := requirements/server.lock
 
-.PHONY: install lock model package serve stop status metrics smoke test test-client unit check bench check-defaults gpu-report gpu-report-smoke tune compare-precision chaos soak fuzz deploy-layout image image-test pod-test models-start clean distclean FORCE
+.PHONY: install lock model package serve stop status metrics smoke test test-client unit check bench check-defaults gpu-report tune compare-precision chaos soak fuzz deploy-layout image image-test pod-test models-start clean distclean FORCE
 
 ## install: .venv with the server and dev extras at the versions of requirements/server.lock
 ##        (TORCH=cuda for the CUDA build of torch; the CPU build otherwise)
@@ -104,49 +107,45 @@ test-client:
 ## bench: served vs batch size 1 vs in-process ceiling vs LitServe vs client list requests -> docs/bench/
 ##        (DEVICE=cpu or cuda: where workers and in-process runs compute; default cuda if present)
 bench: $(MAR) | $(STAMP)
-	$(PY) scripts/bench.py --out docs/bench $(if $(DEVICE),--device $(DEVICE))
+	$(LAB) bench --out docs/bench $(if $(DEVICE),--device $(DEVICE))
 
 ## gpu-report: on a GPU host, the default start, batchSize 1, bf16, tf32, workers per GPU swept
 ##        around the rule's choice, LitServe like ours, the lone request, the ceiling and fp32
 ##        against the CPU on a bert-base-shaped model -> docs/gpu/ (SMOKE=1: the CPU, a tiny
-##        model, every section; docs/gpu/README.md runs it on a lent GPU)
+##        model, every section, about 13 minutes on 2 cores -> build/gpu-smoke/; it fails if a
+##        section fails; docs/gpu/README.md runs it on a lent GPU)
 gpu-report: | $(STAMP)
-	$(PY) scripts/gpu_report.py $(if $(SMOKE),--smoke --out build/gpu-smoke,--out docs/gpu)
-
-## gpu-report-smoke: the report's test on the CPU, a tiny model, every section written (minutes
-##        long: outside make test)
-gpu-report-smoke: | $(STAMP)
-	BERT_SERVE_GPU_SMOKE=1 $(PY) -m pytest -q tests/integration/test_gpu_report.py
+	$(LAB) gpu-report $(if $(SMOKE),--smoke --out build/gpu-smoke,--out docs/gpu)
 
 ## check-defaults: the shipped defaults on the default model and on stand-ins for faster and
 ##        slower hardware: patient clients never refused, stated deadlines pay -> docs/bench/defaults.json
 check-defaults: $(MAR) | $(STAMP)
-	$(PY) scripts/check_defaults.py --out docs/bench
+	$(LAB) check-defaults --out docs/bench
 
 ## tune: batch size x delay x workers/threads at 1..64 clients: the config closest to the best
-##       at every load, and what TorchServe's logging costs -> docs/tune/
+##       at every load -> docs/tune/
 tune: $(MAR) | $(STAMP)
-	$(PY) scripts/tune.py --out docs/tune
+	$(LAB) tune --out docs/tune
 
 ## compare-precision: fp32 vs PRECISION (default bf16; tf32 or fp16 on CUDA) on TEXTS (one per
 ##        line; default the corpus) with MODEL_DIR: texts/s, largest score change, flipped
 ##        labels -> build/
 compare-precision: $(STAMP) $(MODEL_DIR)/config.json
-	$(PY) scripts/compare_precision.py --model-dir $(MODEL_DIR) --model-config $(MODEL_CONFIG) \
+	$(LAB) compare-precision --model-dir $(MODEL_DIR) --model-config $(MODEL_CONFIG) \
 	  --precision $(or $(filter-out fp32,$(PRECISION)),bf16) $(if $(TEXTS),--texts $(TEXTS)) \
 	  --out build/compare-precision.json
 
 ## chaos: faults and overload against a real server -> docs/chaos/chaos.json
 chaos: $(MAR) | $(STAMP)
-	$(PY) scripts/chaos.py --out docs/chaos
+	$(LAB) chaos --out docs/chaos
 
 ## fuzz: schemathesis from docs/openapi.yaml against a real server, 5 minutes -> docs/fuzz/fuzz.json
 fuzz: $(MAR) | $(STAMP)
-	$(PY) scripts/fuzz.py --max-examples 500 --max-time 300 --out docs/fuzz
+	$(LAB) fuzz --max-examples 500 --max-time 300 --out docs/fuzz
 
 ## soak: 10 minutes of steady mixed traffic: RSS, rps and log growth -> docs/soak/
 soak: $(MAR) | $(STAMP)
-	$(PY) scripts/soak.py --out docs/soak
+	$(LAB) soak --out docs/soak
 
 ## deploy-layout: the container / KServe layout (config/ + model-store/) -> build/kserve
 ##        (MODELS="sentiment=DIR toxicity=DIR2": a model store of several models)
@@ -165,14 +164,14 @@ image: $(if $(strip $(MODELS)),,$(MAR)) | $(STAMP)
 
 ## image-test: run that image: READY, the README's requests, /metrics, memory, SIGTERM -> build/image/
 image-test: | $(STAMP)
-	$(PY) scripts/image_test.py --image $(IMAGE) --out $(IMAGE_TEST_OUT)
+	$(LAB) image-test --image $(IMAGE) --out $(IMAGE_TEST_OUT)
 
 ## pod-test: the Deployment as one pod (podman kube play: both containers, limits, Secret,
 ##        ConfigMap, read-only roots), through the proxy: patient clients, a killed frontend,
 ##        SIGTERM under new connections with 1 and 2 workers -> build/image/pod-test.json
 POD_TEST_OUT ?= build/image/pod-test.json
 pod-test: | $(STAMP)
-	$(PY) scripts/pod_test.py --image $(IMAGE) --proxy-image $(PROXY_IMAGE) --out $(POD_TEST_OUT)
+	$(LAB) pod-test --image $(IMAGE) --proxy-image $(PROXY_IMAGE) --out $(POD_TEST_OUT)
 
 ## models-start: an image of three models (the default one under three names) started with the
 ##        pod's CPUs and the memory three workers need: seconds until the startup probe passes
@@ -180,7 +179,7 @@ pod-test: | $(STAMP)
 MODELS_START_OUT ?= build/image/models-start.json
 models-start: $(MAR) | $(STAMP)
 	$(MAKE) --no-print-directory image IMAGE=bert-serve-models:test MODELS="bert=$(MODEL_DIR) second=$(MODEL_DIR) third=$(MODEL_DIR)"
-	$(PY) scripts/models_start.py --image bert-serve-models:test --models 3 --out $(MODELS_START_OUT)
+	$(LAB) models-start --image bert-serve-models:test --models 3 --out $(MODELS_START_OUT)
 
 ## unit: the fast layer, no server (every test not marked integration)
 unit: $(STAMP)

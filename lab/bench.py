@@ -1,47 +1,55 @@
-"""The benchmark's experiments, in the order ``scripts/bench.py`` runs them.
+"""``make bench``: the served model against batch size 1, its in-process ceiling and LitServe, in
+one run, on one corpus (docs/bench/README.md reads ``results.json`` and ``serving.png``).
 
-- ``ceiling``: tokenization + forward with no HTTP, in as many single-threaded processes as
-  the default config has workers, at each batch size with length grouping, once before and
-  once after the served runs (the better of the two per batch size);
-- ``execution_options``, ``budget_sweep``, ``precision``: in-process comparisons (attention
-  kernels, bf16; max_batch_tokens; fp32 against bf16 through the handler's classify);
-- ``scenarios``: every served mode measured in turn at each load (``served``), then the CPU
-  split and the client's list requests on the default server.
+- ``ceiling``: tokenization + forward with no HTTP, in as many single-threaded processes as the
+  default config has workers, at each batch size, before and after the served runs (the better
+  of the two per batch size);
+- ``precision``: fp32 against bf16 through the handler's classify (``lab.compare``), where this
+  CPU has native bf16;
+- ``scenarios``: TorchServe with the default config, batch size 1 and bf16, LitServe out of the
+  box and configured like the default's settings in force, measured in turn at each load
+  (``lab.load.interleaved``); then, on the default server, where the CPU goes at 32 clients and
+  the client's list requests.
 
-The smoke form keeps the ceiling and the default server, with a few seconds each.
+``--smoke`` keeps the ceiling and the default server, a few seconds each.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import sys
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bert_serve_server import probe, rules
-from bert_serve_server.archive import package_variant
-from bert_serve_server.config import models_entry
+from bert_serve_server.archive import DEFAULT_MODEL_DIR, package_variant
+from bert_serve_server.config import ROOT, models_entry
 from bert_serve_server.control import Server
 
+from bert_serve.client import Client
 from handler.model import load_model
 from handler.precision import cpu_has_native_bf16
 from lab import inprocess
 from lab.compare import compare_precision, config_settings
-from lab.measure import Endpoint, Loads, client_lists, cpu_split, endpoint, interleaved, servers
-from lab.peer import OUT_OF_THE_BOX, configured_like, litserve_peer
+from lab.corpus import corpus_stats, make_corpus
+from lab.load import Endpoint, Loads, cores_used, endpoint, interleaved, run_texts, servers
+from lab.load import server_processes as processes
+from lab.peer import OUT_OF_THE_BOX, PEERS, configured_like, litserve_peer
+from lab.report import describe, dumps, now, pyplot, write_json
 
 SERVER_KEYS = ("config", "startup_s", "worker_memory")
-BUDGETS = [128, 256, 512, 1024, 2048, 8192]
 
 
 @dataclass(frozen=True)
 class Plan:
-    """What one run measures: the model, seconds per load level, the smoke form or not, and
-    the device (``cpu`` or ``cuda``: the served workers and the in-process runs alike)."""
+    """The model, seconds per load level, the smoke form or not, and the device (``cpu`` or
+    ``cuda``: the served workers and the in-process runs alike)."""
 
     model_dir: Path
     seconds: float
@@ -62,22 +70,14 @@ class Plan:
         """(chunk size, requests in flight) of the client's list requests."""
         return [(16, 2)] if self.smoke else [(64, 4), (16, 8), (16, 32), (32, 32)]
 
-    @property
-    def ceiling_sizes(self) -> list[int]:
-        return [1, 16] if self.smoke else [1, 8, 16, 32]
-
-    @property
-    def ceiling_s(self) -> float:
-        return 1 if self.smoke else 4
-
 
 def step(title: str) -> None:
     print(f"[bench] {title}", file=sys.stderr)
 
 
 def torchserve_configs(plan: Plan, store: Path) -> dict[str, dict[str, str]]:
-    """The served TorchServe modes: the default; batch size 1 and bf16 (packaged into
-    ``store``, where this CPU has native bf16) unless in the smoke form."""
+    """The default; batch size 1 and bf16 (packaged into ``store``, where this CPU has native
+    bf16) unless in the smoke form."""
     on_device = {"number_of_gpu": str(plan.gpus)}
     configs: dict[str, dict[str, str]] = {"torchserve_batched": on_device}
     if not plan.smoke:
@@ -90,26 +90,21 @@ def torchserve_configs(plan: Plan, store: Path) -> dict[str, dict[str, str]]:
 
 @contextmanager
 def peers(plan: Plan, configs: dict[str, dict[str, float]]) -> Iterator[list[Endpoint]]:
-    """The LitServe peers (none in the smoke form), running until the block ends."""
+    """The LitServe peers (none in the smoke form or without LitServe), until the block ends."""
     with ExitStack() as stack:
+        if plan.smoke or importlib.util.find_spec("litserve") is None:
+            configs = {}
         endpoints = []
-        if plan.smoke:
-            configs = {}
-        elif importlib.util.find_spec("litserve") is None:
-            step("LitServe is not installed here: the peers are left out")
-            configs = {}
-        for peer, peer_config in configs.items():
-            step(f"starting the LitServe peer {peer}")
-            running_peer = stack.enter_context(litserve_peer(plan.model_dir, peer_config))
-            endpoints.append(Endpoint(peer, running_peer.url, {}, None, running_peer.process_group))
+        for name, config in configs.items():
+            step(f"starting the LitServe peer {name}")
+            peer = stack.enter_context(litserve_peer(plan.model_dir, config))
+            endpoints.append(Endpoint(name, peer.url, {}, None, peer.process_group))
         yield endpoints
-        step("stopping the LitServe peers (idle, they still use CPU)")
 
 
 def served(plan: Plan, corpus: list[str]) -> dict[str, Any]:
-    """Every server (default, batch size 1, bf16, the LitServe peers) measured in turn at each
-    load; then, the peers stopped, where the CPU goes and the client's list requests on the
-    default server."""
+    """Every server measured in turn at each load; then, the peers stopped, the CPU split and
+    the client's list requests on the default server."""
     with tempfile.TemporaryDirectory(prefix="bench-bf16-") as store, ExitStack() as stack:
         configs = torchserve_configs(plan, Path(store))
         step(f"starting {', '.join(configs)}")
@@ -131,74 +126,246 @@ def served(plan: Plan, corpus: list[str]) -> dict[str, Any]:
             if peer in measured:
                 scenarios[peer] = {"config": peer_config, "by_concurrency": measured[peer]}
         default = scenarios["torchserve_batched"]
-        default |= on_default_server(plan, default_server, corpus)
+        if not plan.smoke:
+            step("where the CPU goes on the default server at 32 clients")
+            default["cpu_split"] = cpu_split(default_server, corpus, 32, plan.loads)
+        step("client list requests on the default server")
+        texts = corpus[: 64 if plan.smoke else 1500]
+        default["client_lists"] = [client_lists(default_server, texts, *r) for r in plan.list_runs]
     return scenarios
 
 
-def on_default_server(plan: Plan, server: Server, corpus: list[str]) -> dict[str, Any]:
-    """Where the CPU goes at 32 clients (not in the smoke form), and the client's list
-    requests over a fixed set of texts."""
-    extra: dict[str, Any] = {}
-    if not plan.smoke:
-        step("where the CPU goes on the default server at 32 clients")
-        extra["cpu_split"] = cpu_split(server, corpus, 32, plan.loads)
-    step("client list requests on the default server")
-    texts = corpus[: 64 if plan.smoke else 1500]
-    extra["client_lists"] = [client_lists(server, texts, *run) for run in plan.list_runs]
-    return extra
+def cpu_split(server: Server, corpus: list[str], level: int, loads: Loads) -> dict[str, Any]:
+    """The cores the frontend, each worker and this load generator use at ``level`` clients."""
+    url, headers = server.predict_url, server.headers()
+    run_texts(url, headers, corpus, level, loads.warmup, "cpu split warm-up")
+    with cores_used(processes(server)) as cores:
+        result = run_texts(url, headers, corpus, level, loads.seconds, "cpu split")
+    total = round(sum(cores.values()), 3)
+    return {"concurrency": level, "rps": result["rps"], "cores": cores, "cores_total": total}
 
 
-def in_process(plan: Plan, corpus: list[str]) -> dict[str, Any]:
-    """The in-process comparisons (none in the smoke form; on a GPU, the budget sweep only:
-    the others compare CPU kernels)."""
-    if plan.smoke:
-        return {}
-    results: dict[str, Any] = {}
-    if plan.gpus:
-        step("max_batch_tokens sweep (in-process, batch 16, GPU 0)")
-        results["budget_sweep"] = inprocess.budget_sweep(plan.model_dir, corpus, BUDGETS, 3, 0)
-        return results
-    step("execution options (in-process)")
-    results["execution_options"] = inprocess.execution_options(plan.model_dir, corpus, 5)
-    step("max_batch_tokens sweep (in-process, batch 16)")
-    results["budget_sweep"] = inprocess.budget_sweep(plan.model_dir, corpus, BUDGETS, 3)
-    if cpu_has_native_bf16():
-        step("fp32 vs bf16 on the corpus (in-process, the handler's classify)")
-        results["precision"] = compare_precision(
-            plan.model_dir, corpus, "bf16", config_settings(), seconds=0
-        )
-    return results
+def client_lists(
+    server: Server, texts: list[str], chunk_size: int, concurrency: int
+) -> dict[str, Any]:
+    """Texts/s of the Python client's ``classify_many`` over ``texts``, after one round."""
+    client = Client(server.inference_url, token=server.key("inference"))
+    options = {"chunk_size": chunk_size, "concurrency": concurrency}
+    client.classify_many(texts[: chunk_size * concurrency], **options)
+    start = time.perf_counter()
+    results = client.classify_many(texts, **options)
+    elapsed = time.perf_counter() - start
+    return options | {
+        "texts": len(texts),
+        "seconds": round(elapsed, 2),
+        "texts_per_s": round(len(texts) / elapsed, 1),
+        "errors": sum(not result.ok for result in results),
+    }
 
 
 def ceiling_processes(model_dir: Path, gpus: int) -> int:
-    """The workers the default config gets here with ``gpus`` GPUs, for a model folder (the
-    in-process ceiling runs as many processes), by the start's own rule."""
+    """The workers the default config gets here (the ceiling runs as many processes)."""
     if gpus:
         settings = config_settings()
         loaded = load_model(model_dir, settings, 0)
         load = probe.measure_device_load(loaded, settings, max(rules.BATCH_SIZES))
         return rules.workers_for(probe.read_machine(gpus), rules.GPU_WORKER_HOST_BYTES, load)[0]
     weights = sum(path.stat().st_size for path in model_dir.glob("*.safetensors"))
-    worker_bytes = (
-        weights + rules.UNMEASURED_WORKER_OVERHEAD_BYTES
-    )  # a folder, not a .mar to measure
+    worker_bytes = weights + rules.UNMEASURED_WORKER_OVERHEAD_BYTES  # a folder: nothing measured
     return rules.workers_for(probe.read_machine(gpus), worker_bytes)[0]
 
 
 def run(plan: Plan, corpus: list[str]) -> dict[str, Any]:
-    """The experiments, in order: ceiling, in-process comparisons, served, ceiling again."""
+    """Ceiling, fp32 against bf16, the served runs, the ceiling again."""
     workers = ceiling_processes(plan.model_dir, plan.gpus)
+    sizes, seconds = ([1, 16], 1) if plan.smoke else ([1, 8, 16, 32], 4)
 
     def ceiling() -> dict[str, Any]:
-        return inprocess.ceiling(
-            plan.model_dir, corpus, plan.ceiling_sizes, plan.ceiling_s, workers, bool(plan.gpus)
-        )
+        return inprocess.ceiling(plan.model_dir, corpus, sizes, seconds, workers, bool(plan.gpus))
 
     step("in-process ceiling, first pass")
     first_pass = ceiling()
-    results = in_process(plan, corpus)
+    results: dict[str, Any] = {}
+    if not plan.smoke and not plan.gpus and cpu_has_native_bf16():
+        step("fp32 vs bf16 on the corpus (in-process, the handler's classify)")
+        results["precision"] = compare_precision(
+            plan.model_dir, corpus, "bf16", config_settings(), seconds=0
+        )
     scenarios = served(plan, corpus)
     step("in-process ceiling, second pass")
-    results["ceiling"] = inprocess.best_of(first_pass, ceiling())
-    results["scenarios"] = scenarios
-    return results
+    return results | {"ceiling": inprocess.best_of(first_pass, ceiling()), "scenarios": scenarios}
+
+
+def _ratio(numerator: float, denominator: float) -> float:
+    return round(numerator / max(denominator, 1e-9), 2)
+
+
+def _bar(value: float | None, bar: str, met: bool) -> dict[str, Any]:
+    return {"value": value, "bar": bar, "met": met}
+
+
+def ratios(results: dict[str, Any]) -> dict[str, Any]:
+    """The benchmark's ratios at the highest load the default and batch size 1 share, and its
+    bars, from this run only."""
+    scenarios, ceiling = results["scenarios"], results["ceiling"]
+    default = scenarios["torchserve_batched"]
+    batched = default["by_concurrency"]
+    bs1 = scenarios.get("torchserve_bs1", {}).get("by_concurrency", batched)
+    top = str(max(int(level) for level in batched if level in bs1))
+    rps = batched[top]["rps"]
+    out: dict[str, Any] = {"at_concurrency": int(top)}
+    if "torchserve_bs1" in scenarios:
+        out["batched_vs_bs1"] = _ratio(rps, bs1[top]["rps"])
+    out["served_vs_ceiling"] = round(rps / ceiling["texts_per_s"], 2)
+    for peer in PEERS:
+        if peer in scenarios:
+            out[f"batched_vs_{peer}"] = _ratio(rps, scenarios[peer]["by_concurrency"][top]["rps"])
+    if default.get("client_lists"):
+        best_lists = max(run["texts_per_s"] for run in default["client_lists"])
+        out["client_lists_vs_single_texts"] = round(best_lists / rps, 2)
+        out["client_lists_vs_ceiling"] = round(best_lists / ceiling["texts_per_s"], 2)
+    out["padding_efficiency"] = batched[top].get("padding_efficiency")
+    out["errors_batched"] = sum(level["errors"] for level in batched.values())
+    if "8" in batched:
+        full_ms = ceiling["by_batch_size"].get(str(default["config"]["batchSize"]), {})
+        if "batch_ms_p50" in full_ms:
+            bound = default["config"]["maxBatchDelay"] + 3 * full_ms["batch_ms_p50"]
+            out |= {"p99_ms_at_8": batched["8"]["p99_ms"], "p99_bound_ms_at_8": round(bound, 1)}
+    modes = {
+        name: {
+            "startup_s": scenario["startup_s"],
+            "worker_rss_mb": round(sum(m["rss_mb"] for m in memory) / len(memory), 1),
+            "worker_uss_mb": round(sum(m["uss_mb"] for m in memory) / len(memory), 1),
+        }
+        for name, scenario in scenarios.items()
+        if (memory := scenario.get("worker_memory"))
+    }
+    return out | {"modes": modes, "bars": bars(results)}
+
+
+def bars(results: dict[str, Any]) -> dict[str, Any]:
+    """The bars this run has the scenarios for, each with its value: the default against batch
+    size 1, bf16, the ceiling (>= 0.8 at the batch size the server forms at 32 clients, >= 0.75
+    of the best) and each LitServe peer."""
+    scenarios = results["scenarios"]
+
+    def level(name: str, clients: int) -> dict[str, Any] | None:
+        found: dict[str, Any] | None = (
+            scenarios.get(name, {}).get("by_concurrency", {}).get(str(clients))
+        )
+        return found
+
+    out: dict[str, Any] = {}
+    for clients, floor in ((1, 0.9), (8, 0.95), (32, 1.4)):
+        default, bs1 = level("torchserve_batched", clients), level("torchserve_bs1", clients)
+        if default and bs1:
+            ratio = _ratio(default["rps"], bs1["rps"])
+            out[f"default_vs_bs1_rps_at_{clients}"] = _bar(ratio, f">= {floor}", ratio >= floor)
+            if clients == 1:
+                extra = round(default["p50_ms"] - bs1["p50_ms"], 1)
+                out["default_p50_minus_bs1_ms_at_1"] = _bar(extra, "<= 5", extra <= 5)
+    default, fast = level("torchserve_batched", 32), level("torchserve_bf16", 32)
+    if default and fast:
+        ratio = _ratio(fast["rps"], default["rps"])
+        out["bf16_vs_default_rps_at_32"] = _bar(ratio, ">= 1.6", ratio >= 1.6)
+    if "precision" in results:
+        unchanged = results["precision"]["labels_unchanged_pct"]
+        out["bf16_corpus_labels_unchanged_pct"] = _bar(unchanged, ">= 99.5", unchanged >= 99.5)
+    return out | (_default_bars(default, results, level) if default else {})
+
+
+def _default_bars(
+    default: dict[str, Any], results: dict[str, Any], level: Callable[[str, int], Any]
+) -> dict[str, Any]:
+    """The default at 32 clients against the ceiling and each peer, and at 1 against LitServe."""
+    ceiling, out = results["ceiling"], {}
+    ratio = _ratio(default["rps"], ceiling["texts_per_s"])
+    out["default_vs_ceiling_at_32"] = _bar(ratio, ">= 0.8", ratio >= 0.8)
+    out["default_vs_best_ceiling_at_32"] = _bar(ratio, ">= 0.75", ratio >= 0.75)
+    if default.get("mean_batch_size"):
+        at = _ratio(
+            default["rps"], ceiling_at(ceiling["by_batch_size"], default["mean_batch_size"])
+        )
+        out["default_vs_ceiling_at_formed_batch_at_32"] = _bar(at, ">= 0.8", at >= 0.8)
+    for peer in PEERS:
+        if at_32 := level(peer, 32):
+            ratio = _ratio(default["rps"], at_32["rps"])
+            out[f"default_vs_{peer}_at_32"] = _bar(ratio, "> 1", ratio > 1)
+    ours, peer_at_1 = level("torchserve_batched", 1), level("litserve", 1)
+    if ours and peer_at_1:
+        ratio = _ratio(ours["rps"], peer_at_1["rps"])
+        out["default_vs_litserve_at_1"] = _bar(ratio, ">= 1.0", ratio >= 1.0)
+    return out
+
+
+def ceiling_at(by_batch_size: dict[str, dict[str, float]], batch: float) -> float:
+    """In-process texts/s at ``batch`` texts per batch: linear between the measured batch
+    sizes around it, the nearest measured one outside them."""
+    points = sorted((int(size), run["texts_per_s"]) for size, run in by_batch_size.items())
+    if batch <= points[0][0]:
+        return points[0][1]
+    for (low, low_rate), (high, high_rate) in zip(points, points[1:], strict=False):
+        if batch <= high:
+            return low_rate + (high_rate - low_rate) * (batch - low) / (high - low)
+    return points[-1][1]
+
+
+def plot(results: dict[str, Any], out: Path) -> None:
+    """``serving.png``: requests/s, p50 and p99 against clients, one line per scenario."""
+    plt = pyplot()
+    panels = (("rps", "requests/s"), ("p50_ms", "p50 latency (ms)"), ("p99_ms", "p99 latency (ms)"))
+    figure, axes_row = plt.subplots(1, 3, figsize=(15, 4.4))
+    for axes, (metric, ylabel) in zip(axes_row, panels, strict=True):
+        for name, scenario in results["scenarios"].items():
+            levels = sorted(scenario["by_concurrency"], key=int)
+            values = [scenario["by_concurrency"][level][metric] for level in levels]
+            axes.plot([int(level) for level in levels], values, marker="o", label=name)
+        if metric == "rps":
+            best = results["ceiling"]["best_batch_size"]
+            label = f"in-process ceiling fp32 (batch {best})"
+            axes.axhline(
+                results["ceiling"]["texts_per_s"], linestyle="--", color="grey", label=label
+            )
+        axes.set_xscale("log", base=2)
+        if metric != "rps":
+            axes.set_yscale("log")  # one slow peer must not flatten the others' latencies
+        axes.set_xlabel("concurrent clients")
+        axes.set_ylabel(ylabel)
+        axes.grid(alpha=0.3)
+    axes_row[0].legend(fontsize=8)
+    figure.suptitle(f"Served model against concurrency ({results['machine']['cpus']} CPU cores)")
+    figure.tight_layout()
+    figure.savefig(out / "serving.png", dpi=110)
+    plt.close(figure)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lab bench", description=__doc__)
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "bench")
+    parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
+    parser.add_argument("--seconds", type=float, default=8, help="measured seconds per level")
+    parser.add_argument("--warmup", type=float, default=2)
+    parser.add_argument("--smoke", action="store_true", help="seconds: the ceiling and the default")
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    args = parser.parse_args(argv)
+    device = args.device if args.device != "auto" else "cuda" if probe.gpu_count() else "cpu"
+    if args.smoke:
+        args.seconds, args.warmup = 1.5, 0.5
+    corpus = make_corpus()
+    results: dict[str, Any] = {
+        "command": "python -m lab bench --smoke" if args.smoke else "make bench",
+        "started": now(),
+        "machine": describe(),
+        "corpus": corpus_stats(corpus),
+        "seconds_per_level": args.seconds,
+        "device": device,
+    }
+    plan = Plan(args.model_dir, args.seconds, args.warmup, args.smoke, device)
+    results |= run(plan, corpus)
+    results["ratios"] = ratios(results)
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_json(args.out / "results.json", results)
+    plot(results, args.out)
+    print(dumps(results["ratios"]))
+    step(f"wrote {args.out / 'results.json'} and serving.png")
+    return 0

@@ -1,14 +1,22 @@
-"""fp32 against a faster precision on a user's own texts, so the choice is made with numbers.
+"""``make compare-precision``: fp32 against a faster precision on your own texts, so the choice
+is made with numbers.
 
 Both runs go through the handler's own ``classify`` (tokenize, length-grouped sub-batches,
 forward, scoring) in this process, with the handler settings of the model config, in windows
 of one served batch, on the device a worker would take (the first GPU where CUDA is present,
 unless the config says ``device: cpu``). Reported: texts/s of each, the largest change of any score, and the
 texts whose label changes (``label``, or for a multi-label model the labels it gives).
+
+    python -m lab compare-precision --model-dir build/bert-sentiment --texts my_texts.txt
+
+``--texts``: one text a line (blank lines skipped); without it, the benchmark corpus. Where CUDA
+is present, fp32 there is IEEE fp32 (TF32 off), and tf32 is a choice.
 """
 
 from __future__ import annotations
 
+import argparse
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -16,11 +24,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from bert_serve_server.archive import MODEL_CONFIG
+from bert_serve_server.archive import DEFAULT_MODEL_DIR, MODEL_CONFIG
 
 from handler.inference import Prediction, classify
 from handler.model import LoadedModel, load_model
 from handler.settings import PRECISION_CHOICES, HandlerSettings
+from lab.corpus import make_corpus
+from lab.report import write_json
 
 EXAMPLE_CHARS = 160
 
@@ -163,3 +173,40 @@ def summary(result: dict[str, Any]) -> str:
             f"{example['text']!r}"
         )
     return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    cuda = torch.cuda.is_available()
+    parser = argparse.ArgumentParser(
+        prog="python -m lab compare-precision",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
+    parser.add_argument("--texts", type=Path, help="one text per line (default: the corpus)")
+    parser.add_argument("--precision", choices=precision_choices(cuda), default="bf16")
+    parser.add_argument("--model-config", type=Path, default=MODEL_CONFIG)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--seconds", type=float, default=5, help="timed passes per precision")
+    parser.add_argument("--out", type=Path, default=Path("build/compare-precision.json"))
+    args = parser.parse_args(argv)
+    texts = make_corpus()
+    if args.texts:
+        texts = [
+            line for line in args.texts.read_text(encoding="utf-8").splitlines() if line.strip()
+        ]
+    settings = config_settings(args.model_config)
+    try:
+        result = compare_precision(
+            args.model_dir, texts, args.precision, settings, args.batch_size, args.seconds,
+            gpu_id=0 if cuda else None,
+        )  # fmt: skip
+    except ValueError as error:
+        print(f"cannot compare: {error}", file=sys.stderr)
+        return 2
+    write_json(args.out, result)
+    print(summary(result))
+    print(f"wrote {args.out}")
+    return 0

@@ -1,4 +1,6 @@
-"""The shipped defaults on hardware this machine is not (``scripts/check_defaults.py``).
+"""``make check-defaults``: the shipped defaults on hardware this machine is not. Writes
+``defaults.json`` into ``--out``, prints each model's sizing and bars, exits 1 if a bar is not
+met (``python -m lab check-defaults --models fast --seconds 5 --out /tmp/defaults``).
 
 For the default model and its stand-ins (``lab.standins``: ``fast`` for a machine about
 10x faster, ``slow`` for a bert-base-sized model or a slower machine), one server each with
@@ -21,6 +23,7 @@ exceeds the client's wait, or that lacks the header: counted as ``forwarded_late
 
 from __future__ import annotations
 
+import argparse
 import tempfile
 import time
 from collections.abc import Iterator
@@ -30,12 +33,13 @@ from pathlib import Path
 from typing import Any
 
 from bert_serve_server.archive import DEFAULT_MODEL_DIR, package_variant
+from bert_serve_server.config import ROOT
 from bert_serve_server.control import Server, running
 
 from lab.batchlog import LogWindow, batch_times
 from lab.corpus import make_corpus
-from lab.load import ClosedLoop, json_job, percentile, statuses
-from lab.measure import cores_used, server_processes
+from lab.load import ClosedLoop, cores_used, json_job, percentile, server_processes, statuses
+from lab.report import describe, now, write_json
 from lab.standins import reshaped
 
 MODELS = ("default", "fast", "slow")
@@ -188,3 +192,39 @@ def run(models: tuple[str, ...], seconds: float) -> dict[str, Any]:
             result["bars"] = bars(model, result)
             results[model] = result
     return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m lab check-defaults", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "bench")
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    parser.add_argument("--seconds", type=float, default=15, help="seconds per level")
+    args = parser.parse_args(argv)
+    started = now()
+    results = run(tuple(args.models), args.seconds)
+    report = {
+        "command": "make check-defaults",
+        "started": started,
+        "machine": describe(),
+        "seconds_per_level": args.seconds,
+        "models": results,
+    }
+    write_json(args.out / "defaults.json", report)
+    failed = 0
+    for model, result in results.items():
+        in_force = result["sizing"]
+        (entry,) = [e for v in in_force["models"].values() for e in v.values()]
+        print(
+            f"{model}: {entry['minWorkers']} workers x {in_force['torch_threads']} thread(s), "
+            f"batchSize {entry['batchSize']}, job_queue_size {in_force['job_queue_size']}; "
+            f"capacity {result['levels']['capacity']['goodput_per_s']}/s"
+        )
+        for name, bar in result["bars"].items():
+            failed += not bar["met"]
+            print(
+                f"  {name}: {bar['value']} (needed {bar['needed']}): {'met' if bar['met'] else 'NOT MET'}"
+            )
+    print(f"wrote {args.out / 'defaults.json'}")
+    return 1 if failed else 0

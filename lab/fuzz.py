@@ -1,4 +1,8 @@
-"""Fuzzing the API from docs/openapi.yaml with schemathesis against a real TorchServe.
+"""``make fuzz``: the API fuzzed from docs/openapi.yaml with schemathesis against a real
+TorchServe of its own; prints the summary, writes it as ``fuzz.json`` into ``--out``, exits 1
+when anything failed.
+
+    python -m lab fuzz --max-examples 500 --max-time 300 --out docs/fuzz
 
 Every answer must conform to the document (status, Content-Type, body, headers) and none may be
 a 5xx; the two answers TorchServe's frontend gives before the handler runs are counted, not
@@ -8,6 +12,7 @@ config/schemathesis.toml; the token reaches it through the environment, never it
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -18,7 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from bert_serve_server.config import ROOT
-from bert_serve_server.control import Server
+from bert_serve_server.control import Server, running
+
+from lab.report import dumps, write_json
 
 OPENAPI = ROOT / "docs" / "openapi.yaml"
 CONFIG = ROOT / "config" / "schemathesis.toml"
@@ -88,3 +95,29 @@ def summarize(
 
 def passed(summary: dict[str, Any]) -> bool:
     return not summary["unique_failures"] and not summary["errors"] and summary["test_cases"] > 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m lab fuzz",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--max-examples", type=int, default=30, help="cases per operation per round"
+    )
+    parser.add_argument("--max-time", type=int, default=45, help="seconds for the whole run")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--out", type=Path, help="folder for fuzz.json (the summary)")
+    args = parser.parse_args(argv)
+    with running(prefix="bert-serve-fuzz-") as server:
+        summary = run_fuzz(
+            server, max_examples=args.max_examples, max_time=args.max_time, seed=args.seed
+        )
+    tail = summary.pop("output_tail")
+    if args.out:
+        write_json(args.out / "fuzz.json", summary)
+    print(dumps(summary))
+    if tail:
+        print(tail, file=sys.stderr)
+    return 0 if passed(summary) else 1

@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lab.reports import pyplot
+from lab.report import pyplot
 
 GPU_BUSY = 85.0
 HOST_BUSY = 90.0

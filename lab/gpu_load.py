@@ -23,8 +23,7 @@ from typing import Any
 
 import psutil
 
-from lab.load import ClosedLoop, json_job, percentile, statuses
-from lab.measure import process_cpu_s
+from lab.load import ClosedLoop, json_job, percentile, process_cpu_s, statuses
 
 SAMPLE_S = 0.2
 NVIDIA_SMI = ("nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits")

@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import sys
 import tempfile
 import time
@@ -74,8 +73,8 @@ from handler.precision import cpu_has_native_bf16
 from lab import gpu_findings, gpu_runs, inprocess
 from lab.corpus import corpus_stats, make_corpus
 from lab.gpu_load import Loader
-from lab.machine import describe
 from lab.peer import litserve_peer
+from lab.report import describe, dumps, write_json
 
 
 @dataclass(frozen=True)
@@ -117,10 +116,13 @@ class Plan:
 GPU_PLAN = Plan(
     "cuda", "bert-base", (1, 8, 32, 128, 256, 512), 0.25, 1.0, 6, 400, 2, 2, (1, 16, 64), 40
 )
+SECTIONS = ("sweep_fp32", "sweep_bf16", "peer", "lone_request", "bs1", "tf32", "ceiling")
+"""The report's runs, in order; each is written as its figures, skipped with the reason, or its
+error (then the command exits 1)."""
 SMOKE_PLAN = Plan("cpu", "tiny", (1, 2), 0.1, 0.4, 2, 3600, 1, 0.5, (1, 16), 10)
 GPU_COMMAND = (
     ". .gpu-carry/device-setup.sh && . scripts/gpu_device_extra.sh && "
-    "python3 scripts/gpu_report.py --out $OUT/gpu"
+    "python3 -m lab gpu-report --out $OUT/gpu"
 )
 
 
@@ -167,7 +169,7 @@ class Report:
 
     def write(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "results.json").write_text(json.dumps(self.results, indent=2) + "\n")
+        write_json(self.out / "results.json", self.results)
 
 
 class Skipped(Exception):
@@ -378,7 +380,9 @@ def tf32(report: Report) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m lab gpu-report",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "gpu")
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny model, every section")
@@ -394,8 +398,11 @@ def main(argv: list[str] | None = None) -> int:
     if plan.device == "cuda" and not plan.gpus:
         print("gpu-report: no CUDA GPU here; `--smoke` runs it on the CPU", file=sys.stderr)
         return 1
-    command = "python scripts/gpu_report.py --smoke" if args.smoke else GPU_COMMAND
+    command = "python -m lab gpu-report --smoke" if args.smoke else GPU_COMMAND
     results = run(plan, args.out, command)
-    print(json.dumps({"bars": results["bars"], "limits": results["limits"]}, indent=2))
+    print(dumps({"bars": results["bars"], "limits": results["limits"]}))
     step(f"wrote {args.out / 'results.json'} and gpu.png in {results['seconds']} s")
-    return 0
+    failed = [name for name in SECTIONS if "error" in results.get(name, {"error": "not run"})]
+    if failed:
+        step(f"sections that failed: {failed}")
+    return 1 if failed else 0

@@ -1,4 +1,5 @@
-"""The bert-serve image run as a user would: ``make image-test`` (scripts/image_test.py).
+"""``make image-test``: the bert-serve image run as a user would (``python -m lab image-test
+[--image bert-serve:0.1.0] [--out build/image/image-test.json]``).
 
 ``run_image_test`` starts one container with its ports published on free 127.0.0.1 ports and
 then, in order:
@@ -31,11 +32,13 @@ and the sizing it ran, which tests/unit/test_deploy.py checks against the files)
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import hashlib
 import json
 import os
 import subprocess
+import sys
 import tempfile
 import time
 import zipfile
@@ -52,6 +55,7 @@ from bert_serve_server.layout import container_properties
 from lab.code_routes import WORKFLOW_NAME, build_workflow_archive
 from lab.image_checks import CheckOutcome, Target, problems, run_checks
 from lab.load import ClosedLoop, Job, statuses
+from lab.report import write_json
 
 READY_TIMEOUT_S = 300.0
 PATIENT_CLIENTS = 256
@@ -707,3 +711,22 @@ def unloadable_start(first: Container, say: Callable[[str], None]) -> dict[str, 
         raise ImageTestFailed(f"a model that cannot load: exit {exit_code!r}, log:\n{log[-3000:]}")
     cause = next(line for line in reversed(lines) if UNKNOWN_MODEL_TYPE in line)
     return {"exit_code": int(exit_code), "exited_s": exited_s, "cause": cause[:300]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m lab image-test", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--image", default=os.environ.get("IMAGE", "bert-serve:0.1.0"))
+    parser.add_argument("--out", type=Path, default=ROOT / "build" / "image" / "image-test.json")
+    args = parser.parse_args(argv)
+    try:
+        result = run_image_test(
+            args.image, engine_command(), say=lambda line: print(f"image-test: {line}", flush=True)
+        )
+    except ImageTestFailed as failure:
+        print(f"image-test: FAILED\n{failure}", file=sys.stderr)
+        return 1
+    write_json(args.out, result)
+    print(f"image-test: passed; numbers in {args.out}")
+    return 0

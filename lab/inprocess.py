@@ -1,4 +1,5 @@
-"""The benchmark's in-process runs: the handler's tokenize + forward code with no server.
+"""The in-process ceiling of the benchmark and the GPU report: the handler's tokenize + forward
+code with no server.
 
 Texts are taken in arrival order from the corpus, in windows of one batch, length-grouped
 under ``max_batch_tokens`` as the handler does.
@@ -9,9 +10,9 @@ from __future__ import annotations
 import multiprocessing
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +20,7 @@ import torch
 
 from handler.inference import classify
 from handler.model import LoadedModel, load_model
-from handler.precision import cpu_has_native_bf16
 from handler.settings import HandlerSettings
-from training import DATA_FILE, read_reviews, split
 
 
 @dataclass(frozen=True)
@@ -147,76 +146,3 @@ def best_of(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
         "processes": first["processes"],
         "torch_threads": first["torch_threads"],
     }
-
-
-def budget_sweep(
-    model_dir: Path,
-    corpus: Sequence[str],
-    budgets: Sequence[int],
-    seconds: float,
-    gpu_id: int | None = None,
-) -> dict[str, Any]:
-    """texts/s and padding efficiency of 16-text windows per max_batch_tokens (how the
-    default budget was chosen), on one thread like a worker (on GPU ``gpu_id`` where given)."""
-    settings = HandlerSettings(torch_threads=1)
-    loaded = load_model(model_dir, settings, gpu_id=gpu_id)
-    out = {}
-    for budget in budgets:
-        timed = timed_batches(loaded, corpus, 16, seconds, settings.max_length, budget)
-        out[str(budget)] = {
-            "texts_per_s": timed.texts_per_s,
-            "padding_efficiency": round(timed.real_tokens / timed.padded_tokens, 3),
-        }
-        print(f"  max_batch_tokens {budget}: {out[str(budget)]}", file=sys.stderr)
-    return out
-
-
-def execution_loaders(model_dir: Path) -> dict[str, Callable[[], LoadedModel]]:
-    """The options compared: attention kernels, and bf16 where this CPU has it natively."""
-
-    def loader(settings: HandlerSettings) -> Callable[[], LoadedModel]:
-        return lambda: load_model(model_dir, settings, gpu_id=None)
-
-    one = HandlerSettings(torch_threads=1)
-    options = {
-        "sdpa": loader(one),
-        "eager": loader(replace(one, attention="eager")),
-    }
-    if cpu_has_native_bf16():
-        options["sdpa_bf16"] = loader(replace(one, precision="bf16"))
-    return options
-
-
-def execution_options(model_dir: Path, corpus: Sequence[str], seconds: float) -> dict[str, Any]:
-    """Attention kernel and bf16: speed at batch 16 on one thread (a
-    worker's), and what each costs in held-out accuracy and in scores against float32."""
-    _, held_out = split(read_reviews(DATA_FILE), held_out=0.2, seed=13)
-    texts, labels = [text for text, _ in held_out], [label for _, label in held_out]
-    out: dict[str, Any] = {}
-    reference: list[dict[str, float]] = []
-    settings = HandlerSettings()
-    for name, load in execution_loaders(model_dir).items():
-        loaded = load()
-        predictions, _ = classify(loaded, texts, settings.max_length, loaded.max_batch_tokens)
-        accuracy = sum(
-            loaded.labels.index(p.label) == y for p, y in zip(predictions, labels, strict=True)
-        ) / len(labels)
-        scores = [p.scores for p in predictions]
-        reference = reference or scores
-        timed = timed_batches(
-            loaded, corpus, 16, seconds, settings.max_length, loaded.max_batch_tokens
-        )
-        out[name] = {
-            "texts_per_s": timed.texts_per_s,
-            "held_out_accuracy": round(accuracy, 4),
-            "max_score_change_vs_sdpa": round(
-                max(abs(a[k] - b[k]) for a, b in zip(scores, reference, strict=True) for k in a), 5
-            ),
-        }
-        print(f"  {name}: {out[name]}", file=sys.stderr)
-    if "sdpa_bf16" in out:
-        out["bf16_speedup"] = round(out["sdpa_bf16"]["texts_per_s"] / out["sdpa"]["texts_per_s"], 2)
-        out["bf16_accuracy_change_points"] = round(
-            100 * (out["sdpa_bf16"]["held_out_accuracy"] - out["sdpa"]["held_out_accuracy"]), 1
-        )
-    return out

@@ -1,24 +1,34 @@
-"""The one closed-loop load generator: bench, tune and chaos all send their traffic through it.
+"""The one closed-loop load generator (bench, tune, chaos, soak, the image and pod tests all
+send their traffic through it), and servers measured with it at a few loads.
 
 ``concurrency`` clients each send the next request as soon as their last one ended, until a
 count, a time limit or a stop flag ends the run. Every request leaves an ``Outcome`` record
 (what was sent, the status or the client-side error, the body, when it was sent and answered),
-so a caller can count statuses, take latencies or check each answer.
+so a caller can count statuses, take latencies or check each answer. ``interleaved`` measures
+several servers in turn at each load, so a slow spell of a shared machine falls on all alike.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import re
+import signal
 import statistics
 import sys
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
+import psutil
+from bert_serve_server.archive import BATCH_KEYS
+from bert_serve_server.control import Server, running
 
 from handler.timings import WAIT_TIME
 
@@ -218,3 +228,154 @@ def run_texts(
     ).run()
     print(file=sys.stderr)
     return summary(loop)
+
+
+@dataclass(frozen=True)
+class Loads:
+    """Concurrency levels, measured seconds per level, and the warm-up before each."""
+
+    levels: Sequence[int]
+    seconds: float
+    warmup: float
+
+
+def at_loads(
+    name: str,
+    url: str,
+    headers: dict[str, str],
+    corpus: Sequence[str],
+    loads: Loads,
+    batch_log: Path | None = None,
+) -> dict[str, dict[str, Any]]:
+    """{level: load summary} for one endpoint, with the batches of ``batch_log`` if given."""
+    from lab.batchlog import LogWindow, batch_summary  # it reads percentiles from here
+
+    results = {}
+    for level in loads.levels:
+        run_texts(url, headers, corpus, level, loads.warmup, f"{name} warm-up")
+        if batch_log is None:
+            results[str(level)] = run_texts(url, headers, corpus, level, loads.seconds, name)
+            continue
+        with LogWindow(batch_log) as window:
+            result = run_texts(url, headers, corpus, level, loads.seconds, name)
+            time.sleep(0.5)  # the handler logs a batch just after answering it
+            results[str(level)] = result | batch_summary(window.read())
+    return results
+
+
+def worker_memory(server: Server) -> list[dict[str, float | None]]:
+    """Each worker's resident memory and the part only it holds (USS), in MB."""
+    return [
+        {"rss_mb": worker.rss_mb, "uss_mb": worker.uss_mb}
+        for worker in server.memory().workers.values()
+    ]
+
+
+def process_cpu_s(pid: int) -> float:
+    times = psutil.Process(pid).cpu_times()
+    return float(times.user + times.system)
+
+
+def server_processes(server: Server) -> dict[str, int]:
+    """The pids of the frontend, of each worker and of this process (the load generator, which
+    shares the machine)."""
+    pids = {"load_generator": os.getpid()}
+    frontend = server.pid()
+    if frontend is not None:
+        pids["frontend"] = frontend
+    return pids | {f"worker_{n}": worker.pid for n, worker in enumerate(server.workers())}
+
+
+@contextmanager
+def cores_used(pids: Mapping[str, int]) -> Iterator[dict[str, float]]:
+    """The cores each named process used while the block ran (its CPU seconds over the wall
+    seconds), filled in when the block ends; a process not running at both ends is left out."""
+    cores: dict[str, float] = {}
+    before: dict[str, float] = {}
+    for name, pid in pids.items():
+        with suppress(psutil.Error):
+            before[name] = process_cpu_s(pid)
+    began = time.monotonic()
+    yield cores
+    elapsed = max(time.monotonic() - began, 1e-9)
+    for name, cpu_s in before.items():
+        with suppress(psutil.Error):
+            cores[name] = round((process_cpu_s(pids[name]) - cpu_s) / elapsed, 3)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Something to load: a name, its predict URL and headers, and the handler's log if any."""
+
+    name: str
+    url: str
+    headers: dict[str, str]
+    batch_log: Path | None = None
+    paused_between_turns: int | None = None
+    """A process group to stop (SIGSTOP) while the others are measured: for a peer whose
+    idle processes use CPU."""
+
+
+def endpoint(name: str, server: Server) -> Endpoint:
+    return Endpoint(name, server.predict_url, server.headers(), server.model_log)
+
+
+def interleaved(
+    endpoints: Sequence[Endpoint], corpus: Sequence[str], loads: Loads
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """{name: {level: load summary}}, every endpoint in turn at each level, so a slow spell
+    of a shared machine falls on all of them alike instead of on whichever ran then."""
+    results: dict[str, dict[str, dict[str, Any]]] = {item.name: {} for item in endpoints}
+    for level in loads.levels:
+        one_level = Loads([level], loads.seconds, loads.warmup)
+        for item in endpoints:
+            with its_turn(item, endpoints):
+                measured = at_loads(
+                    item.name, item.url, item.headers, corpus, one_level, item.batch_log
+                )
+            results[item.name] |= measured
+    return results
+
+
+@contextmanager
+def its_turn(current: Endpoint, endpoints: Sequence[Endpoint]) -> Iterator[None]:
+    """Every other endpoint that asks for it is paused while ``current`` is measured."""
+    paused = [
+        item.paused_between_turns
+        for item in endpoints
+        if item is not current and item.paused_between_turns is not None
+    ]
+    for group in paused:
+        os.killpg(group, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for group in paused:
+            os.killpg(group, signal.SIGCONT)
+
+
+@contextmanager
+def servers(
+    configs: Mapping[str, dict[str, str]], envs: Mapping[str, Mapping[str, str]] | None = None
+) -> Iterator[dict[str, dict[str, Any]]]:
+    """One TorchServe per named config, started one after another (each one's start-up time
+    measured alone), all running until the block ends, then all stopped. Yields {name:
+    {"server", "startup_s", "config", "worker_memory"}}, memory taken after a first request.
+    ``envs``: environment variables by name, for the servers that need their own."""
+    with ExitStack() as stack:
+        started: dict[str, dict[str, Any]] = {}
+        for name, overrides in configs.items():
+            prefix = "measure-" + re.sub(r"\W+", "-", name) + "-"
+            began = time.monotonic()
+            env = (envs or {}).get(name)
+            server = stack.enter_context(running(overrides, prefix=prefix, env=env))
+            startup_s = round(time.monotonic() - began, 1)
+            model = server.model()
+            run_texts(server.predict_url, server.headers(), ["warm"], 1, 0.3, f"{name} first")
+            started[name] = {
+                "server": server,
+                "startup_s": startup_s,
+                "config": {key: model[key] for key in BATCH_KEYS},
+                "worker_memory": worker_memory(server),
+            }
+        yield started

@@ -1,4 +1,5 @@
-"""Several models in one image start within the pod's startup budget (``make models-start``).
+"""``make models-start``: several models in one image start within the pod's startup budget
+(``python -m lab models-start --image bert-serve-models:test --models 3 --out FILE``).
 
 An image built with ``MODELS=`` serves each model from one server: the start sizes them in
 turn (each archive's model measured in a process of its own), then TorchServe loads each. The
@@ -17,9 +18,11 @@ at start with the memory they lack (``bert_serve_server.rules.derive``).
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import re
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -29,7 +32,15 @@ from typing import Any
 import yaml
 from bert_serve_server.config import ROOT
 
-from lab.image import DEPLOYMENT, Container, ImageTestFailed, sized_from, sizing_lines
+from lab.image import (
+    DEPLOYMENT,
+    Container,
+    ImageTestFailed,
+    engine_command,
+    sized_from,
+    sizing_lines,
+)
+from lab.report import write_json
 
 STARTUP_PROBE = ("python3.11", "-m", "bert_serve_server", "ready", "--startup")
 IMAGE_RECORD = ROOT / "deploy" / "image-test.json"
@@ -101,3 +112,25 @@ def models_start(
         "sizing": sizing,
         "sized_from": sized_from(),
     }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m lab models-start", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--image", required=True)
+    parser.add_argument("--models", type=int, required=True, help="how many the image serves")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+
+    def say(line: str) -> None:
+        print(f"models-start: {line}", flush=True)
+
+    try:
+        result = models_start(engine_command(), args.image, args.models, say)
+    except ImageTestFailed as failure:
+        print(f"models-start: FAILED\n{failure}", file=sys.stderr)
+        return 1
+    write_json(args.out, result)
+    say(f"passed; record in {args.out}")
+    return 0

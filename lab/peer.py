@@ -1,4 +1,6 @@
-"""The benchmark's LitServe peer (``scripts/litserve_peer.py``) as a process of its own."""
+"""The benchmarks' LitServe peer (``lab.litserve_peer``) as a process of its own: out of the box
+(``OUT_OF_THE_BOX``: one worker, torch's threads, no batching) or configured like a server
+(``configured_like``)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,6 @@ import psutil
 import requests
 from bert_serve_server.config import ROOT, free_port
 
-PEER_SCRIPT = ROOT / "scripts" / "litserve_peer.py"
 PEERS = ("litserve", "litserve_tuned")
 OUT_OF_THE_BOX: dict[str, float] = {
     "workers": 1,
@@ -26,12 +27,11 @@ OUT_OF_THE_BOX: dict[str, float] = {
     "max_batch_size": 1,
     "batch_timeout_ms": 0,
 }
-"""LitServe out of the box: one worker, torch's threads, no batching."""
 
 
 def configured_like(in_force: dict[str, Any]) -> dict[str, float]:
-    """LitServe configured like a bert-serve server's settings in force (``bert_serve_server.sizing.
-    report``): its workers, torch threads per worker, batch size and batch delay."""
+    """LitServe configured like a server's settings in force (``make status``): its workers,
+    torch threads per worker, batch size and batch delay."""
     (entry,) = [entry for versions in in_force["models"].values() for entry in versions.values()]
     return {
         "workers": entry["minWorkers"],
@@ -41,16 +41,31 @@ def configured_like(in_force: dict[str, Any]) -> dict[str, float]:
     }
 
 
+@dataclass(frozen=True)
+class Peer:
+    url: str
+    """Its predict URL."""
+    process_group: int
+    """The peer's processes (API server and workers), to pause between turns: idle, they poll
+    their queues and took a third of a core from the server being measured."""
+
+    def pids(self) -> list[int]:
+        """The peer's process and every process under it (API servers, inference workers)."""
+        try:
+            root = psutil.Process(self.process_group)
+            return [root.pid, *(child.pid for child in root.children(recursive=True))]
+        except psutil.Error:
+            return []
+
+
 def wait_healthy(process: subprocess.Popen[bytes], url: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while True:
         if process.poll() is not None:
             raise RuntimeError(f"the LitServe peer exited with {process.returncode}")
-        try:
+        with contextlib.suppress(requests.RequestException):
             if requests.get(f"{url}/health", timeout=2).status_code == 200:
                 return
-        except requests.RequestException:
-            pass
         if time.monotonic() > deadline:
             raise RuntimeError(f"the LitServe peer did not become healthy within {timeout:.0f} s")
         time.sleep(0.5)
@@ -70,31 +85,22 @@ def end(process: subprocess.Popen[bytes]) -> None:
         process.wait(timeout=30)
 
 
-@dataclass(frozen=True)
-class Peer:
-    url: str
-    """Its predict URL."""
-    process_group: int
-    """The peer's processes (LitServe's API server and workers), to pause between turns:
-    idle, they poll their queues and took a third of a core from the server being measured."""
-
-    def pids(self) -> list[int]:
-        """The peer's process and every process under it (API servers, inference workers)."""
-        try:
-            root = psutil.Process(self.process_group)
-            return [root.pid, *(child.pid for child in root.children(recursive=True))]
-        except psutil.Error:
-            return []
-
-
 @contextmanager
 def litserve_peer(
     model_dir: Path, config: Mapping[str, float | str], ready_timeout: float = 120
 ) -> Iterator[Peer]:
-    """A healthy LitServe peer of ``config`` (``OUT_OF_THE_BOX`` or ``configured_like``) on a free 127.0.0.1
-    port."""
+    """A healthy LitServe peer of ``config`` (``OUT_OF_THE_BOX`` or ``configured_like``) on a
+    free 127.0.0.1 port."""
     port = free_port()
-    command = [sys.executable, str(PEER_SCRIPT), "--model-dir", str(model_dir), "--port", str(port)]
+    command = [
+        sys.executable,
+        "-m",
+        "lab.litserve_peer",
+        "--model-dir",
+        str(model_dir),
+        "--port",
+        str(port),
+    ]
     for key, value in config.items():
         command += [f"--{key.replace('_', '-')}", str(value)]
     process = subprocess.Popen(

@@ -1,4 +1,4 @@
-"""The whole Deployment run as one pod (``make pod-test``): ``podman kube play`` of
+"""``make pod-test``: the whole Deployment run as one pod, ``podman kube play`` of
 deploy/k8s/deployment.yaml as written (both containers, their limits, the proxy's ConfigMap as
 the kustomization generates it, the key from a Secret, read-only roots, the emptyDirs), through
 the proxy with the key, and the bars of deploy/README.md ("Stopping"):
@@ -23,12 +23,15 @@ run's tag, so runs beside each other do not meet. Pure steps (``kube_documents``
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import base64
 import hashlib
 import json
+import os
 import secrets
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,10 +47,12 @@ from lab.image import (
     PATIENT_CLIENTS,
     PATIENT_TIMEOUT_S,
     STATED_ENV,
+    engine_command,
     grace_period_s,
     patient_clients,
 )
-from lab.load import Job, Outcome, statuses
+from lab.load import Job, Outcome, send, statuses
+from lab.report import write_json
 
 K8S = ROOT / "deploy" / "k8s"
 DEPLOYMENT = K8S / "deployment.yaml"
@@ -63,6 +68,8 @@ ULIMITS = ("nofile=1024:1024", "nproc=1024:1024")
 """What lab/image.py's runs use on this machine: within its hard limits."""
 PAUSE = '#!/bin/sh\ntrap "exit 0" TERM INT\nwhile :; do sleep 3600 & wait $!; done\n'
 EXITED_UNASKED = "exited without a stop being asked"
+BASES = ("localhost/bookworm-minbase:12", "debian:bookworm-slim")
+"""The bases scripts/image.sh builds on: its debootstrap'd minbase where no registry answers."""
 """deploy/entrypoint.sh's line before it exits 1."""
 
 
@@ -308,8 +315,6 @@ async def new_connections(url: str, headers: dict[str, str], seconds: float) -> 
     job = Job(BURST_BODIES[0], "application/json")
 
     async def client(session: aiohttp.ClientSession) -> None:
-        from lab.load import send
-
         while time.monotonic() < deadline:
             outcomes.append(await send(session, url, headers, job))
 
@@ -441,8 +446,6 @@ def engine_env(
 ) -> tuple[dict[str, str], str | None]:
     """The environment podman runs with (this run's containers.conf), and the infra image built
     for the run, if one was."""
-    import os
-
     infra = None if catatonit_present() else pause_image(engine, base, tag, state)
     conf = state / "containers.conf"
     conf.write_text(containers_conf(infra))
@@ -488,3 +491,44 @@ def run_pod_test(
         if infra is not None:  # the run's own tag: no other run uses it
             subprocess.run([*engine, "rmi", infra], capture_output=True, timeout=120, check=False)
     return record
+
+
+def built_base(engine: list[str]) -> str:
+    for base in BASES:
+        if subprocess.run([*engine, "image", "exists", base], capture_output=True).returncode == 0:
+            return base
+    return BASES[-1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m lab pod-test", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--image", default=os.environ.get("IMAGE", "bert-serve:0.1.0"))
+    parser.add_argument(
+        "--proxy-image", default=os.environ.get("PROXY_IMAGE", "bert-serve-proxy:0.1.0")
+    )
+    parser.add_argument(
+        "--base",
+        default=os.environ.get("POD_BASE"),
+        help="the pause image's base where podman has no catatonit (default: the base "
+        "scripts/image.sh built on, its debootstrap'd minbase or debian:bookworm-slim)",
+    )
+    parser.add_argument("--tag", default=f"t{os.getpid()}")
+    parser.add_argument("--out", type=Path, default=ROOT / "build" / "image" / "pod-test.json")
+    args = parser.parse_args(argv)
+    engine = engine_command()
+    images = {"torchserve": args.image, "proxy": args.proxy_image}
+    try:
+        result = run_pod_test(
+            engine, images, args.tag, ROOT / "build" / "pod" / args.tag,
+            say=lambda line: print(f"pod-test: {line}", flush=True),
+            base=args.base or built_base(engine),
+        )  # fmt: skip
+    except PodTestFailed as failure:
+        print(f"pod-test: FAILED\n{failure}", file=sys.stderr)
+        return 1
+    result["measured_from"] = measured_from()
+    write_json(args.out, result)
+    print(f"pod-test: passed; figures in {args.out}")
+    return 0

@@ -1,4 +1,8 @@
-"""Soak: steady mixed traffic for a long time, watching memory, throughput and the log folder.
+"""``make soak``: steady mixed traffic for a long time, watching memory, throughput and the log
+folder, on a server of its own; writes ``soak.json`` and ``soak.png`` into ``--out`` and exits 1
+if the run failed.
+
+    python -m lab soak --seconds 20 --out /tmp/soak     # a check that the tool works
 
 ``concurrency`` clients send for ``seconds`` through the one closed loop: every 10th request is
 malformed (each kind the validator knows, in turn), the others alternate a single text and a
@@ -14,6 +18,7 @@ kind expects. The log folder's growth is reported, not judged.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import time
@@ -28,7 +33,7 @@ from bert_serve_server.control import Server, running
 from lab.chaos.common import MALFORMED
 from lab.corpus import make_corpus
 from lab.load import ClosedLoop, Job, Outcome, json_job, statuses
-from lab.reports import pyplot
+from lab.report import pyplot, write_json
 
 RSS_TOLERANCE = 0.10
 REQUEST_TIMEOUT_S = 70.0
@@ -278,3 +283,22 @@ def summary_line(report: dict[str, Any]) -> str:
         f"{report['unexpected']} unexpected answers; largest RSS drift from warm-up: {drifts}; "
         f"log folder +{logs['growth_bytes']} bytes ({logs['bytes_per_minute']} bytes/min)"
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m lab soak",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--out", type=Path, default=Path("docs/soak"))
+    parser.add_argument("--seconds", type=float, default=600.0)
+    parser.add_argument("--concurrency", type=int, default=8)
+    args = parser.parse_args(argv)
+    report = run(Plan(args.seconds, args.concurrency))
+    write_json(args.out / "soak.json", report)
+    plot(report, args.out / "soak.png")
+    print(summary_line(report))
+    print(f"report: {args.out / 'soak.json'}, plot: {args.out / 'soak.png'}")
+    print(f"soak: {'passed' if report['passed'] else 'FAILED'}")
+    return 0 if report["passed"] else 1

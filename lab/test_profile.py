@@ -1,7 +1,7 @@
 """The test suite's profile from the JUnit XML scripts/test.sh writes: the slowest tests (each
 with its fixtures' setup and teardown) and each file's total, as Markdown for docs/testing.md.
 
-    python -m lab.test_profile build/test-times-unit.xml build/test-times.xml \
+    python -m lab test-profile build/test-times-unit.xml build/test-times.xml \
         build/test-times-alone.xml --top 25
 """
 
@@ -44,15 +44,12 @@ def markdown(found: dict[str, float], top: int, walls: dict[str, float] | None =
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lab test-profile", description=__doc__)
     parser.add_argument("reports", type=Path, nargs="+")
     parser.add_argument("--top", type=int, default=25)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     found = {test: s for report in args.reports for test, s in times(report).items()}
     walls = {report.name: wall_seconds(report) for report in args.reports}
     print(markdown(found, args.top, walls))
-
-
-if __name__ == "__main__":
-    main()
+    return 0

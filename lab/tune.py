@@ -1,9 +1,17 @@
-"""The tuner's experiments: the candidate batching configs measured side by side at every
-load, and what TorchServe's logging costs (``scripts/tune.py`` runs them and writes the
-report; ``lab.reports`` picks the recommendation)."""
+"""``make tune``: the batching config close to the best at every load, not at one guessed load.
+
+Every candidate (batch size, maxBatchDelay, workers x torch threads) runs on its own TorchServe,
+all at once, and at each load each gets the benchmark's corpus in turn (``lab.load.interleaved``).
+A candidate's score is its worst ratio, over the loads, to the best requests/s of any candidate
+at that load; the recommendation is the best score. Writes ``results.json``, ``tune.png`` and
+``recommended.properties`` into ``--out``.
+
+    python -m lab tune --candidates b1d0w2t1 b16d2w2t1 --loads 1 32 --seconds 4
+"""
 
 from __future__ import annotations
 
+import argparse
 import math
 import re
 import sys
@@ -12,10 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from bert_serve_server.archive import package_variant
-from bert_serve_server.config import models_entry
+from bert_serve_server.config import ROOT, models_entry
+from bert_serve_server.probe import read_machine
 
-from lab.measure import Loads, endpoint, frontend_cost, interleaved, servers
-from lab.reports import recommend_across_loads
+from lab.corpus import make_corpus
+from lab.load import Loads, endpoint, interleaved, servers
+from lab.report import now, pyplot, write_json
 
 CANDIDATE = re.compile(r"b(\d+)d(\d+)w(\d+)t(\d+)")
 
@@ -23,8 +33,7 @@ CANDIDATE = re.compile(r"b(\d+)d(\d+)w(\d+)t(\d+)")
 def default_candidates(cores: float) -> list[str]:
     """The default layout (one worker per core, one torch thread each) at batch sizes 1 to 32
     and two batch delays, then the same cores as half the workers x 2 threads and as one
-    worker with them all, batching as the default does; on 2 cores: b1d0w2t1, b4d1w2t1,
-    b8d1w2t1, b16d1w2t1, b16d2w2t1, b32d2w2t1, b16d1w1t2."""
+    worker with them all, batching as the default does."""
     workers = max(1, math.floor(cores))
     names = [
         f"b{b}d{d}w{workers}t1" for b, d in ((1, 0), (4, 1), (8, 1), (16, 1), (16, 2), (32, 2))
@@ -39,7 +48,7 @@ def parse_candidate(name: str) -> dict[str, int]:
     """``b16d2w2t1``: batch size 16, maxBatchDelay 2 ms, 2 workers x 1 torch thread."""
     match = CANDIDATE.fullmatch(name)
     if not match:
-        raise ValueError(f"{name!r} is not like b16d2w2t1")
+        raise argparse.ArgumentTypeError(f"{name!r} is not like b16d2w2t1")
     batch_size, delay_ms, workers, threads = map(int, match.groups())
     return {"batch_size": batch_size, "delay_ms": delay_ms, "workers": workers, "threads": threads}
 
@@ -48,22 +57,16 @@ def candidate_name(config: dict[str, int]) -> str:
     return f"b{config['batch_size']}d{config['delay_ms']}w{config['workers']}t{config['threads']}"
 
 
-def store_name(config: dict[str, int]) -> str:
-    return f"threads{config['threads']}"
-
-
 def sweep(configs: list[dict[str, int]], corpus: list[str], loads: Loads) -> list[dict[str, Any]]:
     """Every config on its own server (from a store whose .mar has its threads), all running
-    at once and measured in turn at each load (``interleaved``)."""
+    at once and measured in turn at each load."""
     with tempfile.TemporaryDirectory(prefix="tune-stores-") as stores:
-        for config in {store_name(config): config for config in configs}.values():
-            package_variant(
-                Path(stores) / store_name(config),
-                handler_changes={"torch_threads": config["threads"]},
-            )
+        for threads in {config["threads"] for config in configs}:
+            changes = {"torch_threads": threads}
+            package_variant(Path(stores) / f"threads{threads}", handler_changes=changes)
         overrides = {
             candidate_name(config): {
-                "model_store": str(Path(stores) / store_name(config)),
+                "model_store": str(Path(stores) / f"threads{config['threads']}"),
                 "models": models_entry(config["batch_size"], config["delay_ms"], config["workers"]),
             }
             for config in configs
@@ -73,63 +76,124 @@ def sweep(configs: list[dict[str, int]], corpus: list[str], loads: Loads) -> lis
             endpoints = [endpoint(name, item["server"]) for name, item in running_servers.items()]
             measured = interleaved(endpoints, corpus, loads)
     return [
-        {
-            "name": candidate_name(config),
-            "config": config,
-            "by_concurrency": measured[candidate_name(config)],
-        }
-        for config in configs
+        {"name": candidate_name(c), "config": c, "by_concurrency": measured[candidate_name(c)]}
+        for c in configs
     ]
 
 
-def logging_cost(corpus: list[str], level: int, loads: Loads, rounds: int) -> dict[str, Any]:
-    """The default config with TorchServe's built-in log config and with ours, alternated."""
-    variants = {"builtin_log4j2": {"vmargs": ""}, "project_log4j2": {}}
-    rounds_out: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
-    for number in range(rounds):
-        for name, overrides in variants.items():
-            print(f"[tune] logging cost, round {number + 1}/{rounds}: {name}", file=sys.stderr)
-            rounds_out[name].append(frontend_cost(name, overrides, corpus, level, loads))
+def recommend_across_loads(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The config whose worst ratio to the best requests/s at each load is the highest. A run
+    with errors at a level scores 0 there. In a closed loop, requests/s at a level fixes the
+    mean latency (clients / requests/s), so the ratio covers both."""
+    levels = sorted({level for run in runs for level in run["by_concurrency"]}, key=int)
 
-    def mean(name: str, key: str) -> float:
-        return round(float(sum(run[key] for run in rounds_out[name])) / rounds, 3)
+    def rps(run: dict[str, Any], level: str) -> float:
+        measured = run["by_concurrency"][level]
+        return 0.0 if measured["errors"] else float(measured["rps"])
 
-    keys = ("rps", "frontend_cpu_ms_per_request", "log_bytes_per_request")
-    means = {name: {key: mean(name, key) for key in keys} for name in variants}
-    return {
-        "concurrency": level,
-        "rounds": rounds_out,
-        "mean": means,
-        "frontend_cpu_saved_pct": round(
-            100
-            * (
-                1
-                - means["project_log4j2"]["frontend_cpu_ms_per_request"]
-                / means["builtin_log4j2"]["frontend_cpu_ms_per_request"]
-            ),
-            1,
-        ),
-        "rps_ratio": round(means["project_log4j2"]["rps"] / means["builtin_log4j2"]["rps"], 3),
+    best_at = {level: max(rps(run, level) for run in runs) for level in levels}
+    scored = [
+        {
+            "name": run["name"],
+            "config": run["config"],
+            "ratios": {
+                level: round(rps(run, level) / max(best_at[level], 1e-9), 2) for level in levels
+            },
+        }
+        for run in runs
+    ]
+    ranking = sorted(
+        scored,
+        key=lambda item: (min(item["ratios"].values()), sum(item["ratios"].values())),
+        reverse=True,
+    )
+    best = ranking[0]
+    return best | {
+        "worst_ratio": min(best["ratios"].values()),
+        "best_rps_at": best_at,
+        "ranking": [
+            {"name": item["name"], "worst_ratio": min(item["ratios"].values())} for item in ranking
+        ],
     }
 
 
-def run(
-    candidates: list[dict[str, int]],
-    corpus: list[str],
-    loads: Loads,
-    log_clients: int,
-    log_rounds: int,
-) -> dict[str, Any]:
-    """The sweep and its recommendation, then (unless ``log_rounds`` is 0) the logging cost
-    at ``log_clients`` clients."""
-    runs = sweep(candidates, corpus, loads)
-    results: dict[str, Any] = {
-        "loads": list(loads.levels),
-        "seconds_per_load": loads.seconds,
+def snippet(best: dict[str, Any], loads: list[int]) -> str:
+    """The recommendation as lines to paste into config/config.properties."""
+    config = best["config"]
+    entry = models_entry(config["batch_size"], config["delay_ms"], config["workers"])
+    return (
+        f"# Recommended by `make tune` over {', '.join(map(str, loads))} concurrent clients:\n"
+        f"# {best['name']}, at least {best['worst_ratio']:.2f}x the best config's requests/s at every load\n"
+        "# Paste into config/config.properties (replacing the models= line).\n"
+        f"models={entry}\n"
+        f"# and in config/model-config.yaml: handler.torch_threads: {config['threads']} (then make package)\n"
+    )
+
+
+def plot(runs: list[dict[str, Any]], best: dict[str, Any], out: Path) -> None:
+    """``tune.png``: requests/s against clients per config, and each config's ratio to the best
+    at each load, the recommendation drawn thick."""
+    plt = pyplot()
+    figure, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7.5), sharex=True)
+    for run in runs:
+        levels = sorted(run["by_concurrency"], key=int)
+        style = {
+            "marker": "o",
+            "linewidth": 3 if run["name"] == best["name"] else 1.2,
+            "label": run["name"],
+        }
+        rps = [run["by_concurrency"][level]["rps"] for level in levels]
+        x = [int(level) for level in levels]
+        top.plot(x, rps, **style)
+        bottom.plot(
+            x,
+            [r / best["best_rps_at"][level] for r, level in zip(rps, levels, strict=True)],
+            **style,
+        )
+    top.set_ylabel("requests/s")
+    top.set_title(
+        "Each config at each load (b=batch size, d=maxBatchDelay ms, w=workers, t=threads)"
+    )
+    bottom.set_ylabel("ratio to the best config at that load")
+    bottom.set_xlabel("concurrent clients")
+    bottom.set_xscale("log", base=2)
+    for axes in (top, bottom):
+        axes.grid(alpha=0.3)
+    top.legend(fontsize=8, ncol=2)
+    figure.tight_layout()
+    figure.savefig(out / "tune.png", dpi=110)
+    plt.close(figure)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m lab tune",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "tune")
+    parser.add_argument("--loads", type=int, nargs="+", default=[1, 4, 8, 16, 32, 64])
+    parser.add_argument("--seconds", type=float, default=5, help="measured seconds per load")
+    parser.add_argument("--warmup", type=float, default=1.5)
+    parser.add_argument("--candidates", type=parse_candidate, nargs="+")
+    args = parser.parse_args(argv)
+    candidates = args.candidates or [
+        parse_candidate(n) for n in default_candidates(read_machine(0).cores)
+    ]
+    loads = Loads(args.loads, args.seconds, args.warmup)
+    started = now()
+    runs = sweep(candidates, make_corpus(), loads)
+    best = recommend_across_loads(runs)
+    results = {
+        "command": " ".join(["python -m lab tune", *(sys.argv[1:] if argv is None else argv)]),
+        "started": started,
+        "loads": args.loads,
+        "seconds_per_load": args.seconds,
         "runs": runs,
-        "recommended": recommend_across_loads(runs),
+        "recommended": best,
     }
-    if log_rounds:
-        log_loads = Loads([log_clients], loads.seconds, loads.warmup)
-        results["logging"] = logging_cost(corpus, log_clients, log_loads, log_rounds)
-    return results
+    write_json(args.out / "results.json", results)
+    (args.out / "recommended.properties").write_text(snippet(best, args.loads))
+    plot(runs, best, args.out)
+    print(snippet(best, args.loads))
+    return 0

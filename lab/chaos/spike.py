@@ -38,10 +38,17 @@ from handler.deadline import TIMEOUT_HEADER
 from lab.batchlog import LogWindow, batch_times
 from lab.chaos.common import REQUEST_TIMEOUT_S, SPIKE_FORMS, Durations, part_server
 from lab.corpus import make_corpus
-from lab.load import ClosedLoop, Outcome, json_job, percentile, statuses
-from lab.measure import cores_used, server_processes
+from lab.load import (
+    ClosedLoop,
+    Outcome,
+    cores_used,
+    json_job,
+    percentile,
+    server_processes,
+    statuses,
+)
 from lab.peer import OUT_OF_THE_BOX, litserve_peer
-from lab.reports import pyplot
+from lab.report import pyplot
 
 PAUSE_AFTER_FAILURE_S = 0.05
 ACCESS = re.compile(r'"POST /predictions/\S+ HTTP/[\d.]+" (\d{3}) (\d+)$', re.MULTILINE)

@@ -1,4 +1,4 @@
-"""scripts/chaos.py end to end in its --quick form: real servers, faults and overload."""
+"""`python -m lab chaos --quick` end to end: real servers, faults and overload."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def test_chaos_quick_passes_every_part(tmp_path: Path) -> None:
         pytest.fail(f"{MAR_PATH} is missing: run `make package` (make test does it)")
     result = subprocess.run(
         # --no-peer: the quick form checks our server; LitServe's spike is `make chaos`'s
-        [sys.executable, "scripts/chaos.py", "--quick", "--no-peer", "--out", str(tmp_path)],
+        [sys.executable, "-m", "lab", "chaos", "--quick", "--no-peer", "--out", str(tmp_path)],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -1,5 +1,5 @@
 """The container image, built and answering: `make image image-test` (scripts/image.sh, then
-scripts/image_test.py, under the pod's CPU and memory limits: the readiness probe false while
+python -m lab image-test, under the pod's CPU and memory limits: the readiness probe false while
 the workers load, READY, the README's requests, a list, a pair, v2, /metrics, the health check,
 memory, 256 patient clients none refused, SIGTERM under load within the grace period with no
 accepted request lost; a container with its settings stated, and one whose model cannot load;

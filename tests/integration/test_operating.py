@@ -9,7 +9,7 @@ deploy/grafana/bert-serve.json must return data carrying the labels its legend n
 model where the panel is per model, and every selector of every alert rule must return data
 carrying the labels the rule groups by: a metric the server does not export fails. With
 ``OPERATING_DATA=path`` the dashboard's series are written there for
-``scripts/operating_picture.py`` (docs/operating/dashboard.png).
+``python -m lab dashboard-picture`` (docs/operating/dashboard.png).
 
 What the model says (docs/operating/README.md, drift): the run begins with traffic drawn from
 the default model's held-out reviews (its packed reference) and ends with negative reviews

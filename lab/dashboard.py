@@ -3,7 +3,7 @@ Debian package here): the series tests/integration/test_operating.py fetched wit
 dashboard's own queries, one chart per panel (per model for the model rows).
 
     OPERATING_DATA=build/operating.json .venv/bin/python -m pytest tests/integration/test_operating.py
-    .venv/bin/python scripts/operating_picture.py build/operating.json docs/operating/dashboard.png
+    .venv/bin/python -m lab dashboard-picture build/operating.json docs/operating/dashboard.png
 """
 
 from __future__ import annotations
@@ -15,14 +15,13 @@ import re
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+from bert_serve_server.config import ROOT
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from lab.report import pyplot
 
 COLUMNS = 3
 LEGEND_LABEL = re.compile(r"\{\{\s*(\w+)\s*\}\}")
-DASHBOARD = Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "bert-serve.json"
+DASHBOARD = ROOT / "deploy" / "grafana" / "bert-serve.json"
 UNITS = {"reqps": "requests/s", "s": "seconds", "decmbytes": "MB", "percent": "%", "short": ""}
 
 
@@ -58,6 +57,7 @@ def units() -> dict[str, str]:
 
 
 def draw(data: dict[str, Any], out: Path) -> None:
+    plt = pyplot()
     panels = charts(data)
     unit_of = units()
     panel_of = {title(entry): entry["panel"] for entry in data["panels"]}
@@ -83,13 +83,10 @@ def draw(data: dict[str, Any], out: Path) -> None:
     figure.savefig(out, dpi=80)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lab dashboard-picture", description=__doc__)
     parser.add_argument("data", type=Path, help="the JSON test_operating.py wrote (OPERATING_DATA)")
     parser.add_argument("out", type=Path, help="the PNG to write")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     draw(json.loads(args.data.read_text()), args.out)
-
-
-if __name__ == "__main__":
-    main()
+    return 0

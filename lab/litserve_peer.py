@@ -1,4 +1,4 @@
-"""The reference peer for the benchmark: a LitServe server of the same model.
+"""The benchmarks' reference peer (``lab.peer`` starts it): a LitServe server of the same model.
 
 What a team would write instead of bert-serve: one LitAPI over the same model folder and the
 same tokenization and forward code. By default it is what LitServe gives out of the box (one
@@ -9,7 +9,7 @@ own dynamic batching included. ``--accelerator cuda`` puts
 ``--precision``; ``--api-servers 0`` leaves LitServe's HTTP processes at its own default (as
 many as its workers). Installed with the ``dev`` extra.
 
-    python scripts/litserve_peer.py --model-dir build/bert-sentiment --port 8100
+    python -m lab.litserve_peer --model-dir build/bert-sentiment --port 8100
 """
 
 import argparse
