@@ -203,7 +203,7 @@ class Server:
     properties: dict[str, str]
     env: Mapping[str, str] = field(default_factory=dict)
     """Variables set for this server's frontend and workers over the caller's own (an A/B of
-    an environment setting: ``scripts/compare_mars.py --before-env``)."""
+    an environment setting: ``lab.load.servers``' ``envs``)."""
     in_force: dict[str, Any] | None = field(default=None, compare=False)
     """What the start that returned this server chose and why, as it recorded it in
     ``sizing_file``; None for an instance found in its state folder (``sizing()`` reads it)."""
