@@ -131,18 +131,6 @@ def test_a_servers_own_environment_wins_over_the_callers(
     assert env["TMPDIR"] == str(tmp_path / "tmp")
 
 
-def test_compare_mars_reads_name_value_settings() -> None:
-    from lab.measure import env_assignments
-
-    assert env_assignments(["OMP_NUM_THREADS=2", "OMP_WAIT_POLICY=PASSIVE", "EMPTY="]) == {
-        "OMP_NUM_THREADS": "2",
-        "OMP_WAIT_POLICY": "PASSIVE",
-        "EMPTY": "",
-    }
-    with pytest.raises(SystemExit, match="NAME=VALUE"):
-        env_assignments(["OMP_WAIT_POLICY"])
-
-
 def test_a_frontend_that_exits_during_start_is_started_again_on_new_ports(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
