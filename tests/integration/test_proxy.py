@@ -18,7 +18,7 @@ import requests
 from bert_serve_server.control import Server
 
 from bert_serve.exceptions import Unauthorized
-from lab.proxy import nginx_binary, running_proxy
+from tests.nginx_run import nginx_binary, running_proxy
 from tests.stub_http import Seen, stub_server
 
 pytestmark = pytest.mark.skipif(

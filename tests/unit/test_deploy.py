@@ -23,7 +23,7 @@ import yaml
 from bert_serve_server import layout as deploy_layout
 from bert_serve_server.config import BASE_CONFIG, log_config_path, read_properties
 
-from lab import proxy
+from tests import nginx_run as proxy
 from tests.conftest import MAR_PATH, ROOT
 
 KUBERNETES_VERSION = "1.30.0"

@@ -23,8 +23,8 @@ from bert_serve_server import probe, rules, sizing
 from bert_serve_server.config import effective_properties
 from bert_serve_server.rules import Machine
 
-from lab.proxy import PROXY_CONF
 from tests.conftest import ROOT
+from tests.nginx_run import PROXY_CONF
 
 RULES_DIR = ROOT / "deploy" / "prometheus"
 RULES = RULES_DIR / "rules.yaml"

@@ -1,4 +1,5 @@
-"""The NGINX proxy of deploy/k8s/proxy/bert-serve.conf, run for real on this machine.
+"""The NGINX proxy of deploy/k8s/proxy/bert-serve.conf, run for real on this machine (for the
+tests, as prometheus_run.py runs Prometheus).
 
 The shipped file names the pod's addresses (listen 8000, TorchServe at 127.0.0.1:8080); a
 local run changes only those two, puts the key where the image's entrypoint would (envsubst of
