@@ -1,16 +1,11 @@
 """``make compare-precision``: fp32 against a faster precision on your own texts, so the choice
-is made with numbers.
-
-Both runs go through the handler's own ``classify`` (tokenize, length-grouped sub-batches,
-forward, scoring) in this process, with the handler settings of the model config, in windows
-of one served batch, on the device a worker would take (the first GPU where CUDA is present,
-unless the config says ``device: cpu``). Reported: texts/s of each, the largest change of any score, and the
-texts whose label changes (``label``, or for a multi-label model the labels it gives).
+is made with numbers: texts/s of each, the largest score change, and the texts whose decision
+changes. Both run the handler's ``classify`` in this process with the model config's settings,
+in windows of one served batch, on the device a worker would take (fp32 on CUDA is IEEE fp32).
 
     python -m lab compare-precision --model-dir build/bert-sentiment --texts my_texts.txt
 
-``--texts``: one text a line (blank lines skipped); without it, the benchmark corpus. Where CUDA
-is present, fp32 there is IEEE fp32 (TF32 off), and tf32 is a choice.
+``--texts``: one text a line; without it, the benchmark corpus.
 """
 
 from __future__ import annotations

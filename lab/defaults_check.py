@@ -2,23 +2,14 @@
 ``defaults.json`` into ``--out``, prints each model's sizing and bars, exits 1 if a bar is not
 met (``python -m lab check-defaults --models fast --seconds 5 --out /tmp/defaults``).
 
-For the default model and its stand-ins (``lab.standins``: ``fast`` for a machine about
-10x faster, ``slow`` for a bert-base-sized model or a slower machine), one server each with
-config/config.properties as shipped and nothing tuned (the path ``make serve`` takes: the
-start sizes workers, batch size, queue and heap; ``make status`` prints them), then closed
-loops one after another:
-
-- ``capacity``: 32 patient clients; its goodput is the patient throughput;
-- ``patient``: 256 patient clients with a 60 s timeout, each sending again at once after a
-  refusal: every answer that is not a 200 counts as a refusal;
-- ``stated`` and ``unstated``: clients with a 0.5 s deadline, about 4x as many as the server
-  answers in 0.5 s (64 to 256), each sending again 50 ms after a failure; ``stated`` clients
-  send ``X-Request-Start`` and ``X-Request-Timeout`` (as ``bert_serve.Client`` and the proxy
-  in ``deploy/`` do), ``unstated`` send nothing. Goodput: 200s within 0.5 s per second.
-
-A text forwarded although its deadline had passed before its batch began shows as a stamped
-200 whose ``x-wait-time`` (the handler's time from the client's stamp to the batch's start)
-exceeds the client's wait, or that lacks the header: counted as ``forwarded_late``.
+The default model and its stand-ins (``lab.standins``: ``fast``, a machine about 10x faster;
+``slow``, bert-base or a slower machine), each on a server started as ``make serve`` starts it,
+then closed loops in turn: ``capacity`` (32 patient clients: the patient throughput),
+``patient`` (256 clients waiting up to 60 s, sending again at once: any non-200 is a refusal),
+``stated`` and ``unstated`` (about 4x as many clients as the server answers in 0.5 s, 64 to
+256, each with a 0.5 s deadline, sending again 50 ms after a failure; ``stated`` ones send
+``X-Request-Start`` and ``X-Request-Timeout`` as ``bert_serve.Client`` does). A stamped 200
+whose ``x-wait-time`` exceeds the client's wait (or lacks it) was ``forwarded_late``.
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
-"""schemathesis hooks for `fuzz.run_fuzz`: one check, `conforms`, loaded by config/schemathesis.toml.
-
-`conforms` runs schemathesis' own checks (no 5xx, a documented status, Content-Type, body and
-headers) on every answer, except two that TorchServe's Java frontend gives before any handler
-code runs, which no handler can change (docs/openapi.yaml documents both):
-
-- 413 with an empty body and no Content-Type: the body is over `max_request_size`;
-- 500 `ErrorDataDecoderException` for a form or multipart body its decoder cannot read (an empty
-  field name, a bad %-escape).
-
-A 504 `deadline_exceeded` (a request whose `X-Request-Start` is older than its deadline;
-docs/deadlines.md) is the documented answer to the headers schemathesis generates: it is checked
-against the document like any answer, but not failed for being a 5xx.
-
-Each such answer is appended as a JSON line to the file named by $BERT_SERVE_FUZZ_REFUSALS, so
-the run reports how many it saw instead of hiding them.
+"""schemathesis hooks for `fuzz.run_fuzz` (config/schemathesis.toml loads them): `conforms` runs
+schemathesis' own checks on every answer, except the two TorchServe's frontend gives before any
+handler runs (docs/openapi.yaml documents both): 413 with no body for a body over
+`max_request_size`, and 500 `ErrorDataDecoderException` for a form it cannot decode. Those are
+appended as JSON lines to $BERT_SERVE_FUZZ_REFUSALS and counted. A 504 `deadline_exceeded` is
+checked against the document, but not failed for being a 5xx.
 """
 
 from __future__ import annotations

@@ -1,55 +1,21 @@
 """The GPU report (``make gpu-report``): the served model on one machine's GPU, every run the issue
 of the GPU bars asks for, in one call that fits one lent device call.
 
-On a bert-base-shaped BERT (random weights, seeded; the default model's tokenizer) it runs, in
-this order (the bars' runs first, so a run cut short by its budget keeps them):
+On a bert-base-shaped BERT (random weights, seeded; the default model's tokenizer) it runs
+``SECTIONS`` in order, the bars' runs first (docs/gpu/README.md says what each measures): the
+rule's start and workers per GPU swept around its choice, in fp32 and bf16; LitServe configured
+like it; the lone request in process and served captured; batchSize 1 and tf32 stated like the
+default; the in-process ceiling.
 
-1. ``sweep_fp32``: the default start (fp32; the rule picks workers per GPU, batch size, queue),
-   then workers per GPU from the rule's choice - 2 to + 2, rescaled in place through the
-   management API, each at every load of the ladder; on the default, the served scores
-   against this host's CPU (``scores``);
-2. ``sweep_bf16``: the same for ``precision: bf16``, started by the rule on its own;
-3. ``peer``: LitServe running the handler's own tokenize and forward, configured like the
-   default (its workers per device, ``max_batch_size``, ``batch_timeout``; its own count of
-   HTTP processes), at every load;
-4. ``lone_request``: a lone text's tokenize + forward in process, eager against the captured
-   forward (``handler.capture``: ``cuda_graphs``; ``compile`` with ``--with-compile``), and
-   served at 1 and 4 clients with ``capture: cuda_graphs`` (on a GPU only);
-5. ``bs1`` (batchSize 1) and ``tf32``: stated like the default (no measuring at start), at every
-   load;
-6. ``ceiling``: the in-process ceiling, as many single-threaded processes as the rule's workers.
+Each level is a closed loop spread over several load processes (``lab.gpu_load``), with the
+GPU's and the host's busy share and each process's cores; ``lab.gpu_findings`` turns them into
+the bars and what stops each server. ``results.json`` is rewritten after every run (a call cut
+short keeps what it measured; ``phases`` holds each run's seconds), then ``gpu.png``.
 
-Each load level is a closed loop of the load generator (``lab.load``) spread over several
-processes (``lab.gpu_load``), with the GPU's busy share (NVML or ``nvidia-smi``), the host's,
-and the cores of the frontend, the workers and the load generator; ``lab.gpu_findings`` turns
-them into the bars and what stops each server. Writes ``results.json`` (rewritten after every
-run, so a cut-short call leaves what it measured) and ``gpu.png`` into ``--out``.
-
-Budget of the GPU call (one device call of at most 8 minutes = 480 s): ``device-setup.sh`` and
-``scripts/gpu_device_extra.sh`` (the carried wheels installed, Java and LitServe unpacked) about
-30 s, so the report's own budget is ``GPU_PLAN.budget_s`` = 400 s, leaving 50 s.
-
-- model and archives: about 20 s (bert-base saved, four stored .mar files);
-- starts: two by the rule, each measuring the model at start, about 40 s each; three stated
-  (bs1, tf32, capture) about 20 s each; LitServe about 25 s; 8 rescalings about 5 s each:
-  about 205 s;
-- ladders: 6 levels x (0.25 s warm-up + 1 s measured + 0.5 s of overhead) = 10.5 s each, for
-  5 + 5 sweep points, bs1, tf32 and LitServe: 13 x 10.5 = about 137 s, plus 2 levels served
-  captured: about 4 s;
-- scores, the lone request (two fresh processes) and the ceiling: about 45 s.
-
-That is about 410 s of estimates against 400: the report checks, before each run, that its
-estimate (``Plan.estimate``) fits in what is left, else records it as skipped with the reason,
-and always writes what it has. ``results.json``'s ``phases`` holds each run's real seconds, so
-the first GPU call corrects these estimates.
-
-The smoke form (``--smoke``, CI) runs every section on the CPU with a tiny model (one layer of
-128), 1 and 2 clients, a sweep of +- 1; runs the hardware lacks (bf16 without native bf16,
-tf32 and CUDA graphs without CUDA) are written as skipped with the reason. Its time is mostly
-starts: two TorchServe starts, LitServe's, the rescalings and four fresh Python processes that
-import torch (the load processes, the ceiling's, the lone request's); ``seconds`` in its
-``results.json`` says how long it took. Its budget (``SMOKE_PLAN.budget_s``) is only a guard:
-nothing in it is skipped for time.
+The report fits one device call: before each run it checks that its estimate
+(``Plan.estimate``) fits in the budget left (``GPU_PLAN.budget_s``), else records it as skipped.
+``--smoke`` runs every section on the CPU with a tiny model, 1 and 2 clients, a sweep of +- 1;
+what the hardware lacks (bf16, tf32, CUDA graphs) is skipped with the reason.
 """
 
 from __future__ import annotations

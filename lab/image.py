@@ -1,33 +1,14 @@
 """``make image-test``: the bert-serve image run as a user would (``python -m lab image-test
 [--image bert-serve:0.1.0] [--out build/image/image-test.json]``).
 
-``run_image_test`` starts one container with its ports published on free 127.0.0.1 ports and
-then, in order:
-
-1. waits until /ping answers Healthy and every worker is READY (``wait_ready``);
-2. runs the request checks of ``lab.image_checks.CHECKS`` (each one's outcome kept);
-3. runs the image's own health check (podman keeps it);
-4. sends a bounded burst through the closed-loop load generator, so memory is measured warm,
-   and reads each process's memory from the host (``container_memory``: PSS and RSS);
-5. sends ``PATIENT_CLIENTS`` patient clients (each waiting up to ``PATIENT_TIMEOUT_S``) for
-   ``PATIENT_S`` seconds: none may be refused;
-6. sends SIGTERM while clients are sending, and requires exit code 0 within the Deployment's
-   grace period; it counts the requests TorchServe accepted and never answered;
-7. starts a second container with its settings stated in the environment (``STATED_ENV``, as
-   a Deployment's ``env`` states them): it must run them (the management API's workers and
-   ``batchSize``), say each was stated, and answer (``stated_start``);
-8. starts a third with its archive replaced (a volume) by a copy whose model declares a model
-   type this transformers does not know (a model newer than the image): the container must
-   exit non-zero with the loading's Python traceback in its log (``unloadable_start``).
-
-The container runs with the CPU and memory limits of the Deployment's TorchServe container, so
-the sizing at start sees what the pod's sees. While the workers load, step 1 also runs the
-pod's readiness probe (``python -m bert_serve_server ready`` in the container): it must say
-not ready at first and, once it says ready, the model must answer.
-
-The container is always removed. The result is a plain dict, written as JSON by the script
-(``deploy/image-test.json`` is one such record, with ``sized_from``: the hash of the entrypoint
-and the sizing it ran, which tests/unit/test_deploy.py checks against the files).
+One container under the Deployment's TorchServe limits (so the start sizes for what the pod
+sees), its ports on free 127.0.0.1 ports, always removed; in order: READY (/ping, every worker,
+and the pod's readiness probe not ready at first, then answering), the request checks
+(``lab.image_checks``) and the image's own, a warm burst and each process's memory from the host
+(PSS, RSS), 256 patient clients never refused, SIGTERM under load (exit 0 within the grace
+period, no accepted request lost); then a container with ``STATED_ENV`` (it runs, and says,
+what is stated) and one whose model cannot load (it exits non-zero with the traceback). The
+record's ``sized_from`` hashes what its figures depend on (tests/unit/test_deploy.py).
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """``make models-start``: several models in one image start within the pod's startup budget
 (``python -m lab models-start --image bert-serve-models:test --models 3 --out FILE``).
 
-An image built with ``MODELS=`` serves each model from one server: the start sizes them in
-turn (each archive's model measured in a process of its own), then TorchServe loads each. The
-startup probe (``ready --startup``) passes once every model has its workers READY, and the
-Deployment gives it ``periodSeconds x failureThreshold`` seconds; a pod that misses that is
-restarted and measures again. ``models_start`` starts the image as the pod runs it (the
-TorchServe container's CPUs, the probe run in the container as kubelet runs it) and records
-how long the probe took, against that budget.
-
-The memory is the one thing that is not the pod's as written: each model needs at least one
-worker, and the start keeps the workers within half of the memory, so ``memory_for`` gives the
-container what ``models`` workers of the image record's measured size need
-(``deploy/image-test.json``). With the Deployment's 1536 MiB, three such models are refused
-at start with the memory they lack (``bert_serve_server.rules.derive``).
+The image starts as the pod runs it (the TorchServe container's CPUs, the startup probe run in
+the container as kubelet runs it) and the probe's seconds are recorded against the Deployment's
+``periodSeconds x failureThreshold``. Only the memory is not the pod's as written: the start
+keeps the workers within half of it, so ``memory_for`` gives what ``models`` workers of the
+image record's measured size need (three do not fit the Deployment's limit).
 """
 
 from __future__ import annotations

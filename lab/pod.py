@@ -1,24 +1,14 @@
-"""``make pod-test``: the whole Deployment run as one pod, ``podman kube play`` of
-deploy/k8s/deployment.yaml as written (both containers, their limits, the proxy's ConfigMap as
-the kustomization generates it, the key from a Secret, read-only roots, the emptyDirs), through
-the proxy with the key, and the bars of deploy/README.md ("Stopping"):
+"""``make pod-test``: the whole Deployment as one pod, ``podman kube play`` of
+deploy/k8s/deployment.yaml as written (both containers, limits, the proxy's ConfigMap, the key
+from a Secret, read-only roots), through the proxy with the key, against deploy/README.md's
+bars: 256 patient clients never refused; a killed frontend ends its container, which is
+restarted and ready again; SIGTERM while clients keep opening new connections (as kubelet
+sends it): none refused, every container exits 0 within the grace period; the same with 2
+workers forced.
 
-- 256 patient clients for 15 s: every answer a 200, none refused;
-- the frontend killed: the TorchServe container exits non-zero (and is restarted, as the
-  Deployment's pods are), then is ready again;
-- SIGTERM to the pod while clients keep opening new connections for ``NEW_CONNECTIONS_S``
-  (sent as kubelet sends it, ``stop_as_kubelet``): none refused, none reset, every accepted
-  request answered; all containers exit 0 within the grace period;
-- the same SIGTERM with 2 workers forced (a config stating them, and the rest as the image
-  test's stated container does, added as the last ``--ts-config``, which the entrypoint's
-  sizing and TorchServe take).
-
-What podman needs that a cluster has: an infra ("pause") image, built here from the same base
-when Debian's catatonit is absent; ``default_ulimits`` that fit this machine
-(``containers.conf``, in a file of the run's own); and the Secret as a podman secret whose
-content is a JSON map of base64 values (podman 4.3 reads ``secretKeyRef`` so). Names carry the
-run's tag, so runs beside each other do not meet. Pure steps (``kube_documents``,
-``secret_content``, ``containers_conf``) are tested in tests/unit/test_pod.py.
+What podman needs that a cluster has: an infra image where catatonit is absent, ulimits that
+fit (a containers.conf of the run's own), the Secret as a podman secret of base64 values. Names
+carry the run's tag, so runs beside each other do not meet.
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
-"""``make soak``: steady mixed traffic for a long time, watching memory, throughput and the log
-folder, on a server of its own; writes ``soak.json`` and ``soak.png`` into ``--out`` and exits 1
-if the run failed.
+"""``make soak``: steady mixed traffic on a server of its own for a long time; writes
+``soak.json`` and ``soak.png`` into ``--out``, exits 1 if the run failed
+(``python -m lab soak --seconds 20 --out /tmp/soak`` checks that the tool works).
 
-    python -m lab soak --seconds 20 --out /tmp/soak     # a check that the tool works
-
-``concurrency`` clients send for ``seconds`` through the one closed loop: every 10th request is
-malformed (each kind the validator knows, in turn), the others alternate a single text and a
-list of 2 to 8 texts. Every ``interval_s`` a sample records the frontend's RSS, each worker's
-RSS (``Server.memory``, in MB; workers by id), requests/s since the last sample and the log
-folder's size.
-
-After a warm-up (a tenth of the run, 5 to 60 s) the first sample is each process's baseline.
-The run passes if every later sample of the frontend and of each worker stays within
-RSS_TOLERANCE of its baseline, no worker was replaced, and every request got the status its
-kind expects. The log folder's growth is reported, not judged.
+Every 10th request is malformed (each kind in turn), the others alternate a text and a list of
+2 to 8. Every ``interval_s`` a sample takes the frontend's and each worker's RSS, requests/s and
+the log folder's size. After the warm-up (a tenth of the run, 5 to 60 s) the first sample is
+each process's baseline; the run passes if every later one stays within ``RSS_TOLERANCE`` of it,
+no worker was replaced and every request got the status its kind expects.
 """
 
 from __future__ import annotations

@@ -1,24 +1,9 @@
-"""``make chaos``: faults and overload against a real TorchServe, one module each, and a JSON
-report of what happened (docs/chaos/README.md).
-
-Each runs on its own TorchServe (free 127.0.0.1 ports, a temporary state folder, always
-stopped at the end; in the quick form the parts on the default config share one,
-``common.SharedServer``) and returns its numbers with a pass/fail verdict computed from them:
-
-- ``poisoning_soak``: 10 % malformed traffic; every answer as when sent alone;
-- ``worker_crash``: SIGKILL a worker under load; replaced, answering, nothing lost silently;
-- ``overload``: a burst over a small queue gets 503s and nothing worse;
-- ``oversized``: a body over the frontend's limit gets its 413, the server stays healthy;
-- ``restart``: a second server in the same state folder starts and answers the same;
-- ``kill_runs``: many worker kills, counting the requests nobody answers (also with a long
-  maxBatchDelay);
-- ``spike``: patient, 2x and 4x overload with impatient clients, plain and stamped: goodput,
-  refusals by status, expired work (numbers reported, not asserted).
-
-``common`` holds what they share (durations, the malformed requests, bounded requests); the
-workers they kill and wait for are ``bert_serve_server.control.Server``'s. Every loop is bounded in
-count and time. Writes ``chaos.json`` ({part: result}; with ``--only``, the other parts already
-in it are kept) and, with the spike, ``spike.png``; exits 1 if any part failed.
+"""``make chaos``: faults and overload against a real TorchServe, one module each, each with a
+verdict from its numbers (docs/chaos/README.md says what each injects and requires). Each part
+has its own server, always stopped; in ``--quick`` the parts on the default config share one
+(``common.SharedServer``). Every loop is bounded in count and time. Writes ``chaos.json``
+({part: result}; with ``--only`` the other parts in it are kept) and, with the spike,
+``spike.png``; exits 1 if a part failed.
 
     python -m lab chaos --quick --out /tmp/chaos     # every duration a few seconds
     python -m lab chaos --only kill_runs --kills 50 --out docs/chaos

@@ -1,21 +1,12 @@
 """Kill runs: SIGKILL a worker many times and count the requests that get no answer.
 
-TorchServe 0.12 drops, without any answer, the requests a worker's frontend thread had
-collected for its next batch when that worker dies (docs/chaos/README.md, "When a worker
-dies"). One worker kill under load rarely hits that window; this experiment kills many times.
-
-On one server, for each load level (light: 1 raw HTTP client and 1 ``bert_serve.Client``;
-heavy: 16 of each), it kills a random READY worker ``kills`` times, each after a random pause
-once every worker is READY again, and right after each kill sends one probe request of each
-kind (the issue's ``curl`` right after ``kill -9``). It counts:
-
-- raw HTTP (aiohttp, no retries): answers by status, and requests with no answer within
-  ``Durations.attempt_s`` (``client_timeout``): a raw client without a timeout would hang on them;
-- ``bert_serve.Client`` with its defaults (retries, backoff) and ``attempt_s`` as its
-  per-attempt deadline (its default but in the quick form): calls that failed and calls that
-  did not return within the client's own worst case (``client_hung``).
-
-The bar: 0 failed and 0 hung ``bert_serve.Client`` calls. Raw HTTP's counts are reported.
+TorchServe 0.12 drops, unanswered, the requests a dying worker's frontend thread had collected
+for its next batch (docs/chaos/README.md); one kill rarely hits that window. For each load level
+(1 raw HTTP client and 1 ``bert_serve.Client``; 16 of each) a random READY worker is killed
+``kills`` times, each after a random pause once all are READY again, with a probe of each kind
+right after it. Counted: raw HTTP's answers and requests unanswered within
+``Durations.attempt_s``; the Client's (defaults: retries, backoff) failed calls and calls past
+its own worst case (``client_hung``). The bar: no failed and no hung Client call.
 """
 
 from __future__ import annotations
