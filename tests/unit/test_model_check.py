@@ -208,7 +208,9 @@ def test_package_refuses_an_attention_the_model_lacks(architecture_dir, tmp_path
     result = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "scripts" / "package.py"),
+            "-m",
+            "bert_serve_server",
+            "package",
             "--model-dir",
             str(architecture_dir("deberta-v2")),
             "--model-config",
