@@ -20,6 +20,7 @@ TOOLS = {
     "soak": "lab.soak",
     "test-profile": "lab.test_profile",
     "tune": "lab.tune",
+    "windows": "lab.windows",
 }
 """Each tool's module, whose ``main(argv)`` parses its own arguments."""
 

@@ -1,0 +1,230 @@
+"""``python -m lab windows``: long texts classified as windows against truncation, in one run
+(docs/api.md, Long texts, reads ``docs/bench/windows.json``).
+
+- ``accuracy``: the default model in process on long reviews whose verdict comes after their
+  first ``max_length`` tokens: sentences that say nothing of the verdict (``NEUTRAL``), then
+  three reviews of one label from ``reviews-typical.tsv`` (never trained on); truncated, as
+  served (windows, ``handler.inference.combine_rule``), and by the windows' weighted mean; and
+  the short reviews alone, answered the same with windows as without;
+- ``served``: the default start at 32 clients, short texts alone and a mix of 10 % texts of
+  ``max_chars`` characters, in turn for ``--rounds`` rounds: tokens forwarded per second (the
+  tokenizer's windows of each answered text counted), statuses, and the short texts' answers
+  in the mix against those of the short load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from bert_serve_server.archive import DEFAULT_MODEL_DIR
+
+from handler.inference import Windows, classify, combine, model_inputs, tokenize_windows
+from handler.model import forward, load_model
+from handler.scoring import apply_score_function
+from handler.settings import HandlerSettings
+from lab.corpus import make_corpus
+from lab.load import ClosedLoop, json_job, servers, statuses
+from lab.report import describe, now, write_json
+from training import LABELS, TYPICAL_FILE, read_reviews
+
+NEUTRAL = (
+    "We arrived on a Tuesday afternoon after a four hour drive.",
+    "The building is on the corner of the main street, next to a bank and a bakery.",
+    "Our room was on the third floor and faced the courtyard.",
+    "I had booked it two months in advance through the website.",
+    "The package came in a brown cardboard box with a printed label.",
+    "It weighs about two kilograms and comes in three colours.",
+    "The film runs for about two hours and was shot in Canada.",
+    "The story follows a family who move to a small town by the sea.",
+    "My sister recommended it to me last spring.",
+    "The menu lists soups, salads, pasta and a few fish dishes.",
+    "We went there for dinner on a Saturday with four friends.",
+    "The manual is twenty pages long and printed in five languages.",
+    "The author lives in Lisbon and this is her second novel.",
+    "Parking is available behind the building for a daily fee.",
+    "I used it every day for three weeks before writing this.",
+    "The second act takes place mostly in a train station.",
+    "Delivery took six days, which is what the site said.",
+    "There are two versions, one with a cable and one without.",
+    "The course has twelve lessons, each about forty minutes long.",
+    "We were a group of six, including two children.",
+)
+"""Sentences that say nothing of a verdict, to open a long review."""
+PREFIXES = (12, 20, 30)
+"""Neutral sentences before the verdict: about 150, 250 and 370 tokens."""
+CLIENTS = 32
+LONG_SHARE = 10
+"""One text in this many is of ``max_chars`` characters in the mixed load."""
+
+
+def long_reviews(
+    reviews: list[tuple[str, str]], prefix: int, seed: int = 0
+) -> list[tuple[str, str]]:
+    """(text, label): ``prefix`` neutral sentences, then the review and two more of its label."""
+    rng = random.Random(f"{seed}-{prefix}")
+    made = []
+    for text, label in reviews:
+        same = [other for other, its in reviews if its == label and other != text]
+        neutral = " ".join(rng.choice(NEUTRAL) for _ in range(prefix))
+        made.append((f"{neutral} {text} {' '.join(rng.sample(same, 2))}", label))
+    return made
+
+
+def accuracy(model_dir: Path, settings: HandlerSettings) -> dict[str, Any]:
+    """The share answered right, by the neutral sentences before the verdict."""
+    loaded = load_model(model_dir, HandlerSettings(device="cpu", max_batch_tokens=4096), None)
+    windows, length = Windows(settings.stride), settings.max_length
+    reviews = [(text, LABELS[label]) for text, label in read_reviews(TYPICAL_FILE)]
+
+    def share(labels: list[str], texts: list[tuple[str, str]]) -> float:
+        return round(sum(a == b for a, (_, b) in zip(labels, texts, strict=True)) / len(texts), 3)
+
+    by_prefix = {}
+    for prefix in PREFIXES:
+        texts = long_reviews(reviews, prefix)
+        plain = [text for text, _ in texts]
+        cut, _ = classify(loaded, plain, length, 4096)
+        served, stats = classify(loaded, plain, length, 4096, windows)
+        by_prefix[str(prefix)] = {
+            "windows_per_text": round(statistics.mean(stats.windows), 2),
+            "truncated": share([p.label for p in cut], texts),
+            "windows": share([p.label for p in served], texts),
+            "windows_weighted_mean": share(
+                [mean_label(loaded, text, length, settings.stride) for text in plain], texts
+            ),
+        }
+    short = [text for text, _ in reviews]
+    return {
+        "reviews": len(reviews),
+        "by_neutral_sentences": by_prefix,
+        "short_answers_equal": classify(loaded, short, length, 4096)[0]
+        == classify(loaded, short, length, 4096, windows)[0],
+    }
+
+
+def mean_label(loaded: Any, text: str, max_length: int, stride: int) -> str:
+    """The label the windows' token-weighted mean of probabilities gives (the rule the
+    served one, ``combine_rule``, was measured against)."""
+    (rows,) = tokenize_windows(loaded.tokenizer, [text], max_length, stride)
+    logits = forward(loaded, *model_inputs(loaded, rows))
+    scores = apply_score_function(loaded.score_function, logits)
+    combined, _ = combine(logits.tolist(), scores.tolist(), [len(r.input_ids) for r in rows])
+    return str(loaded.labels[max(range(len(combined)), key=combined.__getitem__)])
+
+
+def mixed_texts(settings: HandlerSettings, count: int = 400) -> list[str]:
+    """Short texts of the benchmark corpus, every ``LONG_SHARE``-th replaced by a text of
+    ``max_chars`` characters of review sentences."""
+    short = make_corpus(count)
+    rng = random.Random(1)
+    texts = []
+    for index, text in enumerate(short):
+        if index % LONG_SHARE == LONG_SHARE - 1:
+            words = " ".join(rng.choice(short) for _ in range(400))
+            text = words[: settings.max_chars].rsplit(" ", 1)[0]
+        texts.append(text)
+    return texts
+
+
+def served(
+    settings: HandlerSettings, seconds: float, rounds: int, model_dir: Path
+) -> dict[str, Any]:
+    """Short texts alone and the mix at ``CLIENTS`` clients on the default start, in turn."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    mix = mixed_texts(settings)
+    short = [text for index, text in enumerate(mix) if index % LONG_SHARE != LONG_SHARE - 1]
+    windows = tokenize_windows(tokenizer, mix, settings.max_length, settings.stride)
+    tokens = {
+        text: sum(len(w.input_ids) for w in each) for text, each in zip(mix, windows, strict=True)
+    }
+    runs: dict[str, list[dict[str, Any]]] = {"short": [], "mixed": []}
+    answers: dict[str, dict[str, Any]] = {"short": {}, "mixed": {}}
+    with servers({"default": {}}) as started:
+        server = started["default"]["server"]
+        for _ in range(rounds):
+            for name, texts in (("short", short), ("mixed", mix)):
+                loop = ClosedLoop(
+                    server.predict_url,
+                    server.headers(),
+                    lambda n, texts=texts: json_job(texts[n % len(texts)]),
+                    CLIENTS,
+                    seconds,
+                ).run()
+                done = [o for o in loop.outcomes if o.status == "200"]
+                for outcome in done:
+                    answers[name][outcome.job.expected] = json.loads(outcome.body)
+                runs[name].append(
+                    {
+                        "statuses": statuses(loop.outcomes),
+                        "texts_per_s": round(len(done) / loop.elapsed, 1),
+                        "tokens_per_s": round(
+                            sum(tokens[o.job.expected] for o in done) / loop.elapsed
+                        ),
+                    }
+                )
+        sizing = server.sizing()["in_force"]
+    common = set(answers["short"]) & set(answers["mixed"])
+    changed = max(
+        (
+            abs(answers["short"][t]["scores"][label] - answers["mixed"][t]["scores"][label])
+            for t in common
+            for label in answers["short"][t]["scores"]
+        ),
+        default=0.0,
+    )
+    long_answers = [a for t, a in answers["mixed"].items() if len(t) > settings.max_chars // 2]
+    ratio = statistics.median(m["tokens_per_s"] for m in runs["mixed"]) / statistics.median(
+        s["tokens_per_s"] for s in runs["short"]
+    )
+    return {
+        "clients": CLIENTS,
+        "seconds": seconds,
+        "sizing_in_force": sizing,
+        "runs": runs,
+        "mixed_over_short_tokens_per_s": round(ratio, 3),
+        "failed": sum(
+            count
+            for run in runs["mixed"] + runs["short"]
+            for status, count in run["statuses"].items()
+            if status != "200"
+        ),
+        "short_texts_compared": len(common),
+        "short_labels_equal": all(
+            answers["short"][t]["label"] == answers["mixed"][t]["label"] for t in common
+        ),
+        "short_largest_score_change": changed,
+        "long_texts_answered": len(long_answers),
+        "long_windows": sorted({a.get("windows", 1) for a in long_answers}),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lab windows", description=__doc__)
+    parser.add_argument("--out", type=Path, default=Path("docs/bench/windows.json"))
+    parser.add_argument("--seconds", type=float, default=15.0, help="per load, per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
+    args = parser.parse_args(argv)
+    settings = HandlerSettings()
+    print("[windows] accuracy in process", file=sys.stderr)
+    report: dict[str, Any] = {"machine": describe(), "when": now()}
+    report["accuracy"] = accuracy(args.model_dir, settings)
+    print("[windows] served: short and mixed loads in turn", file=sys.stderr)
+    report["served"] = served(settings, args.seconds, args.rounds, args.model_dir)
+    write_json(args.out, report)
+    print(
+        json.dumps(
+            {k: report[k] for k in ("accuracy",)}
+            | {"ratio": report["served"]["mixed_over_short_tokens_per_s"]},
+            indent=1,
+        )
+    )
+    return 0
