@@ -19,6 +19,7 @@ import json
 import random
 import statistics
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from handler.model import forward, load_model
 from handler.scoring import apply_score_function
 from handler.settings import HandlerSettings
 from lab.corpus import make_corpus
-from lab.load import ClosedLoop, json_job, servers, statuses
+from lab.load import ClosedLoop, Job, json_job, servers, statuses
 from lab.report import describe, now, write_json
 from training import LABELS, TYPICAL_FILE, read_reviews
 
@@ -154,7 +155,7 @@ def served(
                 loop = ClosedLoop(
                     server.predict_url,
                     server.headers(),
-                    lambda n, texts=texts: json_job(texts[n % len(texts)]),
+                    partial(_job, texts),
                     CLIENTS,
                     seconds,
                 ).run()
@@ -204,6 +205,10 @@ def served(
         "long_texts_answered": len(long_answers),
         "long_windows": sorted({a.get("windows", 1) for a in long_answers}),
     }
+
+
+def _job(texts: list[str], n: int) -> Job:
+    return json_job(texts[n % len(texts)])
 
 
 def main(argv: list[str] | None = None) -> int:
