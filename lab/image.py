@@ -104,10 +104,19 @@ def engine_command() -> list[str]:
     return found.stdout.split()
 
 
+def pod_spec(deployment: Path = DEPLOYMENT) -> dict[str, Any]:
+    """The Deployment's pod template spec."""
+    return dict(yaml.safe_load(deployment.read_text())["spec"]["template"]["spec"])
+
+
+def torchserve_container(deployment: Path = DEPLOYMENT) -> dict[str, Any]:
+    (container,) = [c for c in pod_spec(deployment)["containers"] if c["name"] == "torchserve"]
+    return dict(container)
+
+
 def grace_period_s(deployment: Path = DEPLOYMENT) -> int:
     """The pod's terminationGracePeriodSeconds: the time the image gets to stop on SIGTERM."""
-    manifest = yaml.safe_load(deployment.read_text())
-    return int(manifest["spec"]["template"]["spec"]["terminationGracePeriodSeconds"])
+    return int(pod_spec(deployment)["terminationGracePeriodSeconds"])
 
 
 def sized_from(root: Path = ROOT) -> str:
@@ -121,10 +130,7 @@ def sized_from(root: Path = ROOT) -> str:
 def pod_limits(deployment: Path = DEPLOYMENT) -> dict[str, str]:
     """The Deployment's TorchServe container limits, as the engine's ``--cpus`` and
     ``--memory`` take them (``1536Mi`` -> ``1536m``: the engine's m is MiB)."""
-    manifest = yaml.safe_load(deployment.read_text())
-    (container,) = [
-        c for c in manifest["spec"]["template"]["spec"]["containers"] if c["name"] == "torchserve"
-    ]
+    container = torchserve_container(deployment)
     limits = container["resources"]["limits"]
     cpu = str(limits["cpu"])
     cpus = str(int(cpu[:-1]) / 1000) if cpu.endswith("m") else cpu

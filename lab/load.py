@@ -239,36 +239,18 @@ class Loads:
     warmup: float
 
 
-def at_loads(
-    name: str,
-    url: str,
-    headers: dict[str, str],
-    corpus: Sequence[str],
-    loads: Loads,
-    batch_log: Path | None = None,
-) -> dict[str, dict[str, Any]]:
-    """{level: load summary} for one endpoint, with the batches of ``batch_log`` if given."""
+def measured(item: Endpoint, corpus: Sequence[str], level: int, loads: Loads) -> dict[str, Any]:
+    """One level's load summary on ``item`` after a warm-up, with the batches the handler formed
+    meanwhile when it has a batch log."""
     from lab.batchlog import LogWindow, batch_summary  # it reads percentiles from here
 
-    results = {}
-    for level in loads.levels:
-        run_texts(url, headers, corpus, level, loads.warmup, f"{name} warm-up")
-        if batch_log is None:
-            results[str(level)] = run_texts(url, headers, corpus, level, loads.seconds, name)
-            continue
-        with LogWindow(batch_log) as window:
-            result = run_texts(url, headers, corpus, level, loads.seconds, name)
-            time.sleep(0.5)  # the handler logs a batch just after answering it
-            results[str(level)] = result | batch_summary(window.read())
-    return results
-
-
-def worker_memory(server: Server) -> list[dict[str, float | None]]:
-    """Each worker's resident memory and the part only it holds (USS), in MB."""
-    return [
-        {"rss_mb": worker.rss_mb, "uss_mb": worker.uss_mb}
-        for worker in server.memory().workers.values()
-    ]
+    run_texts(item.url, item.headers, corpus, level, loads.warmup, f"{item.name} warm-up")
+    if item.batch_log is None:
+        return run_texts(item.url, item.headers, corpus, level, loads.seconds, item.name)
+    with LogWindow(item.batch_log) as window:
+        result = run_texts(item.url, item.headers, corpus, level, loads.seconds, item.name)
+        time.sleep(0.5)  # the handler logs a batch just after answering it
+        return result | batch_summary(window.read())
 
 
 def process_cpu_s(pid: int) -> float:
@@ -327,13 +309,9 @@ def interleaved(
     of a shared machine falls on all of them alike instead of on whichever ran then."""
     results: dict[str, dict[str, dict[str, Any]]] = {item.name: {} for item in endpoints}
     for level in loads.levels:
-        one_level = Loads([level], loads.seconds, loads.warmup)
         for item in endpoints:
             with its_turn(item, endpoints):
-                measured = at_loads(
-                    item.name, item.url, item.headers, corpus, one_level, item.batch_log
-                )
-            results[item.name] |= measured
+                results[item.name][str(level)] = measured(item, corpus, level, loads)
     return results
 
 
@@ -355,20 +333,17 @@ def its_turn(current: Endpoint, endpoints: Sequence[Endpoint]) -> Iterator[None]
 
 
 @contextmanager
-def servers(
-    configs: Mapping[str, dict[str, str]], envs: Mapping[str, Mapping[str, str]] | None = None
-) -> Iterator[dict[str, dict[str, Any]]]:
+def servers(configs: Mapping[str, dict[str, str]]) -> Iterator[dict[str, dict[str, Any]]]:
     """One TorchServe per named config, started one after another (each one's start-up time
     measured alone), all running until the block ends, then all stopped. Yields {name:
-    {"server", "startup_s", "config", "worker_memory"}}, memory taken after a first request.
-    ``envs``: environment variables by name, for the servers that need their own."""
+    {"server", "startup_s", "config", "worker_memory"}}, each worker's RSS and USS (the part only
+    it holds) in MB after a first request."""
     with ExitStack() as stack:
         started: dict[str, dict[str, Any]] = {}
         for name, overrides in configs.items():
             prefix = "measure-" + re.sub(r"\W+", "-", name) + "-"
             began = time.monotonic()
-            env = (envs or {}).get(name)
-            server = stack.enter_context(running(overrides, prefix=prefix, env=env))
+            server = stack.enter_context(running(overrides, prefix=prefix))
             startup_s = round(time.monotonic() - began, 1)
             model = server.model()
             run_texts(server.predict_url, server.headers(), ["warm"], 1, 0.3, f"{name} first")
@@ -376,6 +351,9 @@ def servers(
                 "server": server,
                 "startup_s": startup_s,
                 "config": {key: model[key] for key in BATCH_KEYS},
-                "worker_memory": worker_memory(server),
+                "worker_memory": [
+                    {"rss_mb": worker.rss_mb, "uss_mb": worker.uss_mb}
+                    for worker in server.memory().workers.values()
+                ],
             }
         yield started

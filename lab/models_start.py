@@ -21,7 +21,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import yaml
 from bert_serve_server.config import ROOT
 
 from lab.image import (
@@ -31,6 +30,7 @@ from lab.image import (
     engine_command,
     sized_from,
     sizing_lines,
+    torchserve_container,
 )
 from lab.report import write_json
 
@@ -41,11 +41,7 @@ MEMORY_STEP_MIB = 256
 
 def startup_budget_s(deployment: Path = DEPLOYMENT) -> int:
     """The TorchServe container's startup probe: ``periodSeconds x failureThreshold``."""
-    manifest = yaml.safe_load(deployment.read_text())
-    (container,) = [
-        c for c in manifest["spec"]["template"]["spec"]["containers"] if c["name"] == "torchserve"
-    ]
-    probe = container["startupProbe"]
+    probe = torchserve_container(deployment)["startupProbe"]
     return int(probe["periodSeconds"]) * int(probe["failureThreshold"])
 
 

@@ -40,6 +40,7 @@ from lab.image import (
     engine_command,
     grace_period_s,
     patient_clients,
+    pod_spec,
 )
 from lab.load import Job, Outcome, send, statuses
 from lab.report import write_json
@@ -107,8 +108,7 @@ def configmap(name_suffix: str = "") -> dict[str, Any]:
 
 def container_limits(deployment: Path = DEPLOYMENT) -> dict[str, dict[str, str]]:
     """Each container's resource limits, as the Deployment writes them."""
-    spec = yaml.safe_load(deployment.read_text())["spec"]["template"]["spec"]
-    return {c["name"]: dict(c["resources"]["limits"]) for c in spec["containers"]}
+    return {c["name"]: dict(c["resources"]["limits"]) for c in pod_spec(deployment)["containers"]}
 
 
 def kube_documents(
@@ -187,9 +187,7 @@ def containers_conf(infra_image: str | None) -> str:
 def secret_name(tag: str) -> str:
     ref = next(
         entry["valueFrom"]["secretKeyRef"]
-        for container in yaml.safe_load(DEPLOYMENT.read_text())["spec"]["template"]["spec"][
-            "containers"
-        ]
+        for container in pod_spec()["containers"]
         for entry in container.get("env", [])
         if "valueFrom" in entry
     )

@@ -13,7 +13,7 @@ import requests
 from bert_serve_server.control import REPLACE_LIMIT_S, Server, running
 
 from bert_serve.client import DEFAULT_TIMEOUT_S
-from lab.load import ClosedLoop, Job
+from lab.load import ClosedLoop, Job, Outcome, percentile
 
 FORM = "application/x-www-form-urlencoded"
 REQUEST_TIMEOUT_S = 30.0
@@ -164,3 +164,12 @@ def error_code(body: bytes) -> str | None:
         return str(json.loads(body)["error"]["code"])
     except (ValueError, KeyError, TypeError):
         return None
+
+
+def latency(outcomes: list[Outcome]) -> dict[str, float | int]:
+    values = [o.ms for o in outcomes]
+    return {
+        "count": len(values),
+        "p50_ms": round(percentile(values, 50), 1),
+        "p99_ms": round(percentile(values, 99), 1),
+    }

@@ -240,25 +240,25 @@ def run_level(
     return result
 
 
+TOTALS = {
+    "raw_no_answer": ("raw", "no_answer_within_deadline"),
+    "raw_worker_died": ("raw", "worker_died_answers"),
+    "raw_requests": ("raw", "requests"),
+    "client_calls": ("client", "calls"),
+    "client_failed": ("client", "failed"),
+    "client_hung": ("client", "hung"),
+    "client_retried_calls": ("client", "retried_calls"),
+    "client_retried_unanswered": ("client", "slower_than_one_attempt"),
+}
+"""The counts the verdict and the summary use: name -> (kind, key), summed over every level's
+load and probes of that kind."""
+
+
 def totals(levels: dict[str, dict[str, Any]]) -> dict[str, int]:
-    """The counts the verdict and the summary use, over every level, loads and probes."""
-
-    def total(part: str, key: str) -> int:
-        return sum(int(level[part][key]) for level in levels.values())
-
+    parts = {"raw": ("raw_http", "raw_probes"), "client": ("client", "client_probes")}
     return {
-        "raw_no_answer": total("raw_http", "no_answer_within_deadline")
-        + total("raw_probes", "no_answer_within_deadline"),
-        "raw_worker_died": total("raw_http", "worker_died_answers")
-        + total("raw_probes", "worker_died_answers"),
-        "raw_requests": total("raw_http", "requests") + total("raw_probes", "requests"),
-        "client_calls": total("client", "calls") + total("client_probes", "calls"),
-        "client_failed": total("client", "failed") + total("client_probes", "failed"),
-        "client_hung": total("client", "hung") + total("client_probes", "hung"),
-        "client_retried_calls": total("client", "retried_calls")
-        + total("client_probes", "retried_calls"),
-        "client_retried_unanswered": total("client", "slower_than_one_attempt")
-        + total("client_probes", "slower_than_one_attempt"),
+        name: sum(int(level[part][key]) for level in levels.values() for part in parts[kind])
+        for name, (kind, key) in TOTALS.items()
     }
 
 

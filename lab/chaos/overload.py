@@ -10,20 +10,11 @@ from typing import Any
 
 from bert_serve_server.control import Server, running
 
-from lab.chaos.common import Durations, closed_loop, ping_status, predict
+from lab.chaos.common import Durations, closed_loop, latency, ping_status, predict
 from lab.corpus import make_corpus
-from lab.load import Outcome, json_job, percentile, statuses
+from lab.load import json_job, statuses
 
 QUEUE_SIZE = 8
-
-
-def latency_ms(outcomes: list[Outcome]) -> dict[str, float | int]:
-    values = [o.ms for o in outcomes]
-    return {
-        "count": len(values),
-        "p50_ms": round(percentile(values, 50), 1),
-        "p99_ms": round(percentile(values, 99), 1),
-    }
 
 
 def memory(server: Server) -> dict[str, Any]:
@@ -60,8 +51,8 @@ def run(d: Durations) -> dict[str, Any]:
         "requests": load.sent,
         "concurrency": d.overload_concurrency,
         "statuses": counts,
-        "latency_503": latency_ms(rejected),
-        "latency_200": latency_ms([o for o in load.outcomes if o.status == "200"]),
+        "latency_503": latency(rejected),
+        "latency_200": latency([o for o in load.outcomes if o.status == "200"]),
         "example_503_body": rejected[0].body.decode(errors="replace")[:300] if rejected else None,
         "other_5xx": other_5xx,
         "silently_lost": load.silently_lost,

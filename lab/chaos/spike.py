@@ -26,11 +26,10 @@ from bert_serve_server.archive import DEFAULT_MODEL_DIR
 
 from handler.deadline import TIMEOUT_HEADER
 from lab.batchlog import LogWindow, batch_times
-from lab.chaos.common import REQUEST_TIMEOUT_S, SPIKE_FORMS, Durations, part_server
+from lab.chaos.common import REQUEST_TIMEOUT_S, SPIKE_FORMS, Durations, latency, part_server
 from lab.corpus import make_corpus
 from lab.load import (
     ClosedLoop,
-    Outcome,
     cores_used,
     json_job,
     percentile,
@@ -86,15 +85,6 @@ LEVELS = (
     Level("256_at_0.5s", 256, 0.5),
     Level("256_at_1s_no_pause", 256, 1.0, pause_s=0.0),
 )
-
-
-def latency(outcomes: list[Outcome]) -> dict[str, float | int]:
-    values = [o.ms for o in outcomes]
-    return {
-        "count": len(values),
-        "p50_ms": round(percentile(values, 50), 1),
-        "p99_ms": round(percentile(values, 99), 1),
-    }
 
 
 def frontend_latency(access_lines: str) -> dict[str, dict[str, float | int]]:
