@@ -102,7 +102,7 @@ class BertHandler(BaseHandler):  # type: ignore[misc]
             self.loaded.labels,
             read_profile(archive_dir),
         )
-        self.windows = Windows(self.settings.stride, self.settings.window_multi_label)
+        self.windows = Windows.of(self.settings)
         self.pace = Pace()
         self.explain_budget = Budget.for_timeout(config.get("responseTimeout"))
         self.initialized = True

@@ -13,6 +13,7 @@ import torch
 
 from handler.model import LoadedModel, forward, head_kind
 from handler.scoring import ScoreOptions, apply_score_function
+from handler.settings import HandlerSettings
 
 TextInput = str | tuple[str, str]
 """One item to classify: a text, or a (text, text_pair) pair tokenized as one input."""
@@ -219,6 +220,11 @@ class Windows:
     stride: int
     multi_label: str = "mean"
     """A multi-label model's windows combined per label by the weighted ``mean`` or the ``max``."""
+
+    @classmethod
+    def of(cls, settings: HandlerSettings) -> Windows:
+        """As the handler settings say (``window_stride``, ``window_multi_label``)."""
+        return cls(settings.stride, settings.window_multi_label)
 
 
 def tokenize_windows(

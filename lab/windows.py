@@ -80,7 +80,7 @@ def long_reviews(
 def accuracy(model_dir: Path, settings: HandlerSettings) -> dict[str, Any]:
     """The share answered right, by the neutral sentences before the verdict."""
     loaded = load_model(model_dir, HandlerSettings(device="cpu", max_batch_tokens=4096), None)
-    windows, length = Windows(settings.stride), settings.max_length
+    windows, length = Windows.of(settings), settings.max_length
     reviews = [(text, LABELS[label]) for text, label in read_reviews(TYPICAL_FILE)]
 
     def share(labels: list[str], texts: list[tuple[str, str]]) -> float:

@@ -421,7 +421,7 @@ def read_texts(path: Path) -> list[str | tuple[str, str]]:
 
 def reference_profile(model_dir: Path, model_config: Path, texts_file: Path) -> str:
     """The profile's JSON text (``handler.model_metrics.Profile``)."""
-    from handler.inference import classify
+    from handler.inference import Windows, classify
     from handler.model import head_kind, load_model
     from handler.model_metrics import profile
     from handler.settings import HandlerSettings
@@ -431,6 +431,8 @@ def reference_profile(model_dir: Path, model_config: Path, texts_file: Path) -> 
     budget = settings.max_batch_tokens or settings.max_length * 16
     settings = dataclasses.replace(settings, device="cpu", max_batch_tokens=budget)
     loaded = load_model(model_dir, settings, None)
+    # the texts' windows counted as the server will count them
+    windows = Windows.of(settings) if settings.long_texts == "windows" else None
     texts = read_texts(texts_file)
     too_long = [
         t for t in texts if sum(map(len, t if isinstance(t, tuple) else (t,))) > settings.max_chars
@@ -443,7 +445,7 @@ def reference_profile(model_dir: Path, model_config: Path, texts_file: Path) -> 
     predictions, tokens = [], []
     for start in range(0, len(texts), CHUNK):
         chunk = texts[start : start + CHUNK]
-        found, stats = classify(loaded, chunk, settings.max_length, budget)
+        found, stats = classify(loaded, chunk, settings.max_length, budget, windows)
         predictions += found
         tokens += stats.text_tokens
     return profile(predictions, tokens, head_kind(loaded), loaded.labels).to_json()

@@ -514,7 +514,8 @@ def measure_memory(
     ``batch_size`` texts as long as the handler reads (``max_length`` tokens) classified, the
     sample texts at every batch size; then the largest batch the limits admit held, decoded and
     tokenized (``largest_bodies``, ``handler.inference.tokenize``), and the longest batch
-    classified again while it is held, as a worker forwards it."""
+    classified again while it is held, as a worker forwards it; with ``long_texts: windows``,
+    the windows each request may bring (``max_windows_per_request``) counted besides."""
     loaded, settings = load_archive(mar, threads, 0, as_a_worker=True)
     progress("loaded the model")
     from handler.inference import classify, tokenize
@@ -557,6 +558,15 @@ def measure_memory(
     peak, uss, pss = process_memory()
     rest = round(kept_bytes(tokenized) * (len(held[1]) - len(sample)) / len(sample))
     del bodies, held, tokenized
+    if getattr(settings, "long_texts", "truncate") == "windows":
+        # each request's windows kept besides: as many as it may bring, of a full window each
+        from handler.inference import tokenize_windows
+
+        (rows,) = tokenize_windows(
+            loaded.tokenizer, [longest * 8], settings.max_length, settings.stride
+        )
+        rest += round(batch_size * settings.windows_per_request * kept_bytes(rows) / len(rows))
+        shown += f", and {settings.windows_per_request:,} windows a request"
     foreseen = peak + rest
     return WorkerMemory(
         foreseen, uss, pss, max(0, foreseen - before[0]), round(expected_s, 2), shown

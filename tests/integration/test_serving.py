@@ -83,9 +83,23 @@ def test_bad_input_gets_its_own_4xx_and_json_error(
     assert response.json()["request_id"] == "bad-input-1"
 
 
-def test_long_text_is_truncated(server, predict_url) -> None:
-    body = post(server, predict_url, ("a wonderful and moving film " * 200).encode()).json()
-    assert body["truncated"] is True and body["label"] == "positive"
+def test_a_long_text_is_classified_whole_as_windows(server, predict_url) -> None:
+    """A text of max_chars answers 200 with its windows, and "windows": false truncates it; a
+    list of 64 such texts answers 413 with its reason and the worker answers on."""
+    opening = "We arrived on a Tuesday and the room faced the courtyard. " * 60
+    text = (opening + "A wonderful and moving film, I loved every minute. " * 200)[:10_000]
+    body = post(server, predict_url, json.dumps({"text": text}).encode(), "application/json")
+    answer = body.json()
+    assert body.status_code == 200 and answer["truncated"] is False and answer["windows"] > 10
+    assert answer["label"] == "positive"
+    cut = {"text": text, "windows": False}
+    answer = post(server, predict_url, json.dumps(cut).encode(), "application/json").json()
+    assert answer["truncated"] is True and "windows" not in answer
+    hostile = json.dumps({"texts": [text] * 64}).encode()
+    refused = post(server, predict_url, hostile, "application/json")
+    assert refused.status_code == 413
+    assert "max_windows_per_request" in refused.json()["error"]["message"]
+    assert post(server, predict_url, b"still fine").status_code == 200
 
 
 def test_request_over_max_request_size_is_refused_by_the_frontend(server, predict_url) -> None:
