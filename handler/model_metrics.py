@@ -15,7 +15,7 @@ labels keeps that many (the reference's most frequent, else the first by class i
 counts the rest as ``other``.
 
 The reference profile is the same quantities over texts the user gives, computed when the
-archive is packaged (``bert_serve_server.reference``) and kept in the .mar as
+archive is packaged (``bert_serve_server.archive``) and kept in the .mar as
 ``PROFILE_FILE``; a worker exports it as ``Reference*`` gauges at start.
 """
 
