@@ -19,22 +19,22 @@ from handler.deadline import Pace
 from handler.decoding import BODY_KEYS
 from handler.errors import ErrorCode
 from handler.explain import Budget, explain_all
-from handler.inference import (
-    Admit,
-    BatchStats,
-    Explanation,
-    Prediction,
-    TextInput,
-    Windows,
-    classify_admitted,
-)
+from handler.inference import Admit, Windows, classify_admitted
 from handler.metrics import MetricsEmitter
 from handler.model import LoadedModel, description, head_kind, load_model
 from handler.model_metrics import ModelMetrics, read_profile
 from handler.pipeline import FALLBACK, answer_batch
-from handler.protocol import JSON_MEDIA, IncomingRequest, Rejected, header_value, route_content_type
-from handler.scoring import ExplainOptions
+from handler.protocol import JSON_MEDIA, header_value, route_content_type
 from handler.settings import HandlerSettings, worker_threads
+from handler.values import (
+    BatchStats,
+    ExplainOptions,
+    Explanation,
+    IncomingRequest,
+    Prediction,
+    Rejected,
+    TextInput,
+)
 
 logger = logging.getLogger(__name__)
 

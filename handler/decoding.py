@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 from handler.errors import ErrorCode
-from handler.protocol import Rejected, ValidText
+from handler.values import Rejected, ValidText
 
 BODY_KEYS = ("body", "data")
 TEXT_FIELD = "text"

@@ -14,11 +14,11 @@ from typing import Any
 import torch
 
 from handler.errors import ErrorCode
-from handler.inference import Explanation, TextInput, TokenizedText, model_inputs, tokenize
+from handler.inference import model_inputs, tokenize
 from handler.model import LoadedModel
-from handler.protocol import Rejected
-from handler.scoring import ExplainOptions, apply_score_function
+from handler.scoring import apply_score_function
 from handler.settings import HandlerSettings
+from handler.values import ExplainOptions, Explanation, Rejected, TextInput, TokenizedText
 
 logger = logging.getLogger(__name__)
 

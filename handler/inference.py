@@ -6,83 +6,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from handler.model import LoadedModel, forward, head_kind
-from handler.scoring import ScoreOptions, apply_score_function
+from handler.scoring import apply_score_function
 from handler.settings import HandlerSettings
-
-TextInput = str | tuple[str, str]
-"""One item to classify: a text, or a (text, text_pair) pair tokenized as one input."""
-
-
-@dataclass(frozen=True)
-class TokenizedText:
-    input_ids: list[int]
-    truncated: bool
-    token_type_ids: list[int] | None = None
-    special_tokens_mask: list[int] | None = None
-    """1 for the tokens the tokenizer added ([CLS], [SEP], ...), 0 for the text's own."""
-
-
-@dataclass(frozen=True)
-class Prediction:
-    label: str
-    score: float
-    scores: dict[str, float]
-    truncated: bool
-    labels: list[str] | None = None
-    """Multi-label models only: every label scoring at least the threshold, best first."""
-    raw_scores: dict[str, float] | None = None
-    """The logits, kept until the request's options are applied; never answered as such."""
-    windows: int | None = None
-    """The windows a long text was classified as (``combine``); None for one."""
-
-
-@dataclass(frozen=True)
-class Explanation:
-    """Which tokens made a label (``handler.explain``; the fields: docs/api.md, Explanations)."""
-
-    words: list[str]
-    importances: list[float]
-    delta: float
-    label: str
-    score: float
-    truncated: bool
-    n_steps: int
-
-
-@dataclass
-class BatchStats:
-    """What one batch cost; logged per batch and used by the metrics."""
-
-    texts: int = 0
-    sub_batches: list[int] = field(default_factory=list)
-    real_tokens: int = 0
-    padded_tokens: int = 0
-    tokenize_ms: float = 0.0
-    forward_ms: float = 0.0
-    threads: int = 0
-    """The torch threads its forward passes ran with."""
-    forward_started: list[float] = field(default_factory=list)
-    """Each sub-batch's forward start, ``time.perf_counter()`` seconds."""
-    sub_batch_forward_ms: list[float] = field(default_factory=list)
-    sub_batch_of: list[tuple[int, ...]] = field(default_factory=list)
-    """For each text, in the order given, the sub-batches its windows were forwarded in."""
-    handler_ms: float = 0.0
-    """From the handler's receipt of the batch to its outcomes (set by the pipeline)."""
-    explained: int = 0
-    """Texts explained (each alone, after the forward passes) and the time it took."""
-    explain_ms: float = 0.0
-    text_tokens: list[int] = field(default_factory=list)
-    """Each text's tokens, in the order given (the reference profile's input length); a
-    windowed text's, its windows' together."""
-    windows: list[int] = field(default_factory=list)
-    """Each forwarded text's windows (1 for a text in one), in the order given."""
-
+from handler.values import BatchStats, Prediction, ScoreOptions, TextInput, TokenizedText
 
 TOKENIZE_CHUNK_CHARS = 1 << 18
 """Characters per call of the tokenizer. It tokenizes each text whole before it truncates and

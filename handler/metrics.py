@@ -9,9 +9,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from handler.inference import BatchStats, Prediction
-from handler.pipeline import ListOutcome, Outcome
-from handler.protocol import ItemOutcome, Rejected
+from handler.values import BatchStats, ItemOutcome, ListOutcome, Outcome, Prediction, Rejected
 
 logger = logging.getLogger(__name__)
 

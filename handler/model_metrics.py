@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from handler.inference import Prediction
 from handler.metrics import DIMENSIONS, LEVEL, declared_of
 from handler.pipeline import finite_or_rejected
+from handler.values import Prediction
 
 logger = logging.getLogger(__name__)
 

@@ -21,18 +21,19 @@ from handler.decoding import (
     validate_text,
 )
 from handler.errors import HTTP_STATUS, ErrorCode, error_body
-from handler.inference import Explanation, Prediction
-from handler.protocol import (
+from handler.protocol import WireProtocol, is_explanation
+from handler.settings import HandlerSettings
+from handler.values import (
+    ExplainOptions,
+    Explanation,
     IncomingRequest,
     ItemOutcome,
+    Prediction,
     Rejected,
     Response,
+    ScoreOptions,
     ValidText,
-    WireProtocol,
-    is_explanation,
 )
-from handler.scoring import ExplainOptions, ScoreOptions
-from handler.settings import HandlerSettings
 
 TEXT_PAIR_FIELD = "text_pair"
 TEXTS_FIELD = "texts"

@@ -16,27 +16,25 @@ from typing import Any
 
 from handler import deadline, native, open_inference
 from handler.errors import ErrorCode
-from handler.inference import (
-    Admit,
-    BatchStats,
-    Explanation,
-    OutOfMemory,
-    Prediction,
-    TextInput,
-    with_options,
-)
-from handler.protocol import (
-    IncomingRequest,
-    ItemOutcome,
-    Rejected,
-    Response,
-    Texts,
-    ValidText,
-    WireProtocol,
-)
-from handler.scoring import ExplainOptions
+from handler.inference import Admit, OutOfMemory, with_options
+from handler.protocol import WireProtocol
 from handler.settings import HandlerSettings
 from handler.timings import Headers, timing_headers, wait_header
+from handler.values import (
+    BatchStats,
+    ExplainOptions,
+    Explanation,
+    IncomingRequest,
+    ItemOutcome,
+    ListOutcome,
+    Outcome,
+    Prediction,
+    Rejected,
+    Response,
+    TextInput,
+    Texts,
+    ValidText,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -46,15 +44,6 @@ claims every request, and answers the failures no protocol could be asked about.
 FALLBACK = PROTOCOLS[-1]
 
 
-@dataclass(frozen=True)
-class ListOutcome:
-    """One decoded request's outcomes: a prediction or error per text, in order."""
-
-    request: Texts
-    items: tuple[ItemOutcome, ...]
-
-
-Outcome = ListOutcome | Rejected
 Slot = tuple[int, int]
 Classifier = Callable[
     [Sequence[TextInput], Sequence[bool], Admit | None],

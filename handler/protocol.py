@@ -5,73 +5,21 @@ table: docs/handler.md). ``handler.pipeline.PROTOCOLS`` lists them in the order 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from handler.errors import ErrorCode
-from handler.inference import Explanation, Prediction
-from handler.scoring import ExplainOptions, ScoreOptions
 from handler.settings import HandlerSettings
+from handler.values import (
+    IncomingRequest,
+    ItemOutcome,
+    Rejected,
+    Response,
+    Texts,
+)
 
 # TorchServe adds url_path to /predictions requests only, and explain to those and KServe's.
 PREDICTIONS_ROUTE_HEADER = "url_path"
 KSERVE_ROUTE_HEADER = "explain"
 JSON_MEDIA = "application/json"
-
-
-@dataclass(frozen=True)
-class ValidText:
-    """A text ready to classify, with its optional second text and its request's options;
-    ``explain`` is set when the request asked for an explanation instead of a prediction."""
-
-    text: str
-    text_pair: str | None = None
-    options: ScoreOptions = ScoreOptions()
-    explain: ExplainOptions | None = None
-    windows: bool | None = None
-    """The request's ``"windows"``: classify a long text as windows, or on its first
-    ``max_length`` tokens; None: as the ``long_texts`` setting says."""
-
-    @property
-    def items(self) -> tuple[ValidText]:
-        """A request of one text is its one item."""
-        return (self,)
-
-
-@dataclass(frozen=True)
-class Rejected:
-    """A text, or a whole request, refused: the error code (``handler.errors``) and why."""
-
-    code: ErrorCode
-    message: str
-
-
-ItemOutcome = Prediction | Explanation | Rejected
-
-
-class Texts(Protocol):
-    """A decoded request: its texts in order, each valid or refused on its own."""
-
-    @property
-    def items(self) -> tuple[ValidText | Rejected, ...]: ...
-
-
-@dataclass(frozen=True)
-class IncomingRequest:
-    """One request as TorchServe delivered it, reduced to what the handler reads."""
-
-    fields: dict[str, Any]
-    content_type: str | None
-    request_id: str
-    headers: Mapping[str, Any] = field(default_factory=dict)
-    model_name: str = ""
-
-
-@dataclass(frozen=True)
-class Response:
-    status: int
-    phrase: str
-    body: str
 
 
 T = TypeVar("T", bound=Texts)

@@ -3,7 +3,6 @@ pipeline picks it (the reference the answers are tested against), and the per-re
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import StrEnum
 
 import torch
@@ -13,26 +12,6 @@ class ScoreFunction(StrEnum):
     SOFTMAX = "softmax"
     SIGMOID = "sigmoid"
     NONE = "none"
-
-
-@dataclass(frozen=True)
-class ScoreOptions:
-    """Per-request choices, applied after the forward pass, so they never change batching."""
-
-    top_k: int | None = None
-    """Keep only the k best labels in ``scores``, best first (None: every label, in order)."""
-    raw_scores: bool = False
-    """Answer the logits instead of the model's score function applied to them."""
-
-
-@dataclass(frozen=True)
-class ExplainOptions:
-    """An explanation request's choices; on a text, they make it an explanation."""
-
-    target: str | int | None = None
-    """The label to explain, by name or class index; None: the predicted label."""
-    n_steps: int | None = None
-    """Integrated-gradients steps, at most the ``explain_steps`` setting; None: that setting."""
 
 
 AUTO = "auto"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from handler.inference import BatchStats
+from handler.values import BatchStats
 
 COMPUTE_TIME = "x-compute-time"
 TOKENIZATION_TIME = "x-tokenization-time"

@@ -21,9 +21,10 @@ from typing import Any
 import yaml
 from bert_serve_server.archive import DEFAULT_MODEL_DIR, MODEL_CONFIG
 
-from handler.inference import Prediction, classify
+from handler.inference import classify
 from handler.model import LoadedModel, load_model
 from handler.settings import PRECISION_CHOICES, HandlerSettings
+from handler.values import Prediction
 from lab.corpus import make_corpus
 from lab.report import write_json
 

@@ -11,9 +11,10 @@ import pytest
 
 from handler.deadline import PACE_WINDOW, Pace, client_wait, deadline, start_time
 from handler.errors import HTTP_STATUS, ErrorCode
-from handler.pipeline import IncomingRequest, answer_batch
+from handler.pipeline import answer_batch
 from handler.settings import HandlerSettings
 from handler.timings import WAIT_TIME
+from handler.values import IncomingRequest
 from tests.unit.test_pipeline import FakeClassifier, body_of
 
 NOW = 1_800_000_000.0

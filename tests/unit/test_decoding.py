@@ -11,8 +11,8 @@ import pytest
 from handler.decoding import validate_text
 from handler.errors import ErrorCode
 from handler.native import decode_body, decode_request
-from handler.protocol import Rejected, ValidText
 from handler.settings import HandlerSettings
+from handler.values import Rejected, ValidText
 
 LIMIT = 20
 MAX_TEXTS = HandlerSettings().max_texts_per_request

@@ -22,12 +22,11 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from handler.errors import ErrorCode
 from handler.explain import baseline_ids, explain, internal_batch_size
-from handler.inference import Explanation, tokenize
+from handler.inference import tokenize
 from handler.model import LoadedModel, load_model
 from handler.precision import DTYPES, cpu_has_native_bf16
-from handler.protocol import Rejected
-from handler.scoring import ExplainOptions
 from handler.settings import HandlerSettings
+from handler.values import ExplainOptions, Explanation, Rejected
 
 TEXTS = (
     "A wonderful, moving film with a great cast, though the ending drags.",

@@ -16,8 +16,8 @@ import pytest
 from handler.errors import ErrorCode
 from handler.native import decode_request
 from handler.precision import cpu_has_native_bf16
-from handler.protocol import IncomingRequest, Rejected, ValidText, is_explanation
-from handler.scoring import ExplainOptions
+from handler.protocol import is_explanation
+from handler.values import ExplainOptions, IncomingRequest, Rejected, ValidText
 from tests.conftest import ROOT
 from tests.worker_harness import Sent, predict
 

@@ -15,10 +15,11 @@ from typing import Any
 
 import pytest
 
-from handler.inference import TextInput, classify, tokenize, with_options
+from handler.inference import classify, tokenize, with_options
 from handler.model import LoadedModel, head_kind, load_model
-from handler.scoring import ScoreFunction, ScoreOptions
+from handler.scoring import ScoreFunction
 from handler.settings import HandlerSettings
+from handler.values import ScoreOptions, TextInput
 from tests.heads import HEADS, ITEMS, SERVED_STRIDE, Reference, build_head_model, largest_difference
 from tests.worker_harness import Sent, build_worker, predict
 

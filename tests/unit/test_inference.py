@@ -15,9 +15,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from handler import inference
-from handler.inference import TextInput, classify, collate, plan_sub_batches, tokenize
+from handler.inference import classify, collate, plan_sub_batches, tokenize
 from handler.model import label_names, load_model, select_device
 from handler.settings import HandlerSettings
+from handler.values import TextInput
 from tests.architectures import ARCHITECTURES
 
 

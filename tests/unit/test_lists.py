@@ -7,11 +7,10 @@ import json
 import pytest
 
 from handler.errors import ErrorCode
-from handler.inference import BatchStats, Prediction
 from handler.native import TextList, decode_request
-from handler.pipeline import IncomingRequest, answer_batch
-from handler.protocol import Rejected, ValidText
+from handler.pipeline import answer_batch
 from handler.settings import HandlerSettings
+from handler.values import BatchStats, IncomingRequest, Prediction, Rejected, ValidText
 from tests.worker_harness import Sent, predict
 
 JSON = "application/json"

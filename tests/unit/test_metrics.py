@@ -13,7 +13,6 @@ import yaml
 from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
 
 from handler.errors import ErrorCode
-from handler.inference import BatchStats, Prediction
 from handler.metrics import (
     BATCH_COUNTERS,
     COUNTER_DIMENSIONS,
@@ -23,7 +22,7 @@ from handler.metrics import (
     batch_observations,
     rejections_by_reason,
 )
-from handler.protocol import Rejected
+from handler.values import BatchStats, Prediction, Rejected
 from tests.conftest import ROOT
 from tests.worker_harness import Sent, build_worker, predict
 

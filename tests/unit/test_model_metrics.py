@@ -10,7 +10,6 @@ from collections import Counter
 import pytest
 from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
 
-from handler.inference import Prediction
 from handler.model_metrics import (
     COUNTERS,
     GAUGES,
@@ -27,6 +26,7 @@ from handler.model_metrics import (
     tracked_labels,
     uncertainty,
 )
+from handler.values import Prediction
 from tests.conftest import ROOT
 from tests.unit.test_metrics import FRONTEND_METRIC, FRONTEND_METRIC_LINE
 

@@ -9,9 +9,10 @@ import pytest
 
 from handler.errors import ErrorCode
 from handler.open_inference import InferRequest, decode_infer, decode_infer_document
-from handler.pipeline import IncomingRequest, answer_batch
-from handler.protocol import Rejected, ValidText, route_content_type
+from handler.pipeline import answer_batch
+from handler.protocol import route_content_type
 from handler.settings import HandlerSettings
+from handler.values import IncomingRequest, Rejected, ValidText
 from tests.unit.test_pipeline import FakeClassifier, fake_prediction
 from tests.worker_harness import Sent, predict
 

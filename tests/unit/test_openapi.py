@@ -12,8 +12,9 @@ from openapi_schema_validator import OAS30Validator
 from openapi_spec_validator import validate
 
 from handler.errors import HTTP_STATUS
-from handler.pipeline import IncomingRequest, answer_batch
+from handler.pipeline import answer_batch
 from handler.settings import HandlerSettings
+from handler.values import IncomingRequest
 from tests.conftest import ROOT
 from tests.unit.test_pipeline import FakeClassifier
 

@@ -9,12 +9,18 @@ from typing import Any
 import pytest
 
 from handler.errors import HTTP_STATUS, ErrorCode
-from handler.inference import BatchStats, Prediction, TextInput
 from handler.native import DEFAULT_OPTIONS, TextList, decode_request
-from handler.pipeline import IncomingRequest, answer_batch
-from handler.protocol import Rejected, ValidText
-from handler.scoring import ScoreOptions
+from handler.pipeline import answer_batch
 from handler.settings import HandlerSettings
+from handler.values import (
+    BatchStats,
+    IncomingRequest,
+    Prediction,
+    Rejected,
+    ScoreOptions,
+    TextInput,
+    ValidText,
+)
 
 JSON = "application/json"
 LIMIT = 20

@@ -17,11 +17,20 @@ from hypothesis import strategies as st
 from handler import pipeline
 from handler.decoding import validate_text
 from handler.errors import ErrorCode
-from handler.inference import BatchStats, OutOfMemory, Prediction, to_prediction, with_options
-from handler.pipeline import IncomingRequest, ListOutcome, Response, answer_batch, classify_valid
-from handler.protocol import Rejected, ValidText
-from handler.scoring import ScoreFunction, ScoreOptions, apply_score_function
+from handler.inference import OutOfMemory, to_prediction, with_options
+from handler.pipeline import answer_batch, classify_valid
+from handler.scoring import ScoreFunction, apply_score_function
 from handler.settings import HandlerSettings
+from handler.values import (
+    BatchStats,
+    IncomingRequest,
+    ListOutcome,
+    Prediction,
+    Rejected,
+    Response,
+    ScoreOptions,
+    ValidText,
+)
 
 MAX_CHARS = 30
 SETTINGS = HandlerSettings(max_chars=MAX_CHARS)

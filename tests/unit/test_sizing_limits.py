@@ -125,7 +125,7 @@ def test_the_largest_valid_list_is_within_the_handlers_largest_body(kind: str) -
     15.4 MB: the handler accepts each, and the body rule counts them (before: 6 bytes a
     character, 3.8 MB, so the body limit the start set refused them)."""
     from handler.native import TextList, decode_request
-    from handler.protocol import ValidText
+    from handler.values import ValidText
 
     body = largest_lists()[kind]
     decoded = decode_request(
@@ -350,7 +350,7 @@ def test_the_largest_bodies_are_valid_and_within_the_limits(
     """Each body the probe holds is within max_request_size and what the handler accepts, and
     every item of it is valid: as many pairs of max_chars characters as the body holds."""
     from handler.native import TextList, decode_request
-    from handler.protocol import ValidText
+    from handler.values import ValidText
 
     bodies, shown = probe.largest_bodies(3, max_request, max_chars, max_texts)
     assert len(bodies) == 3 and len({id(body) for body in bodies}) == 3, "held apart"

@@ -6,7 +6,6 @@ import json
 
 import pytest
 
-from handler.inference import BatchStats
 from handler.timings import (
     BATCH_SIZE,
     COMPUTE_TIME,
@@ -16,6 +15,7 @@ from handler.timings import (
     TOKENIZATION_TIME,
     timing_headers,
 )
+from handler.values import BatchStats
 from tests.worker_harness import Sent, predict
 
 RECEIVED = 100.0
