@@ -125,24 +125,16 @@ def _explained(
     """The decoded request with ``options`` on each valid text when it is an explanation."""
     if not explaining or isinstance(decoded, Rejected):
         return decoded
-    if isinstance(decoded, ValidText):
-        return replace(decoded, explain=options)
-    items = tuple(
-        replace(item, explain=options) if isinstance(item, ValidText) else item
-        for item in decoded.items
-    )
-    return replace(decoded, items=items, explaining=True)
+    marked = _on_each_text(decoded, explain=options)
+    return replace(marked, explaining=True) if isinstance(marked, TextList) else marked
 
 
-def _with_windows(decoded: NativeRequest | Rejected, windows: bool) -> NativeRequest | Rejected:
-    """The decoded request with the request's ``"windows"`` on each valid text."""
-    if isinstance(decoded, Rejected):
-        return decoded
+def _on_each_text(decoded: NativeRequest, **changes: Any) -> NativeRequest:
+    """The decoded request with ``changes`` made to each of its valid texts."""
     if isinstance(decoded, ValidText):
-        return replace(decoded, windows=windows)
+        return replace(decoded, **changes)
     items = tuple(
-        replace(item, windows=windows) if isinstance(item, ValidText) else item
-        for item in decoded.items
+        replace(item, **changes) if isinstance(item, ValidText) else item for item in decoded.items
     )
     return replace(decoded, items=items)
 
@@ -208,7 +200,7 @@ def _text_from_json(
         decoded = _text_from_json(
             {k: v for k, v in document.items() if k != "windows"}, max_chars, max_texts, explaining
         )
-        return _with_windows(decoded, windows)
+        return decoded if isinstance(decoded, Rejected) else _on_each_text(decoded, windows=windows)
     if explaining:
         explain_options = parse_explain_options(document)
         if isinstance(explain_options, Rejected):
