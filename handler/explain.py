@@ -15,8 +15,7 @@ import torch
 
 from handler.errors import ErrorCode
 from handler.inference import model_inputs, tokenize
-from handler.model import LoadedModel
-from handler.scoring import apply_score_function
+from handler.model import LoadedModel, apply_score_function
 from handler.settings import HandlerSettings
 from handler.values import ExplainOptions, Explanation, Rejected, TextInput, TokenizedText
 

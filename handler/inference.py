@@ -11,8 +11,7 @@ from typing import Any
 
 import torch
 
-from handler.model import LoadedModel, forward, head_kind
-from handler.scoring import apply_score_function
+from handler.model import LoadedModel, apply_score_function, forward, head_kind
 from handler.settings import HandlerSettings
 from handler.values import BatchStats, Prediction, ScoreOptions, TextInput, TokenizedText
 

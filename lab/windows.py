@@ -26,8 +26,7 @@ from typing import Any
 from bert_serve_server.archive import DEFAULT_MODEL_DIR
 
 from handler.inference import Windows, classify, combine, model_inputs, tokenize_windows
-from handler.model import forward, load_model
-from handler.scoring import apply_score_function
+from handler.model import apply_score_function, forward, load_model
 from handler.settings import HandlerSettings
 from lab.corpus import make_corpus
 from lab.load import ClosedLoop, Job, json_job, servers, statuses

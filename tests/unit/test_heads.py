@@ -16,8 +16,7 @@ from typing import Any
 import pytest
 
 from handler.inference import classify, tokenize, with_options
-from handler.model import LoadedModel, head_kind, load_model
-from handler.scoring import ScoreFunction
+from handler.model import LoadedModel, ScoreFunction, head_kind, load_model
 from handler.settings import HandlerSettings
 from handler.values import ScoreOptions, TextInput
 from tests.heads import HEADS, ITEMS, SERVED_STRIDE, Reference, build_head_model, largest_difference

@@ -18,8 +18,8 @@ from handler import pipeline
 from handler.decoding import validate_text
 from handler.errors import ErrorCode
 from handler.inference import OutOfMemory, to_prediction, with_options
+from handler.model import ScoreFunction, apply_score_function
 from handler.pipeline import answer_batch, classify_valid
-from handler.scoring import ScoreFunction, apply_score_function
 from handler.settings import HandlerSettings
 from handler.values import (
     BatchStats,

@@ -180,7 +180,7 @@ def test_score_function_choices(function: str) -> None:
 
 
 def test_score_function_choices_are_the_scoring_functions() -> None:
-    from handler.scoring import AUTO, ScoreFunction
+    from handler.model import AUTO, ScoreFunction
     from handler.settings import SCORE_FUNCTION_CHOICES
 
     assert SCORE_FUNCTION_CHOICES == (AUTO, *(function.value for function in ScoreFunction))
