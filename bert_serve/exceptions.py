@@ -24,7 +24,7 @@
     ├── BadResponse                bad_response: a 200 that is not the JSON the API promises
     └── InvalidKeyFile             invalid_key_file: no inference key in the key file
 
-The codes of `Rejected` mirror the server's one error table, `handler/errors.py`
+The codes of `Rejected` mirror the server's one error table, `handler/values.py`
 (`ErrorCode` and `HTTP_STATUS` there; `docs/api.md` lists them). They are copied, not
 imported, because the client installs without the server; a unit test keeps the two equal.
 A code this client does not know (a newer server) still raises `Rejected`, with the code as
@@ -40,7 +40,7 @@ from enum import Enum
 
 
 class ErrorCode(str, Enum):
-    """The handler's per-item error codes (handler/errors.py `ErrorCode`). A `str` as
+    """The handler's per-item error codes (handler/values.py `ErrorCode`). A `str` as
     `enum.StrEnum` is, which the client cannot use: it supports Python 3.9."""
 
     EMPTY_TEXT = "empty_text"
@@ -59,7 +59,7 @@ class ErrorCode(str, Enum):
         return str(self.value)
 
 
-# The status the server answers each code with (handler/errors.py `HTTP_STATUS`).
+# The status the server answers each code with (handler/values.py `HTTP_STATUS`).
 ERROR_STATUS: dict[ErrorCode, int] = {
     ErrorCode.EMPTY_TEXT: 400,
     ErrorCode.MISSING_FIELD: 400,

@@ -17,7 +17,6 @@ from ts.torch_handler.base_handler import BaseHandler
 
 from handler.deadline import Pace
 from handler.decoding import BODY_KEYS
-from handler.errors import ErrorCode
 from handler.explain import Budget, explain_all
 from handler.inference import Admit, Windows, classify_admitted
 from handler.metrics import MetricsEmitter
@@ -28,6 +27,7 @@ from handler.protocol import JSON_MEDIA, header_value, route_content_type
 from handler.settings import HandlerSettings, worker_threads
 from handler.values import (
     BatchStats,
+    ErrorCode,
     ExplainOptions,
     Explanation,
     IncomingRequest,

@@ -9,8 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from handler.errors import ErrorCode
-from handler.values import Rejected, ValidText
+from handler.values import ErrorCode, Rejected, ValidText
 
 BODY_KEYS = ("body", "data")
 TEXT_FIELD = "text"

@@ -13,11 +13,17 @@ from typing import Any
 
 import torch
 
-from handler.errors import ErrorCode
 from handler.inference import model_inputs, tokenize
 from handler.model import LoadedModel, apply_score_function
 from handler.settings import HandlerSettings
-from handler.values import ExplainOptions, Explanation, Rejected, TextInput, TokenizedText
+from handler.values import (
+    ErrorCode,
+    ExplainOptions,
+    Explanation,
+    Rejected,
+    TextInput,
+    TokenizedText,
+)
 
 logger = logging.getLogger(__name__)
 

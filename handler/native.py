@@ -20,10 +20,11 @@ from handler.decoding import (
     short,
     validate_text,
 )
-from handler.errors import HTTP_STATUS, ErrorCode, error_body
 from handler.protocol import WireProtocol, is_explanation
 from handler.settings import HandlerSettings
 from handler.values import (
+    HTTP_STATUS,
+    ErrorCode,
     ExplainOptions,
     Explanation,
     IncomingRequest,
@@ -33,6 +34,7 @@ from handler.values import (
     Response,
     ScoreOptions,
     ValidText,
+    error_body,
 )
 
 TEXT_PAIR_FIELD = "text_pair"

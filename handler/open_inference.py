@@ -11,10 +11,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from handler.decoding import BODY_KEYS, is_json, json_type, media_type, parse_json, validate_text
-from handler.errors import HTTP_STATUS, ErrorCode
 from handler.protocol import WireProtocol, header_value, is_explanation, is_kserve_route
 from handler.settings import HandlerSettings
-from handler.values import IncomingRequest, ItemOutcome, Prediction, Rejected, Response, ValidText
+from handler.values import (
+    HTTP_STATUS,
+    ErrorCode,
+    IncomingRequest,
+    ItemOutcome,
+    Prediction,
+    Rejected,
+    Response,
+    ValidText,
+)
 
 INPUTS_FIELD = "inputs"
 TEXT_INPUT = "text"

@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from handler import deadline, native, open_inference
-from handler.errors import ErrorCode
 from handler.inference import Admit, OutOfMemory, with_options
 from handler.protocol import WireProtocol
 from handler.settings import HandlerSettings
 from handler.timings import Headers, timing_headers, wait_header
 from handler.values import (
     BatchStats,
+    ErrorCode,
     ExplainOptions,
     Explanation,
     IncomingRequest,

@@ -822,9 +822,9 @@ def test_a_single_label_answer_has_no_labels(stub_factory: Callable[..., Stub]) 
 
 @pytest.mark.server_side
 def test_the_client_codes_are_the_servers_error_table() -> None:
-    """The client mirrors handler/errors.py (it cannot import it: it installs without the
+    """The client mirrors handler/values.py (it cannot import it: it installs without the
     server); this keeps the copy equal to the one table, codes and statuses."""
-    from handler.errors import HTTP_STATUS, ErrorCode
+    from handler.values import HTTP_STATUS, ErrorCode
 
     assert {code.value for code in exceptions.ErrorCode} == {code.value for code in ErrorCode}
     assert {code.value: status for code, status in exceptions.ERROR_STATUS.items()} == {

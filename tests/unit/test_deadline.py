@@ -10,11 +10,10 @@ from typing import Any
 import pytest
 
 from handler.deadline import PACE_WINDOW, Pace, client_wait, deadline, start_time
-from handler.errors import HTTP_STATUS, ErrorCode
 from handler.pipeline import answer_batch
 from handler.settings import HandlerSettings
 from handler.timings import WAIT_TIME
-from handler.values import IncomingRequest
+from handler.values import HTTP_STATUS, ErrorCode, IncomingRequest
 from tests.unit.test_pipeline import FakeClassifier, body_of
 
 NOW = 1_800_000_000.0

@@ -9,10 +9,9 @@ from typing import Any
 import pytest
 
 from handler.decoding import validate_text
-from handler.errors import ErrorCode
 from handler.native import decode_body, decode_request
 from handler.settings import HandlerSettings
-from handler.values import Rejected, ValidText
+from handler.values import ErrorCode, Rejected, ValidText
 
 LIMIT = 20
 MAX_TEXTS = HandlerSettings().max_texts_per_request

@@ -20,13 +20,12 @@ import torch
 from captum.attr import LayerIntegratedGradients
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from handler.errors import ErrorCode
 from handler.explain import baseline_ids, explain, internal_batch_size
 from handler.inference import tokenize
 from handler.model import LoadedModel, load_model
 from handler.precision import DTYPES, cpu_has_native_bf16
 from handler.settings import HandlerSettings
-from handler.values import ExplainOptions, Explanation, Rejected
+from handler.values import ErrorCode, ExplainOptions, Explanation, Rejected
 
 TEXTS = (
     "A wonderful, moving film with a great cast, though the ending drags.",

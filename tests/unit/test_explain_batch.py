@@ -13,11 +13,10 @@ from typing import Any
 
 import pytest
 
-from handler.errors import ErrorCode
 from handler.native import decode_request
 from handler.precision import cpu_has_native_bf16
 from handler.protocol import is_explanation
-from handler.values import ExplainOptions, IncomingRequest, Rejected, ValidText
+from handler.values import ErrorCode, ExplainOptions, IncomingRequest, Rejected, ValidText
 from tests.conftest import ROOT
 from tests.worker_harness import Sent, predict
 

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from handler.errors import HTTP_STATUS, ErrorCode
+from handler.values import HTTP_STATUS, ErrorCode
 from tests.worker_harness import Answer, Sent, predict
 
 LABELS = ("negative", "positive")

@@ -6,11 +6,10 @@ import json
 
 import pytest
 
-from handler.errors import ErrorCode
 from handler.native import TextList, decode_request
 from handler.pipeline import answer_batch
 from handler.settings import HandlerSettings
-from handler.values import BatchStats, IncomingRequest, Prediction, Rejected, ValidText
+from handler.values import BatchStats, ErrorCode, IncomingRequest, Prediction, Rejected, ValidText
 from tests.worker_harness import Sent, predict
 
 JSON = "application/json"

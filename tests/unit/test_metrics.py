@@ -12,7 +12,6 @@ import ts
 import yaml
 from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
 
-from handler.errors import ErrorCode
 from handler.metrics import (
     BATCH_COUNTERS,
     COUNTER_DIMENSIONS,
@@ -22,7 +21,7 @@ from handler.metrics import (
     batch_observations,
     rejections_by_reason,
 )
-from handler.values import BatchStats, Prediction, Rejected
+from handler.values import BatchStats, ErrorCode, Prediction, Rejected
 from tests.conftest import ROOT
 from tests.worker_harness import Sent, build_worker, predict
 

@@ -7,12 +7,11 @@ from typing import Any
 
 import pytest
 
-from handler.errors import ErrorCode
 from handler.open_inference import InferRequest, decode_infer, decode_infer_document
 from handler.pipeline import answer_batch
 from handler.protocol import route_content_type
 from handler.settings import HandlerSettings
-from handler.values import IncomingRequest, Rejected, ValidText
+from handler.values import ErrorCode, IncomingRequest, Rejected, ValidText
 from tests.unit.test_pipeline import FakeClassifier, fake_prediction
 from tests.worker_harness import Sent, predict
 

@@ -11,10 +11,9 @@ import yaml
 from openapi_schema_validator import OAS30Validator
 from openapi_spec_validator import validate
 
-from handler.errors import HTTP_STATUS
 from handler.pipeline import answer_batch
 from handler.settings import HandlerSettings
-from handler.values import IncomingRequest
+from handler.values import HTTP_STATUS, IncomingRequest
 from tests.conftest import ROOT
 from tests.unit.test_pipeline import FakeClassifier
 
@@ -68,7 +67,7 @@ def documented_handler_codes() -> dict[str, set[int]]:
 
 
 def test_error_codes_and_statuses_match_the_error_table() -> None:
-    """A code added to, dropped from or moved in handler/errors.py, or in the document, fails here."""
+    """A code added to, dropped from or moved in handler/values.py, or in the document, fails here."""
     table = {code.value: {status} for code, (status, _) in HTTP_STATUS.items()}
     assert documented_handler_codes() == table
 

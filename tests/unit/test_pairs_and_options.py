@@ -8,12 +8,13 @@ from typing import Any
 
 import pytest
 
-from handler.errors import HTTP_STATUS, ErrorCode
 from handler.native import DEFAULT_OPTIONS, TextList, decode_request
 from handler.pipeline import answer_batch
 from handler.settings import HandlerSettings
 from handler.values import (
+    HTTP_STATUS,
     BatchStats,
+    ErrorCode,
     IncomingRequest,
     Prediction,
     Rejected,

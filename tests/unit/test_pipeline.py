@@ -16,13 +16,13 @@ from hypothesis import strategies as st
 
 from handler import pipeline
 from handler.decoding import validate_text
-from handler.errors import ErrorCode
 from handler.inference import OutOfMemory, to_prediction, with_options
 from handler.model import ScoreFunction, apply_score_function
 from handler.pipeline import answer_batch, classify_valid
 from handler.settings import HandlerSettings
 from handler.values import (
     BatchStats,
+    ErrorCode,
     IncomingRequest,
     ListOutcome,
     Prediction,

@@ -13,13 +13,12 @@ from typing import Any
 import pytest
 
 from handler.deadline import Pace
-from handler.errors import ErrorCode
 from handler.inference import Windows, classify, classify_admitted, combine, tokenize_windows
 from handler.model import load_model
 from handler.native import decode_request
 from handler.pipeline import answer_batch
 from handler.settings import HandlerSettings
-from handler.values import IncomingRequest, TextInput, ValidText
+from handler.values import ErrorCode, IncomingRequest, TextInput, ValidText
 from tests.architectures import ARCHITECTURES
 
 WORDS = ["unaffable", "running", "a", "film", ",", "!", "don't", "héllo", "😀", "東京", "good"]
