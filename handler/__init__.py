@@ -1,1 +1,2 @@
-"""bert-serve's TorchServe handler: decoding -> inference -> pipeline, wired by bert_handler."""
+"""bert-serve's TorchServe handler: protocol (decode) -> inference -> pipeline, wired by
+bert_handler."""

@@ -16,14 +16,13 @@ from typing import Any
 from ts.torch_handler.base_handler import BaseHandler
 
 from handler.deadline import Pace
-from handler.decoding import BODY_KEYS
 from handler.explain import Budget, explain_all
 from handler.inference import Admit, Windows, classify_admitted
 from handler.metrics import MetricsEmitter
 from handler.model import LoadedModel, description, head_kind, load_model
 from handler.model_metrics import ModelMetrics, read_profile
 from handler.pipeline import FALLBACK, answer_batch
-from handler.protocol import JSON_MEDIA, header_value, route_content_type
+from handler.protocol import BODY_KEYS, JSON_MEDIA, header_value, route_content_type
 from handler.settings import HandlerSettings, worker_threads
 from handler.values import (
     BatchStats,

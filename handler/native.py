@@ -9,10 +9,12 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from handler.decoding import (
+from handler.protocol import (
     BODY_KEYS,
     TEXT_FIELD,
+    WireProtocol,
     checked_text,
+    is_explanation,
     is_json,
     json_type,
     media_type,
@@ -20,7 +22,6 @@ from handler.decoding import (
     short,
     validate_text,
 )
-from handler.protocol import WireProtocol, is_explanation
 from handler.settings import HandlerSettings
 from handler.values import (
     HTTP_STATUS,

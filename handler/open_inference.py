@@ -10,8 +10,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from handler.decoding import BODY_KEYS, is_json, json_type, media_type, parse_json, validate_text
-from handler.protocol import WireProtocol, header_value, is_explanation, is_kserve_route
+from handler.protocol import (
+    BODY_KEYS,
+    WireProtocol,
+    header_value,
+    is_explanation,
+    is_json,
+    is_kserve_route,
+    json_type,
+    media_type,
+    parse_json,
+    validate_text,
+)
 from handler.settings import HandlerSettings
 from handler.values import (
     HTTP_STATUS,

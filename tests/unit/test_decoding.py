@@ -1,5 +1,5 @@
-"""Unit tests for handler.native and handler.decoding: every way one request becomes a text or a
-rejection."""
+"""Unit tests for handler.native and the checks of handler.protocol: every way one request
+becomes a text or a rejection."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from handler.decoding import validate_text
 from handler.native import decode_body, decode_request
+from handler.protocol import validate_text
 from handler.settings import HandlerSettings
 from handler.values import ErrorCode, Rejected, ValidText
 

@@ -15,10 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from handler import pipeline
-from handler.decoding import validate_text
 from handler.inference import OutOfMemory, to_prediction, with_options
 from handler.model import ScoreFunction, apply_score_function
 from handler.pipeline import answer_batch, classify_valid
+from handler.protocol import validate_text
 from handler.settings import HandlerSettings
 from handler.values import (
     BatchStats,
