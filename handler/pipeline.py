@@ -18,7 +18,6 @@ from handler import deadline, native, open_inference
 from handler.inference import Admit, OutOfMemory, with_options
 from handler.protocol import WireProtocol
 from handler.settings import HandlerSettings
-from handler.timings import Headers, timing_headers, wait_header
 from handler.values import (
     BatchStats,
     ErrorCode,
@@ -393,7 +392,7 @@ def answer_batch(
     now: float | None = None,
     pace: deadline.Pace | None = None,
     explainer: Explainer | None = None,
-) -> tuple[list[Response], list[Headers]]:
+) -> tuple[list[Response], list[deadline.Headers]]:
     """One response per request, in order, and each one's timing headers. Each stage answers
     an item's failure as that item's outcome; the catch around the batch is for bugs in the
     batch's own code (``expire``, ``classify_valid``'s bookkeeping), and answers 500 to it. ``received``: ``perf_counter()`` at receipt; ``now``: unix
@@ -427,10 +426,10 @@ def answer_batch(
         respond(d.protocol, outcome, request.request_id)
         for d, outcome, request in zip(decoded, outcomes, requests, strict=True)
     ]
-    timings = timing_headers(len(requests), owners, stats, received)
+    timings = deadline.timing_headers(len(requests), owners, stats, received)
     return responses, [
         headers
-        + wait_header(deadline.start_time(request.headers), began)
+        + deadline.wait_header(deadline.start_time(request.headers), began)
         + (RETRY_LATER if _is_expired(outcome) else ())
         for headers, request, outcome in zip(timings, requests, outcomes, strict=True)
     ]

@@ -30,7 +30,7 @@ import psutil
 from bert_serve_server.archive import BATCH_KEYS
 from bert_serve_server.control import Server, running
 
-from handler.timings import WAIT_TIME
+from handler.deadline import WAIT_TIME
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import requests
 from bert_serve_server.control import Server, running
 
-from handler.timings import WAIT_TIME
+from handler.deadline import WAIT_TIME
 from lab.batchlog import LogWindow
 from tests.integration.conftest import stated_settings
 

@@ -7,7 +7,7 @@ import time
 
 from bert_serve_server.live_metrics import histogram_delta, scrape, summary
 
-from handler.timings import BATCH_SIZE, COMPUTE_TIME, INFERENCE_TIME, TIMING_HEADERS
+from handler.deadline import BATCH_SIZE, COMPUTE_TIME, INFERENCE_TIME, TIMING_HEADERS
 from tests.integration.test_serving import post
 
 

@@ -9,10 +9,9 @@ from typing import Any
 
 import pytest
 
-from handler.deadline import PACE_WINDOW, Pace, client_wait, deadline, start_time
+from handler.deadline import PACE_WINDOW, WAIT_TIME, Pace, client_wait, deadline, start_time
 from handler.pipeline import answer_batch
 from handler.settings import HandlerSettings
-from handler.timings import WAIT_TIME
 from handler.values import HTTP_STATUS, ErrorCode, IncomingRequest
 from tests.unit.test_pipeline import FakeClassifier, body_of
 

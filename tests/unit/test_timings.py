@@ -1,4 +1,5 @@
-"""Each answer carries where its time went in the worker (handler.timings), set per index."""
+"""Each answer carries where its time went in the worker (handler.deadline's headers out), set
+per index."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import json
 
 import pytest
 
-from handler.timings import (
+from handler.deadline import (
     BATCH_SIZE,
     COMPUTE_TIME,
     INFERENCE_TIME,
