@@ -18,9 +18,8 @@ from ts.torch_handler.base_handler import BaseHandler
 from handler.deadline import Pace
 from handler.explain import Budget, explain_all
 from handler.inference import Admit, Windows, classify_admitted
-from handler.metrics import MetricsEmitter
+from handler.metrics import MetricsEmitter, ModelMetrics, read_profile
 from handler.model import LoadedModel, description, head_kind, load_model
-from handler.model_metrics import ModelMetrics, read_profile
 from handler.pipeline import FALLBACK, answer_batch
 from handler.protocol import BODY_KEYS, JSON_MEDIA, header_value, route_content_type
 from handler.settings import HandlerSettings, worker_threads

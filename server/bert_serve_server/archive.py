@@ -171,7 +171,7 @@ def stage(model_dir: Path, staging: Path, record: str, profile: str | None = Non
         shutil.copy2(item, staging / "model" / item.name)
     (staging / SOURCE_FILE).write_text(record)
     if profile is not None:
-        from handler.model_metrics import PROFILE_FILE
+        from handler.metrics import PROFILE_FILE
 
         (staging / PROFILE_FILE).write_text(profile)
 
@@ -422,8 +422,8 @@ def read_texts(path: Path) -> list[str | tuple[str, str]]:
 def reference_profile(model_dir: Path, model_config: Path, texts_file: Path) -> str:
     """The profile's JSON text (``handler.model_metrics.Profile``)."""
     from handler.inference import Windows, classify
+    from handler.metrics import profile
     from handler.model import head_kind, load_model
-    from handler.model_metrics import profile
     from handler.settings import HandlerSettings
 
     document = yaml.safe_load(model_config.read_text()) or {}

@@ -10,11 +10,11 @@ from collections import Counter
 import pytest
 from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
 
-from handler.model_metrics import (
-    COUNTERS,
-    GAUGES,
-    HISTOGRAMS,
+from handler.metrics import (
     MAX_LABELS,
+    MODEL_COUNTERS,
+    MODEL_GAUGES,
+    MODEL_HISTOGRAMS,
     PROFILE_FILE,
     ModelMetrics,
     Profile,
@@ -142,7 +142,7 @@ def test_metrics_yaml_declares_every_model_metric_and_the_frontend_parses_each_l
         )
         metrics.emit(BATCH)
     assert "does not declare" not in caplog.text
-    assert set(metrics.metrics) == {*COUNTERS, *HISTOGRAMS, *GAUGES}
+    assert set(metrics.metrics) == {*MODEL_COUNTERS, *MODEL_HISTOGRAMS, *MODEL_GAUGES}
     lines = metric_lines(caplog)
     dims = "ModelName:bert,ModelVersion:1.0,Level:Model"
     assert ("ReferenceLabelShare", "0.666667", f"Label:positive,{dims}", "GAUGE") in lines

@@ -17,7 +17,7 @@ from bert_serve_server.archive import (
     source_record,
 )
 
-from handler.model_metrics import PROFILE_FILE, Profile
+from handler.metrics import PROFILE_FILE, Profile
 
 TEXTS = ["a fine film", "dull and long", "I would watch it again", "no", "a b c d e f g"]
 
