@@ -7,10 +7,12 @@ from __future__ import annotations
 import re
 import time
 from collections import Counter
+from collections.abc import Mapping, Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from lab.load import percentile
+from lab.load import ClosedLoop, cores_used, percentile
 
 BATCH_LINE = re.compile(
     r"batch_size=(\d+) valid=(\d+) rejected=(\d+) sub_batches=\[([^\]]*)\] "
@@ -99,6 +101,20 @@ class LogWindow:
         with self.path.open(encoding="utf-8", errors="replace") as handle:
             handle.seek(self.offset)
             return handle.read()
+
+
+def observed(
+    load: ClosedLoop, processes: Mapping[str, int] | None = None, logs: Sequence[Path] = ()
+) -> tuple[dict[str, float], list[str]]:
+    """Run ``load``: the cores each of ``processes`` used meanwhile (``cores_used``) and what
+    each of ``logs`` gained, read half a second after it (the handler logs a batch just after
+    answering it)."""
+    with ExitStack() as stack:
+        windows = [stack.enter_context(LogWindow(path)) for path in logs]
+        with cores_used(processes or {}) as cores:
+            load.run()
+        time.sleep(0.5 if windows else 0)
+        return cores, [window.read() for window in windows]
 
 
 def logged_batches(

@@ -27,9 +27,9 @@ from bert_serve_server.archive import DEFAULT_MODEL_DIR, package_variant
 from bert_serve_server.config import ROOT
 from bert_serve_server.control import Server, running
 
-from lab.batchlog import LogWindow, batch_times
+from lab.batchlog import batch_times, observed
 from lab.corpus import make_corpus
-from lab.load import ClosedLoop, cores_used, json_job, percentile, server_processes, statuses
+from lab.load import ClosedLoop, cores_by_role, in_turn, percentile, server_processes, statuses
 from lab.report import describe, now, write_json
 from lab.standins import reshaped
 
@@ -56,21 +56,19 @@ def run_level(server: Server, corpus: list[str], level: Level, seconds: float) -
     """The level's answers; the cores the frontend, the workers and this load generator used
     meanwhile (they share the machine: refusals cost CPU where the model would run); and the
     texts the workers worked on against those answered in time (the rest was work wasted)."""
-    with LogWindow(server.model_log) as window:
-        with cores_used(server_processes(server)) as cores:
-            load = ClosedLoop(
-                server.predict_url,
-                server.headers(),
-                lambda i: json_job(corpus[i % len(corpus)]),
-                level.clients,
-                seconds,
-                max_requests=int(seconds * 5000),
-                request_timeout_s=level.timeout_s,
-                pause_after_failure_s=level.pause_s,
-                stamped=level.stamped,
-            ).run()
-        time.sleep(0.5)  # the handler logs a batch just after answering it
-        batches = batch_times(window.read())
+    load = ClosedLoop(
+        server.predict_url,
+        server.headers(),
+        in_turn(corpus),
+        level.clients,
+        seconds,
+        max_requests=int(seconds * 5000),
+        request_timeout_s=level.timeout_s,
+        pause_after_failure_s=level.pause_s,
+        stamped=level.stamped,
+    )
+    cores, (logged,) = observed(load, server_processes(server), [server.model_log])
+    batches = batch_times(logged)
     ok = [o for o in load.outcomes if o.status == "200"]
     in_time = [o for o in ok if o.ms <= level.timeout_s * 1000]
     late = [
@@ -91,11 +89,7 @@ def run_level(server: Server, corpus: list[str], level: Level, seconds: float) -
         "silently_lost": load.silently_lost,
         "texts_worked_on": batches["texts_forwarded"],
         "expired_by_workers": batches["expired"],
-        "cores": {
-            "frontend": cores.get("frontend", 0.0),
-            "workers": round(sum(v for k, v in cores.items() if k.startswith("worker_")), 3),
-            "load_generator": cores.get("load_generator", 0.0),
-        },
+        "cores": cores_by_role(cores),
     }
 
 

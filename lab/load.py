@@ -49,6 +49,11 @@ def json_job(text: str) -> Job:
     return Job(json.dumps({"text": text}).encode(), "application/json", expected=text)
 
 
+def in_turn(texts: Sequence[str]) -> Callable[[int], Job]:
+    """The n-th request: ``texts`` in turn, each as JSON ``{"text": ...}``."""
+    return lambda n: json_job(texts[n % len(texts)])
+
+
 @dataclass(frozen=True)
 class Outcome:
     job: Job
@@ -221,7 +226,7 @@ def run_texts(
     loop = ClosedLoop(
         url,
         headers,
-        lambda n: json_job(texts[n % len(texts)]),
+        in_turn(texts),
         concurrency,
         seconds,
         progress=progress_line(label, concurrency, seconds),
@@ -283,6 +288,15 @@ def cores_used(pids: Mapping[str, int]) -> Iterator[dict[str, float]]:
     for name, cpu_s in before.items():
         with suppress(psutil.Error):
             cores[name] = round((process_cpu_s(pids[name]) - cpu_s) / elapsed, 3)
+
+
+def cores_by_role(cores: Mapping[str, float]) -> dict[str, float]:
+    """The cores used by the load generator, the frontend and the workers together."""
+    roles = {"load_generator": 0.0, "frontend": 0.0, "workers": 0.0}
+    for name, used in cores.items():
+        role = "workers" if name.startswith("worker_") else name
+        roles[role] = round(roles.get(role, 0.0) + used, 3)
+    return roles
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from typing import Any
 import psutil
 from bert_serve_server.control import Server, running
 
-from lab.chaos.common import MALFORMED
+from lab.chaos import MALFORMED
 from lab.corpus import make_corpus
 from lab.load import ClosedLoop, Job, Outcome, json_job, statuses
 from lab.report import pyplot, write_json

@@ -1,10 +1,15 @@
-"""Kill runs: SIGKILL a worker many times and count the requests that get no answer.
+"""Worker kills: one under load (``worker_crash``), then the kill runs, many kills counting the
+requests that get no answer.
 
-TorchServe 0.12 drops, unanswered, the requests a dying worker's frontend thread had collected
-for its next batch (docs/chaos/README.md); one kill rarely hits that window. For each load level
-(1 raw HTTP client and 1 ``bert_serve.Client``; 16 of each) a random READY worker is killed
-``kills`` times, each after a random pause once all are READY again, with a probe of each kind
-right after it. Counted: raw HTTP's answers and requests unanswered within
+``worker_crash``: SIGKILL a worker under load (concurrency 8). TorchServe must replace it (a new
+pid READY and a 200 after the kill, within 60 s), and every request sent must end in a response
+or a counted client-side error (30 s timeout each): none may be lost silently.
+
+Kill runs: TorchServe 0.12 drops, unanswered, the requests a dying worker's frontend thread had
+collected for its next batch (docs/chaos/README.md); one kill rarely hits that window. For each
+load level (1 raw HTTP client and 1 ``bert_serve.Client``; 16 of each) a random READY worker is
+killed ``kills`` times, each after a random pause once all are READY again, with a probe of each
+kind right after it. Counted: raw HTTP's answers and requests unanswered within
 ``Durations.attempt_s``; the Client's (defaults: retries, backoff) failed calls and calls past
 its own worst case (``client_hung``). The bar: no failed and no hung Client call.
 """
@@ -21,13 +26,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+import psutil
 from bert_serve_server.config import models_entry
 from bert_serve_server.control import Server
 
 from bert_serve.client import BertServeError, Client
-from lab.chaos.common import RECOVERY_LIMIT_S, Durations, part_server
+from lab.chaos import (
+    RECOVERY_LIMIT_S,
+    REQUEST_TIMEOUT_S,
+    Durations,
+    closed_loop,
+    part_server,
+    ping_status,
+)
 from lab.corpus import make_corpus
-from lab.load import ClosedLoop, Job, Outcome, json_job, percentile, send, statuses
+from lab.load import ClosedLoop, Job, Outcome, in_turn, json_job, percentile, send, statuses
 
 MAX_PAUSE_S = 2.0
 SETTLE_S = 2.0
@@ -122,6 +135,85 @@ async def kill_random_worker(server: Server, rng: random.Random) -> tuple[int, s
     return pid, {worker.pid for worker in workers}
 
 
+def process_gone(pid: int) -> bool:
+    try:
+        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return True
+
+
+def crash_phases(outcomes: list[Outcome], killed_at: float | None) -> dict[str, dict[str, int]]:
+    if killed_at is None:
+        return {"before_kill": statuses(outcomes)}
+    return {
+        "before_kill": statuses([o for o in outcomes if o.done <= killed_at]),
+        "in_flight_at_kill": statuses([o for o in outcomes if o.sent <= killed_at < o.done]),
+        "sent_after_kill": statuses([o for o in outcomes if o.sent > killed_at]),
+    }
+
+
+def worker_crash(d: Durations) -> dict[str, Any]:
+    """One worker killed under load (the module docstring): the load runs on until the worker
+    was replaced and ``crash_after_recovery_s`` more."""
+    corpus = make_corpus()
+    crash: dict[str, Any] = {}
+    with part_server(d) as server:
+        seconds = d.crash_before_kill_s + d.crash_limit_s + 5
+        load = closed_loop(server, in_turn(corpus), 8, seconds)
+
+        async def kill_once() -> None:
+            try:
+                await asyncio.sleep(d.crash_before_kill_s)
+                pid, before = await kill_random_worker(server, random.Random(0))
+                crash.update(pid=pid, workers=len(before), killed_at=time.monotonic())
+                crash["new_pid"], crash["replaced_s"] = await asyncio.to_thread(
+                    server.wait_replaced, pid, before, d.crash_limit_s
+                )
+                await asyncio.sleep(d.crash_after_recovery_s)
+            except Exception as error:  # reported; the load stops and the part fails
+                crash["error"] = f"{type(error).__name__}: {error}"
+            finally:
+                load.stopped = True
+
+        load.run(kill_once())
+        ping = ping_status(server)
+    killed_at, old, new = crash.get("killed_at"), crash.get("pid"), crash.get("new_pid")
+    answered = [o.done for o in load.outcomes if o.status == "200" and o.sent > (killed_at or 0)]
+    first_200_s = round(min(answered) - killed_at, 2) if killed_at and answered else None
+    replaced_s = round(crash["replaced_s"], 2) if "replaced_s" in crash else None
+    failed = [o for o in load.outcomes if o.status != "200" and o.body]
+    result: dict[str, Any] = {
+        "concurrency": 8,
+        "request_timeout_s": REQUEST_TIMEOUT_S,
+        "workers": crash.get("workers", 0),
+        "requests_sent": load.sent,
+        "responses_or_client_errors": len(load.outcomes),
+        "silently_lost": load.silently_lost,
+        "statuses": crash_phases(load.outcomes, killed_at),
+        "killed_worker_pid": old,
+        "killed_worker_gone": old is not None and process_gone(old),
+        "new_worker_pid": new,
+        "new_pid_differs": new is not None and new != old,
+        "seconds_to_first_200_after_kill": first_200_s,
+        "seconds_to_worker_replaced": replaced_s,
+        "example_error_body": failed[0].body.decode(errors="replace")[:300] if failed else None,
+        "ping_after": ping,
+    } | ({"error": crash["error"]} if "error" in crash else {})
+    result["passed"] = (
+        first_200_s is not None
+        and first_200_s <= RECOVERY_LIMIT_S
+        and replaced_s is not None
+        and result["new_pid_differs"]
+        and load.silently_lost == 0
+    )
+    result["summary"] = (
+        f"{result['workers']} worker(s), killed {old} -> new {new} READY after {replaced_s} s, "
+        f"first 200 after {first_200_s} s, {load.sent} sent, {load.silently_lost} silently "
+        f"lost, in flight at kill: {result['statuses'].get('in_flight_at_kill')}"
+    )
+    return result
+
+
 @dataclass
 class KillSeries:
     """Kills ``kills`` workers at random moments, probing after each, then stops the loads."""
@@ -210,10 +302,7 @@ def run_level(
     probe_sender = ClientSender(server, kills, attempt_s)
     bound_s = kills * (MAX_PAUSE_S + RECOVERY_LIMIT_S) + 60
 
-    def job_for(n: int) -> Job:
-        return json_job(corpus[n % len(corpus)])
-
-    url, headers = server.predict_url, server.headers()
+    job_for, url, headers = in_turn(corpus), server.predict_url, server.headers()
     raw = ClosedLoop(url, headers, job_for, level.raw_clients, bound_s, request_timeout_s=attempt_s)
     calls = ClosedLoop(url, headers, job_for, level.client_threads, bound_s, sender=sender)
     series = KillSeries(server, [raw, calls], probe_sender, corpus, kills, random.Random(seed))

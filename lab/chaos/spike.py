@@ -25,17 +25,10 @@ import requests
 from bert_serve_server.archive import DEFAULT_MODEL_DIR
 
 from handler.deadline import TIMEOUT_HEADER
-from lab.batchlog import LogWindow, batch_times
-from lab.chaos.common import REQUEST_TIMEOUT_S, SPIKE_FORMS, Durations, latency, part_server
+from lab.batchlog import batch_times, observed
+from lab.chaos import REQUEST_TIMEOUT_S, SPIKE_FORMS, Durations, latency, part_server
 from lab.corpus import make_corpus
-from lab.load import (
-    ClosedLoop,
-    cores_used,
-    json_job,
-    percentile,
-    server_processes,
-    statuses,
-)
+from lab.load import ClosedLoop, cores_by_role, in_turn, percentile, server_processes, statuses
 from lab.peer import OUT_OF_THE_BOX, litserve_peer
 from lab.report import pyplot
 
@@ -51,10 +44,9 @@ class Target:
 
     url: str
     headers: dict[str, str] = field(default_factory=dict)
-    model_log: Path | None = None
-    """The handler's log, for its batch lines; None for the peer."""
-    access_log: Path | None = None
-    """The frontend's access log, for its own time per answer; None for the peer."""
+    logs: tuple[Path, Path] | tuple[()] = ()
+    """The handler's log (its batch lines) and the frontend's access log (its own time per
+    answer); none for the peer."""
     processes: Mapping[str, int] = field(default_factory=dict)
     """The server's pids and the load generator's (``server_processes``), for the cores each
     used; empty for the peer."""
@@ -139,7 +131,7 @@ def run_level(
     load = ClosedLoop(
         target.url,
         headers,
-        lambda i: json_job(corpus[i % len(corpus)]),
+        in_turn(corpus),
         level.clients,
         seconds,
         max_requests=int(seconds * 2000),
@@ -147,15 +139,7 @@ def run_level(
         pause_after_failure_s=level.pause_s,
         stamped=form == "stamped",
     )
-    batches = frontend = None
-    with cores_used(target.processes) as cores:
-        if target.model_log is None or target.access_log is None:
-            load.run()
-        else:
-            with LogWindow(target.model_log) as window, LogWindow(target.access_log) as access:
-                load.run()
-                batches = batch_times(window.read())
-                frontend = frontend_latency(access.read())
+    cores, logged = observed(load, target.processes, target.logs)
     in_time = [o for o in load.outcomes if o.status == "200" and o.ms <= deadline_s * 1000]
     by_status = {
         status: latency([o for o in load.outcomes if o.status == status])
@@ -168,21 +152,12 @@ def run_level(
         "form": form,
         "goodput_per_s": round(len(in_time) / load.elapsed, 1),
         "by_status": by_status,
-        "frontend_ms_by_status": frontend,
-        "handler_batches": batches,
+        "frontend_ms_by_status": frontend_latency(logged[1]) if logged else None,
+        "handler_batches": batch_times(logged[0]) if logged else None,
         "cores": cores_by_role(cores) if cores else None,
         "silently_lost": load.silently_lost,
         "drain_before_s": settle_s,
     }
-
-
-def cores_by_role(cores: Mapping[str, float]) -> dict[str, float]:
-    """The cores used by the load generator, the frontend and the workers together."""
-    roles = {"load_generator": 0.0, "frontend": 0.0, "workers": 0.0}
-    for name, used in cores.items():
-        role = "workers" if name.startswith("worker_") else name
-        roles[role] = round(roles.get(role, 0.0) + used, 3)
-    return roles
 
 
 def run_levels(
@@ -280,13 +255,8 @@ def run(d: Durations) -> dict[str, Any]:
     over the config; then LitServe unless ``d.spike_peer`` is off."""
     corpus = make_corpus()
     with part_server(d, d.spike_set) as server:
-        ours = Target(
-            server.predict_url,
-            server.headers(),
-            server.model_log,
-            server.access_log,
-            server_processes(server),
-        )
+        logs = (server.model_log, server.access_log)
+        ours = Target(server.predict_url, server.headers(), logs, server_processes(server))
         result_all = run_levels(ours, corpus, d.spike_s, d.spike_forms)
     litserve: dict[str, Any] = {"skipped": "litserve is not installed (the dev extra)"}
     if not d.spike_peer:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.chaos.common import QUICK_ATTEMPT_S
+from lab.chaos import QUICK_ATTEMPT_S
 from tests.conftest import MAR_PATH, ROOT
 
 # alone (scripts/test.sh): kills, overload and a spike, checked under its own load only
