@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import psutil
 import requests
 import yaml
 from bert_serve_server.config import BASE_CONFIG, ROOT, free_port, read_properties
@@ -45,6 +46,7 @@ PATIENT_TIMEOUT_S = 60.0
 STOP_CLIENTS = 32
 STOP_AFTER_S = 3.0
 READY_PROBE = ("python3.11", "-m", "bert_serve_server", "ready")
+STARTUP_PROBE = (*READY_PROBE, "--startup")
 SIZED_FILES = (
     "deploy/entrypoint.sh",
     *(f"server/bert_serve_server/{name}.py" for name in ("config", "probe", "rules", "sizing")),
@@ -91,7 +93,8 @@ sys.stdout.write(body.decode(errors="replace"))
 
 
 class ImageTestFailed(AssertionError):
-    """The image did not behave as it should; the message says how."""
+    """The image (a container of it, or the pod) did not behave as it should; the message says
+    how."""
 
 
 def engine_command() -> list[str]:
@@ -102,6 +105,72 @@ def engine_command() -> list[str]:
     if found.returncode != 0:
         raise SystemExit(f"no container engine: {found.stderr.strip()}")
     return found.stdout.split()
+
+
+class EngineCalls:
+    """The engine's commands for what it runs (a container, a pod): ``engine`` is its command
+    line, ``env`` the environment it runs with (None: this process's)."""
+
+    engine: list[str]
+    env: dict[str, str] | None = None
+
+    def _call(self, args: tuple[str, ...], timeout: float) -> subprocess.CompletedProcess[str]:
+        command = [*self.engine, *args]
+        return subprocess.run(
+            command, capture_output=True, text=True, timeout=timeout, env=self.env
+        )
+
+    def run(self, *args: str, timeout: float = 120, check: bool = True) -> str:
+        """The engine's output; with ``check``, RuntimeError where it failed."""
+        done = self._call(args, timeout)
+        if check and done.returncode != 0:
+            raise RuntimeError(f"{' '.join(args[:3])} failed: {done.stderr.strip()[-2000:]}")
+        return done.stdout.strip()
+
+    def succeeds(self, *args: str) -> bool:
+        """The engine's command (``exec`` of a probe, as kubelet runs it) exited 0."""
+        return self._call(args, 60).returncode == 0
+
+    def output(self, *args: str) -> str:
+        """stdout and stderr together: ``logs`` gives the container's stderr on stderr."""
+        done = self._call(args, 60)
+        return done.stdout + done.stderr
+
+
+def recorded(prog: str, out: Path, test: Callable[[Callable[[str], None]], dict[str, Any]]) -> int:
+    """``test``, which says each step through its argument, its record written to ``out``; 1
+    where it failed, the failure printed."""
+
+    def say(line: str) -> None:
+        print(f"{prog}: {line}", flush=True)
+
+    try:
+        result = test(say)
+    except (ImageTestFailed, RuntimeError) as failure:
+        print(f"{prog}: FAILED\n{failure}", file=sys.stderr)
+        return 1
+    write_json(out, result)
+    say(f"passed; record in {out}")
+    return 0
+
+
+def wait_started(
+    probe: Callable[[], bool],
+    limit_s: float,
+    logs: Callable[[], str],
+    running: Callable[[], bool] = lambda: True,
+) -> float:
+    """Seconds until ``probe`` (the startup probe, as kubelet runs it) passes, polled every
+    2 s; ImageTestFailed where the container exits or ``limit_s`` passes first."""
+    started = time.monotonic()
+    while not probe():
+        elapsed = time.monotonic() - started
+        if not running():
+            raise ImageTestFailed(f"exited after {elapsed:.0f} s:\n{logs()}")
+        if elapsed > limit_s:
+            raise ImageTestFailed(f"not ready within {limit_s:.0f} s:\n{logs()}")
+        time.sleep(2)
+    return round(time.monotonic() - started, 1)
 
 
 def pod_spec(deployment: Path = DEPLOYMENT) -> dict[str, Any]:
@@ -130,16 +199,12 @@ def sized_from(root: Path = ROOT) -> str:
 def pod_limits(deployment: Path = DEPLOYMENT) -> dict[str, str]:
     """The Deployment's TorchServe container limits, as the engine's ``--cpus`` and
     ``--memory`` take them (``1536Mi`` -> ``1536m``: the engine's m is MiB)."""
-    container = torchserve_container(deployment)
-    limits = container["resources"]["limits"]
-    cpu = str(limits["cpu"])
+    limits = torchserve_container(deployment)["resources"]["limits"]
+    cpu, memory = str(limits["cpu"]), str(limits["memory"])
+    if not memory.endswith(("Mi", "Gi")):
+        raise ValueError(f"unexpected memory limit {memory!r}")
     cpus = str(int(cpu[:-1]) / 1000) if cpu.endswith("m") else cpu
-    memory = str(limits["memory"])
-    units = {"Mi": "m", "Gi": "g"}
-    for suffix, unit in units.items():
-        if memory.endswith(suffix):
-            return {"cpus": cpus, "memory": memory[: -len(suffix)] + unit}
-    raise ValueError(f"unexpected memory limit {memory!r}")
+    return {"cpus": cpus, "memory": memory[:-2] + memory[-2].lower()}
 
 
 def container_addresses() -> dict[str, str]:
@@ -155,7 +220,7 @@ def port_of(address: str) -> int:
 
 
 @dataclass
-class Container:
+class Container(EngineCalls):
     """One container of the image, named after this process, removed by ``remove``;
     ``http`` and ``metrics`` are the host ports its inference and metrics ports are
     published on."""
@@ -174,13 +239,9 @@ class Container:
         addresses = container_addresses()
         return cls(engine, image, name, free_port(), free_port(), addresses, pod_limits())
 
-    def run(self, *args: str, timeout: float = 120) -> str:
-        done = subprocess.run(
-            [*self.engine, *args], capture_output=True, text=True, timeout=timeout
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"{' '.join(args[:2])} failed: {done.stderr.strip()}")
-        return done.stdout.strip()
+    def sibling(self, suffix: str) -> Container:
+        """Another container of the same image and limits, with ports of its own."""
+        return replace(self, name=f"{self.name}-{suffix}", http=free_port(), metrics=free_port())
 
     def start(
         self, env: Mapping[str, str] | None = None, volumes: Mapping[Path, str] | None = None
@@ -201,34 +262,20 @@ class Container:
     def state(self, field: str) -> str:
         return self.run("inspect", "--format", "{{.State." + field + "}}", self.name)
 
-    def logs(self, tail: int = 40) -> str:
-        done = subprocess.run(
-            [*self.engine, "logs", "--tail", str(tail), self.name],
-            capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
-        return done.stdout + done.stderr
+    def logs(self, tail: int | None = 40) -> str:
+        return self.output("logs", *(["--tail", str(tail)] if tail else []), self.name)
 
     def management(self, method: str, path: str, body: bytes = b"") -> tuple[int, str]:
         """A request to the management API, which listens inside the container only."""
         base = self.addresses["management_address"]
-        out = self.run(
-            "exec", self.name, "python3.11", "-c", MANAGEMENT_REQUEST,
-            method, path, body.decode(), base,
-        )  # fmt: skip
+        request = (MANAGEMENT_REQUEST, method, path, body.decode(), base)
+        out = self.run("exec", self.name, "python3.11", "-c", *request)
         status, _, text = out.partition("\n")
         return int(status), text
 
-    def exec_ok(self, *command: str) -> bool:
-        """``command`` run in the container (a probe, as kubelet runs it) succeeded."""
-        done = subprocess.run(
-            [*self.engine, "exec", self.name, *command],
-            capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
-        return done.returncode == 0
-
     def probe_ready(self) -> bool:
         """The pod's readiness probe."""
-        return self.exec_ok(*READY_PROBE)
+        return self.succeeds("exec", self.name, *READY_PROBE)
 
     def target(self) -> Target:
         return Target(
@@ -238,7 +285,7 @@ class Container:
         )
 
     def remove(self) -> None:
-        subprocess.run([*self.engine, "rm", "--force", self.name], capture_output=True, timeout=120)
+        self.run("rm", "--force", self.name, check=False)
 
 
 def workers_ready(container: Container) -> bool:
@@ -264,12 +311,10 @@ class Readiness:
 
 def answers(container: Container) -> bool:
     try:
-        response = requests.post(
-            container.target().predict, json={"text": "A fine film."}, timeout=30
-        )
+        answer = requests.post(container.target().predict, json={"text": "A film."}, timeout=30)
     except requests.RequestException:
         return False
-    return response.status_code == 200
+    return answer.status_code == 200
 
 
 def healthy(ping_url: str) -> bool:
@@ -313,16 +358,15 @@ def wait_ready(container: Container, started: float) -> Readiness:
     raise ImageTestFailed(f"not READY within {READY_TIMEOUT_S:.0f} s:\n{container.logs()}")
 
 
+def mixed(n: int) -> Job:
+    """The n-th request of a burst: a long text, a list and a pair in turn."""
+    return Job(BURST_BODIES[n % len(BURST_BODIES)], "application/json")
+
+
 def burst(predict_url: str) -> dict[str, int]:
-    """A bounded burst of mixed requests (long texts, lists, pairs): each status counted."""
+    """A bounded burst of mixed requests: each status counted."""
     loop = ClosedLoop(
-        predict_url,
-        {},
-        lambda n: Job(BURST_BODIES[n % len(BURST_BODIES)], "application/json"),
-        BURST_CLIENTS,
-        seconds=READY_TIMEOUT_S,
-        max_requests=BURST_REQUESTS,
-        request_timeout_s=60,
+        predict_url, {}, mixed, BURST_CLIENTS, READY_TIMEOUT_S, BURST_REQUESTS, request_timeout_s=60
     ).run()
     return statuses(loop.outcomes)
 
@@ -331,13 +375,9 @@ def patient_clients(predict_url: str, headers: dict[str, str] | None = None) -> 
     """``PATIENT_CLIENTS`` clients that wait up to ``PATIENT_TIMEOUT_S`` for each answer and send
     again at once, for ``PATIENT_S``: every status counted, and the answers per second."""
     loop = ClosedLoop(
-        predict_url,
-        headers or {},
-        lambda n: Job(BURST_BODIES[0], "application/json"),
-        PATIENT_CLIENTS,
-        seconds=PATIENT_S,
+        predict_url, headers or {}, lambda n: mixed(0), PATIENT_CLIENTS, PATIENT_S,
         request_timeout_s=PATIENT_TIMEOUT_S,
-    ).run()
+    ).run()  # fmt: skip
     counted = statuses(loop.outcomes)
     return {
         "clients": PATIENT_CLIENTS,
@@ -357,13 +397,9 @@ def stop_under_load(container: Container, grace_s: int) -> tuple[float, dict[str
     """SIGTERM after ``STOP_AFTER_S`` of ``STOP_CLIENTS`` clients sending; clients send nothing
     new once it is sent. Seconds until the container exited, and every status counted."""
     stopped: list[float] = []
+    url = container.target().predict
     loop = ClosedLoop(
-        container.target().predict,
-        {},
-        lambda n: Job(BURST_BODIES[n % len(BURST_BODIES)], "application/json"),
-        STOP_CLIENTS,
-        seconds=READY_TIMEOUT_S,
-        request_timeout_s=PATIENT_TIMEOUT_S,
+        url, {}, mixed, STOP_CLIENTS, READY_TIMEOUT_S, request_timeout_s=PATIENT_TIMEOUT_S
     )
 
     async def stop() -> None:
@@ -378,42 +414,6 @@ def stop_under_load(container: Container, grace_s: int) -> tuple[float, dict[str
     return stopped[0], statuses(loop.outcomes)
 
 
-def process_tree(root_pid: int, parents: Mapping[int, int]) -> list[int]:
-    """``root_pid`` and its descendants, given each process's parent."""
-    children: dict[int, list[int]] = {}
-    for pid, parent in parents.items():
-        children.setdefault(parent, []).append(pid)
-    found, todo = [], [root_pid]
-    while todo:
-        pid = todo.pop()
-        found.append(pid)
-        todo.extend(sorted(children.get(pid, [])))
-    return found
-
-
-def host_parents(proc: Path = Path("/proc")) -> dict[int, int]:
-    """Every process's parent as the host sees it (the engine runs the container's here)."""
-    parents = {}
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-    return parents
-
-
-def smaps_rollup_kib(text: str) -> dict[str, int]:
-    """/proc/<pid>/smaps_rollup's fields in KiB (its first line is the mapping's range)."""
-    fields = {}
-    for line in text.splitlines()[1:]:
-        key, value = line.split(":", 1)
-        fields[key] = int(value.split()[0])
-    return fields
-
-
 def process_role(cmdline: str) -> str:
     """ "frontend" (TorchServe's Java), "worker" (a model worker), else the program's name."""
     if "org.pytorch.serve.ModelServer" in cmdline:
@@ -423,22 +423,21 @@ def process_role(cmdline: str) -> str:
     return cmdline.split(" ", 1)[0].rsplit("/", 1)[-1]
 
 
-def memory_mib(pid: int) -> dict[str, Any]:
-    """RSS and PSS (shared pages split among their users) of one process, in MiB."""
-    proc = Path(f"/proc/{pid}")
-    cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
-    fields = smaps_rollup_kib((proc / "smaps_rollup").read_text())
+def process_memory(process: psutil.Process) -> dict[str, Any]:
+    """The process's role, RSS and PSS (shared pages split among their users) in MiB."""
+    memory = process.memory_full_info()
     return {
-        "pid": pid,
-        "role": process_role(cmdline),
-        "rss_mib": round(fields["Rss"] / 1024, 1),
-        "pss_mib": round(fields["Pss"] / 1024, 1),
+        "pid": process.pid,
+        "role": process_role(" ".join(process.cmdline())),
+        "rss_mib": round(memory.rss / 2**20, 1),
+        "pss_mib": round(memory.pss / 2**20, 1),
     }
 
 
 def container_memory(container: Container) -> list[dict[str, Any]]:
-    root = int(container.state("Pid"))
-    return [memory_mib(pid) for pid in process_tree(root, host_parents())]
+    """Each of the container's processes as the host sees it (the engine runs them here)."""
+    root = psutil.Process(int(container.state("Pid")))
+    return [process_memory(process) for process in [root, *root.children(recursive=True)]]
 
 
 def stop_within_grace(container: Container, grace_s: int) -> float:
@@ -454,12 +453,6 @@ def stop_within_grace(container: Container, grace_s: int) -> float:
     if code != "0":
         raise ImageTestFailed(f"exit code {code} after SIGTERM:\n{container.logs()}")
     return elapsed
-
-
-def failed_checks(outcomes: list[CheckOutcome]) -> str:
-    return "\n".join(
-        f"{outcome.name}: {problem}" for outcome in outcomes for problem in outcome.problems
-    )
 
 
 IN_CONTAINER_WAR = "/tmp/probe_wf.war"
@@ -501,20 +494,17 @@ def installed_packages(container: Container) -> CheckOutcome:
     found = json.loads(
         container.run("exec", container.name, "python3.11", "-c", INSTALLED_PACKAGES)
     )
+    dists, importable = found["dists"], found["importable"]
+    wrong = problems(
+        (dists == ["bert-serve-server"], f"distributions: {dists}"),
+        (importable == ["bert_serve_server"], f"importable: {importable}"),
+    )
     return CheckOutcome(
-        "the server package is installed, and no lab, client or test module",
-        tuple(
-            problems(
-                (found["dists"] == ["bert-serve-server"], f"distributions: {found['dists']}"),
-                (
-                    found["importable"] == ["bert_serve_server"],
-                    f"importable: {found['importable']}",
-                ),
-            )
-        ),
+        "the server package is installed, and no lab, client or test module", tuple(wrong)
     )
 
 
+SERVER_COMMAND = ("python3.11", "-m", "bert_serve_server")
 SERVER_VERBS = ("status", "models", "url", "predict-url")
 """The server package's commands that read a running server: each must work in the image, where
 no handler/ is installed (``kubectl exec ... -- python3.11 -m bert_serve_server status``)."""
@@ -525,9 +515,7 @@ def server_commands(container: Container) -> CheckOutcome:
     failed = []
     for verb in SERVER_VERBS:
         try:
-            if not container.run(
-                "exec", container.name, "python3.11", "-m", "bert_serve_server", verb
-            ):
+            if not container.run("exec", container.name, *SERVER_COMMAND, verb):
                 failed.append(f"{verb}: printed nothing")
         except RuntimeError as error:
             failed.append(f"{verb}: {error}")
@@ -564,8 +552,8 @@ def run_image_test(
         ]
         for outcome in outcomes:
             say(f"{'ok  ' if outcome.ok else 'FAIL'} {outcome.name}")
-        if not all(outcome.ok for outcome in outcomes):
-            raise ImageTestFailed(failed_checks(outcomes))
+        if failed := [f"{o.name}: {problem}" for o in outcomes for problem in o.problems]:
+            raise ImageTestFailed("\n".join(failed))
         if container.engine[0] == "podman":
             say("health check")
             container.run("healthcheck", "run", container.name)
@@ -620,20 +608,14 @@ def run_image_test(
 
 def sizing_lines(container: Container) -> list[str]:
     """The lines the start printed about its sizing (``sizing: ...``), the prefix removed."""
-    logs = subprocess.run(
-        [*container.engine, "logs", container.name], capture_output=True, text=True, timeout=60
-    )
-    return [
-        line.removeprefix("sizing: ")
-        for line in (logs.stdout + logs.stderr).splitlines()
-        if line.startswith("sizing: ")
-    ]
+    lines = container.logs(tail=None).splitlines()
+    return [line.removeprefix("sizing: ") for line in lines if line.startswith("sizing: ")]
 
 
 def stated_start(first: Container, say: Callable[[str], None]) -> dict[str, Any]:
     """A container of the same image with ``STATED_ENV``: READY, running the stated workers
     and ``batchSize``, each variable named in its sizing lines, answering; always removed."""
-    container = replace(first, name=f"{first.name}-stated", http=free_port(), metrics=free_port())
+    container = first.sibling("stated")
     say(f"start with {STATED_ENV}")
     try:
         started = time.monotonic()
@@ -645,10 +627,8 @@ def stated_start(first: Container, say: Callable[[str], None]) -> dict[str, Any]
         said = [line for line in sizing_lines(container) if line.startswith("stated: ")]
         say(f"READY after {seen.ready_s:.1f} s: {running}; {said}")
         unsaid = [name for name in STATED_ENV if not any(f"({name})" in line for line in said)]
-        wanted = {
-            "workers": int(STATED_ENV["BERT_SERVE_WORKERS"]),
-            "batchSize": int(STATED_ENV["BERT_SERVE_BATCH_SIZE"]),
-        }
+        wanted = {"workers": int(STATED_ENV["BERT_SERVE_WORKERS"])}
+        wanted["batchSize"] = int(STATED_ENV["BERT_SERVE_BATCH_SIZE"])
         if status != 200 or running != wanted or unsaid or not answers(container):
             raise ImageTestFailed(
                 f"stated {STATED_ENV}: ran {running} (not {wanted}), not said: {unsaid}"
@@ -674,8 +654,7 @@ def unloadable_archive(source: Path, out: Path) -> Path:
 def unloadable_start(first: Container, say: Callable[[str], None]) -> dict[str, Any]:
     """A container whose archive's model cannot load: it must exit non-zero, and its log must
     hold the Python traceback of the loading and the cause; always removed."""
-    name = f"{first.name}-unloadable"
-    container = replace(first, name=name, http=free_port(), metrics=free_port())
+    container = first.sibling("unloadable")
     say(f"start with a model of type {UNKNOWN_MODEL_TYPE!r}, which cannot load")
     with tempfile.TemporaryDirectory() as folder:
         os.chmod(folder, 0o755)
@@ -707,13 +686,5 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--image", default=os.environ.get("IMAGE", "bert-serve:0.1.0"))
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "image" / "image-test.json")
     args = parser.parse_args(argv)
-    try:
-        result = run_image_test(
-            args.image, engine_command(), say=lambda line: print(f"image-test: {line}", flush=True)
-        )
-    except ImageTestFailed as failure:
-        print(f"image-test: FAILED\n{failure}", file=sys.stderr)
-        return 1
-    write_json(args.out, result)
-    print(f"image-test: passed; numbers in {args.out}")
-    return 0
+    engine = engine_command()
+    return recorded("image-test", args.out, lambda say: run_image_test(args.image, engine, say))

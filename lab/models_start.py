@@ -14,8 +14,6 @@ import argparse
 import json
 import math
 import re
-import sys
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -25,16 +23,17 @@ from bert_serve_server.config import ROOT
 
 from lab.image import (
     DEPLOYMENT,
+    STARTUP_PROBE,
     Container,
     ImageTestFailed,
     engine_command,
+    recorded,
     sized_from,
     sizing_lines,
     torchserve_container,
+    wait_started,
 )
-from lab.report import write_json
 
-STARTUP_PROBE = ("python3.11", "-m", "bert_serve_server", "ready", "--startup")
 IMAGE_RECORD = ROOT / "deploy" / "image-test.json"
 MEMORY_STEP_MIB = 256
 
@@ -68,27 +67,20 @@ def models_start(
     memory = memory_for(models, worker_mib(json.loads(IMAGE_RECORD.read_text())))
     container = replace(base, limits=base.limits | {"memory": memory})
     say(f"start with {container.limits}; the startup probe's budget is {budget_s} s")
-    started = time.monotonic()
     try:
         container.start()
-        polls = 0
-        while True:
-            elapsed = time.monotonic() - started
-            if container.state("Running") != "true":
-                raise ImageTestFailed(f"exited after {elapsed:.0f} s:\n{container.logs(200)}")
-            if container.exec_ok(*STARTUP_PROBE):
-                ready_s = round(time.monotonic() - started, 1)
-                break
-            if elapsed > budget_s:
-                raise ImageTestFailed(f"not ready within {budget_s} s:\n{container.logs(200)}")
-            polls += 1
-            time.sleep(2)
+        ready_s = wait_started(
+            lambda: container.succeeds("exec", container.name, *STARTUP_PROBE),
+            budget_s,
+            lambda: container.logs(200),
+            lambda: container.state("Running") == "true",
+        )
         status, text = container.management("GET", "/models")
         served = sorted(model["modelName"] for model in json.loads(text)["models"])
         sizing = sizing_lines(container)
     finally:
         container.remove()
-    say(f"startup probe passed after {ready_s} s ({polls} polls said not yet): {served}")
+    say(f"startup probe passed after {ready_s} s: {served}")
     if status != 200 or len(served) != models:
         raise ImageTestFailed(f"{models} models asked for, {served} served")
     return {
@@ -110,15 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", type=int, required=True, help="how many the image serves")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-
-    def say(line: str) -> None:
-        print(f"models-start: {line}", flush=True)
-
-    try:
-        result = models_start(engine_command(), args.image, args.models, say)
-    except ImageTestFailed as failure:
-        print(f"models-start: FAILED\n{failure}", file=sys.stderr)
-        return 1
-    write_json(args.out, result)
-    say(f"passed; record in {args.out}")
-    return 0
+    engine = engine_command()
+    return recorded(
+        "models-start", args.out, lambda say: models_start(engine, args.image, args.models, say)
+    )

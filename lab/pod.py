@@ -21,9 +21,9 @@ import json
 import os
 import secrets
 import subprocess
-import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,22 +33,26 @@ import yaml
 from bert_serve_server.config import ROOT, free_port
 
 from lab.image import (
-    BURST_BODIES,
+    DEPLOYMENT,
     PATIENT_CLIENTS,
     PATIENT_TIMEOUT_S,
+    READY_TIMEOUT_S,
+    STARTUP_PROBE,
     STATED_ENV,
+    EngineCalls,
+    ImageTestFailed,
     engine_command,
     grace_period_s,
+    mixed,
     patient_clients,
     pod_spec,
+    recorded,
+    wait_started,
 )
-from lab.load import Job, Outcome, send, statuses
-from lab.report import write_json
+from lab.load import Outcome, send, statuses
 
 K8S = ROOT / "deploy" / "k8s"
-DEPLOYMENT = K8S / "deployment.yaml"
 KUSTOMIZATION = K8S / "kustomization.yaml"
-READY_TIMEOUT_S = 300.0
 NEW_CONNECTION_CLIENTS = 16
 NEW_CONNECTIONS_S = 6.0
 """How long clients keep opening new connections after SIGTERM: more than the bar's 5 s, less
@@ -59,9 +63,9 @@ ULIMITS = ("nofile=1024:1024", "nproc=1024:1024")
 """What lab/image.py's runs use on this machine: within its hard limits."""
 PAUSE = '#!/bin/sh\ntrap "exit 0" TERM INT\nwhile :; do sleep 3600 & wait $!; done\n'
 EXITED_UNASKED = "exited without a stop being asked"
+"""deploy/entrypoint.sh's line before it exits 1."""
 BASES = ("localhost/bookworm-minbase:12", "debian:bookworm-slim")
 """The bases scripts/image.sh builds on: its debootstrap'd minbase where no registry answers."""
-"""deploy/entrypoint.sh's line before it exits 1."""
 
 
 MEASURED = (
@@ -89,21 +93,8 @@ def measured_from(root: Path = ROOT) -> str:
     return digest.hexdigest()
 
 
-class PodTestFailed(AssertionError):
-    """The pod did not behave as it should; the message says how."""
-
-
-def configmap(name_suffix: str = "") -> dict[str, Any]:
-    """The proxy's ConfigMap as kustomization.yaml's configMapGenerator makes it (without the
-    content hash kustomize appends to the name, which it also writes into the Deployment)."""
-    (generator,) = yaml.safe_load(KUSTOMIZATION.read_text())["configMapGenerator"]
-    data = {Path(name).name: (K8S / name).read_text() for name in generator["files"]}
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": generator["name"] + name_suffix},
-        "data": data,
-    }
+def config_map(name: str, data: dict[str, str]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": data}
 
 
 def container_limits(deployment: Path = DEPLOYMENT) -> dict[str, dict[str, str]]:
@@ -129,12 +120,14 @@ def kube_documents(
     # terminates; podman would restart them then too. OnFailure restarts a crash (the killed
     # frontend's exit 1) and leaves a container that stopped cleanly stopped, as kubelet does.
     spec["restartPolicy"] = "OnFailure"
-    documents = []
-    proxy_map = configmap(f"-{tag}")
+    # The proxy's ConfigMap as kustomization.yaml's configMapGenerator makes it (without the
+    # content hash kustomize appends to the name, which it also writes into the Deployment).
+    (generator,) = yaml.safe_load(KUSTOMIZATION.read_text())["configMapGenerator"]
+    files = {Path(name).name: (K8S / name).read_text() for name in generator["files"]}
+    documents = [config_map(f"{generator['name']}-{tag}", files)]
     for volume in spec["volumes"]:
         if "configMap" in volume:
-            volume["configMap"]["name"] = proxy_map["metadata"]["name"]
-    documents.append(proxy_map)
+            volume["configMap"]["name"] = documents[0]["metadata"]["name"]
     for container in spec["containers"]:
         container["image"] = images[container["name"]]
         for port in container.get("ports", []):
@@ -147,24 +140,14 @@ def kube_documents(
                 ref["name"] = f"{ref['name']}-{tag}"
     if extra_config is not None:
         forced_name = f"bert-serve-config-{tag}"
-        forced: dict[str, Any] = {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {"name": forced_name},
-            "data": {"config.properties": extra_config},
-        }
-        documents.append(forced)
+        documents.append(config_map(forced_name, {"config.properties": extra_config}))
         spec["volumes"].append({"name": "forced-config", "configMap": {"name": forced_name}})
         (torchserve,) = [c for c in spec["containers"] if c["name"] == "torchserve"]
         torchserve.setdefault("volumeMounts", []).append(
             {"name": "forced-config", "mountPath": "/etc/bert-serve", "readOnly": True}
         )
-        torchserve["args"] = [
-            "--model-store",
-            "/mnt/models/model-store",
-            "--ts-config",
-            "/etc/bert-serve/config.properties",
-        ]
+        torchserve["args"] = "--model-store /mnt/models/model-store --ts-config".split()
+        torchserve["args"].append("/etc/bert-serve/config.properties")
     return [*documents, deployment]
 
 
@@ -195,7 +178,7 @@ def secret_name(tag: str) -> str:
 
 
 @dataclass
-class Pod:
+class Pod(EngineCalls):
     """One ``podman kube play`` of the Deployment, its files in ``state``."""
 
     engine: list[str]
@@ -207,7 +190,7 @@ class Pod:
     ports: dict[str, int] = field(
         default_factory=lambda: {"proxy": free_port(), "metrics": free_port()}
     )
-    env: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] | None = None
 
     @property
     def name(self) -> str:
@@ -215,18 +198,6 @@ class Pod:
 
     def container(self, name: str) -> str:
         return f"{self.name}-{name}"
-
-    def run(self, *args: str, timeout: float = 120, check: bool = True) -> str:
-        result = subprocess.run(
-            [*self.engine, *args],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=self.env or None,
-        )
-        if check and result.returncode != 0:
-            raise PodTestFailed(f"{' '.join(args[:3])} failed: {result.stderr.strip()[-2000:]}")
-        return result.stdout
 
     def play(self) -> None:
         self.state.mkdir(parents=True, exist_ok=True)
@@ -240,28 +211,13 @@ class Pod:
         self.run("secret", "create", secret_name(self.tag), str(secret))
         self.run("kube", "play", "--replace", str(manifest), timeout=300)
 
-    def exec_ok(self, container: str, *command: str) -> bool:
-        result = subprocess.run(
-            [*self.engine, "exec", self.container(container), *command],
-            capture_output=True,
-            timeout=30,
-            env=self.env or None,
-        )
-        return result.returncode == 0
-
     def state_of(self, container: str, field_name: str) -> str:
         return self.run(
             "inspect", "--format", f"{{{{.State.{field_name}}}}}", self.container(container)
-        ).strip()
+        )
 
     def logs(self, container: str) -> str:
-        result = subprocess.run(
-            [*self.engine, "logs", self.container(container)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        return result.stdout + result.stderr
+        return self.output("logs", self.container(container))
 
     def remove(self) -> None:
         self.run("pod", "rm", "--force", "--time", "0", self.name, check=False, timeout=180)
@@ -276,20 +232,28 @@ class Pod:
         return {"Authorization": f"Bearer {self.key}"}
 
 
+@contextmanager
+def played(pod: Pod) -> Iterator[Pod]:
+    """``pod`` played, and removed at the block's end (or where the play failed)."""
+    try:
+        pod.play()
+        yield pod
+    finally:
+        pod.remove()
+
+
 def wait_ready(pod: Pod, timeout_s: float = READY_TIMEOUT_S) -> float:
     """Seconds until the startup probe's command says every worker READY."""
-    started = time.monotonic()
-    while time.monotonic() - started < timeout_s:
-        if pod.exec_ok("torchserve", "python3.11", "-m", "bert_serve_server", "ready", "--startup"):
-            return round(time.monotonic() - started, 1)
-        time.sleep(2)
-    raise PodTestFailed(f"not ready within {timeout_s:.0f} s:\n{pod.logs('torchserve')[-4000:]}")
+    probe = ("exec", pod.container("torchserve"), *STARTUP_PROBE)
+    return wait_started(
+        lambda: pod.succeeds(*probe), timeout_s, lambda: pod.logs("torchserve")[-4000:]
+    )
 
 
 def patient(pod: Pod) -> dict[str, Any]:
     result = patient_clients(pod.predict, pod.headers)
     if set(result["statuses"]) != {"200"}:
-        raise PodTestFailed(f"patient clients through the proxy got {result['statuses']}")
+        raise ImageTestFailed(f"patient clients through the proxy got {result['statuses']}")
     return result
 
 
@@ -300,7 +264,7 @@ async def new_connections(url: str, headers: dict[str, str], seconds: float) -> 
     deadline = time.monotonic() + seconds
     connector = aiohttp.TCPConnector(force_close=True)
     timeout = aiohttp.ClientTimeout(total=PATIENT_TIMEOUT_S)
-    job = Job(BURST_BODIES[0], "application/json")
+    job = mixed(0)
 
     async def client(session: aiohttp.ClientSession) -> None:
         while time.monotonic() < deadline:
@@ -330,7 +294,7 @@ def stop_under_new_connections(pod: Pod, grace_s: int) -> dict[str, Any]:
     exits = {name: pod.state_of(name, "ExitCode") for name in ("torchserve", "proxy")}
     result = {"statuses": counted, "stop_s": stop_s, "exit_codes": exits}
     if set(counted) != {"200"} or any(code != "0" for code in exits.values()) or stop_s > grace_s:
-        raise PodTestFailed(f"the stop under new connections: {result}")
+        raise ImageTestFailed(f"the stop under new connections: {result}")
     return result
 
 
@@ -358,21 +322,20 @@ def kill_frontend(pod: Pod) -> dict[str, Any]:
     """SIGKILL to the Java frontend (its pid file, in the home folder): the container exits
     non-zero (the entrypoint says so in its log) and, as a Deployment's pod, is restarted and
     becomes ready again."""
-    killed = pod.exec_ok(
-        "torchserve", "sh", "-c", 'kill -KILL "$(cat "$HOME/tmp/.model_server.pid")"'
-    )
+    kill = 'kill -KILL "$(cat "$HOME/tmp/.model_server.pid")"'
+    killed = pod.succeeds("exec", pod.container("torchserve"), "sh", "-c", kill)
     deadline = time.monotonic() + 60
     while killed and time.monotonic() < deadline:
         if EXITED_UNASKED in pod.logs("torchserve"):
             break
         time.sleep(1)
     else:
-        raise PodTestFailed(f"the killed frontend did not end the container: killed={killed}")
+        raise ImageTestFailed(f"the killed frontend did not end the container: killed={killed}")
     ready_again_s = wait_ready(pod)
+    # read once ready again: right after the exit, the restart may not have come yet
     restarts = int(
-        pod.run("inspect", "--format", "{{.RestartCount}}", pod.container("torchserve")).strip()
-        or 0
-    )  # read once ready again: right after the exit, the restart may not have come yet
+        pod.run("inspect", "--format", "{{.RestartCount}}", pod.container("torchserve")) or 0
+    )
     return {
         "exit": "1 (the entrypoint's line)",
         "restarts": restarts,
@@ -403,59 +366,39 @@ def forced_workers_config(workers: int) -> str:
     return properties_text(dict(properties) | stated)
 
 
-def catatonit_present() -> bool:
-    return any(
-        Path(folder, "catatonit").exists()
-        for folder in ("/usr/libexec/podman", "/usr/bin", "/usr/local/libexec/podman")
-    )
-
-
-def pause_image(engine: list[str], base: str, tag: str, state: Path) -> str:
-    """An infra image from ``base``: a shell that waits and exits on SIGTERM (what podman
-    makes itself from Debian's catatonit where that is installed)."""
-    name = f"localhost/bert-serve-pause:{tag}"
-    context = state / "pause"
+def infra_image(engine: list[str], tag: str, state: Path) -> str | None:
+    """None where podman makes its own infra image (from Debian's catatonit); else one built
+    for the run on the base scripts/image.sh built on: a shell that waits and exits on SIGTERM."""
+    folders = ("/usr/libexec/podman", "/usr/bin", "/usr/local/libexec/podman")
+    if any(Path(folder, "catatonit").exists() for folder in folders):
+        return None
+    base = BASES[-1]
+    for built in BASES[:-1]:
+        if subprocess.run([*engine, "image", "exists", built], capture_output=True).returncode == 0:
+            base = built
+            break
+    name, context = f"localhost/bert-serve-pause:{tag}", state / "pause"
     context.mkdir(parents=True, exist_ok=True)
     (context / "pause").write_text(PAUSE)
     (context / "Containerfile").write_text(
         f'FROM {base}\nCOPY pause /pause\nRUN chmod 755 /pause\nENTRYPOINT ["/pause"]\n'
     )
-    subprocess.run(
-        [*engine, "build", "--network", "none", "-t", name, str(context)],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
+    build = [*engine, "build", "--network", "none", "-t", name, str(context)]
+    subprocess.run(build, check=True, capture_output=True, timeout=300)
     return name
 
 
-def engine_env(
-    engine: list[str], base: str, tag: str, state: Path
-) -> tuple[dict[str, str], str | None]:
-    """The environment podman runs with (this run's containers.conf), and the infra image built
-    for the run, if one was."""
-    infra = None if catatonit_present() else pause_image(engine, base, tag, state)
-    conf = state / "containers.conf"
-    conf.write_text(containers_conf(infra))
-    return dict(os.environ) | {"CONTAINERS_CONF": str(conf)}, infra
-
-
-def run_pod_test(
-    engine: list[str],
-    images: dict[str, str],
-    tag: str,
-    state: Path,
-    say: Callable[[str], None],
-    base: str,
-) -> dict[str, Any]:
-    grace_s = grace_period_s(DEPLOYMENT)
+def run_pod_test(images: dict[str, str], say: Callable[[str], None]) -> dict[str, Any]:
+    engine, tag, grace_s = engine_command(), f"t{os.getpid()}", grace_period_s(DEPLOYMENT)
+    state = ROOT / "build" / "pod" / tag
     record: dict[str, Any] = {"images": images, "limits": container_limits(), "grace_s": grace_s}
-    env, infra = engine_env(engine, base, tag, state)
+    state.mkdir(parents=True, exist_ok=True)
+    infra = infra_image(engine, tag, state)
+    (state / "containers.conf").write_text(containers_conf(infra))
+    env = dict(os.environ) | {"CONTAINERS_CONF": str(state / "containers.conf")}
     try:
-        pod = Pod(engine, tag, state / "one-worker", images, env=env)
-        try:
-            say("kube play: the Deployment as written")
-            pod.play()
+        say("kube play: the Deployment as written")
+        with played(Pod(engine, tag, state / "one-worker", images, env=env)) as pod:
             record["ready_s"] = wait_ready(pod)
             say(f"ready after {record['ready_s']} s; {PATIENT_CLIENTS} patient clients")
             record["patient"] = patient(pod)
@@ -463,29 +406,17 @@ def run_pod_test(
             record["frontend_killed"] = kill_frontend(pod)
             say("SIGTERM while clients open new connections")
             record["stop"] = stop_under_new_connections(pod, grace_s)
-        finally:
-            pod.remove()
+        say("kube play with 2 workers forced")
         forced = forced_workers_config(2)
-        pod = Pod(engine, f"{tag}-w2", state / "two-workers", images, forced, env=env)
-        try:
-            say("kube play with 2 workers forced")
-            pod.play()
+        two = Pod(engine, f"{tag}-w2", state / "two-workers", images, forced, env=env)
+        with played(two) as pod:
             record["two_workers"] = {"ready_s": wait_ready(pod)}
             say("SIGTERM while clients open new connections, 2 workers")
             record["two_workers"]["stop"] = stop_under_new_connections(pod, grace_s)
-        finally:
-            pod.remove()
     finally:
         if infra is not None:  # the run's own tag: no other run uses it
             subprocess.run([*engine, "rmi", infra], capture_output=True, timeout=120, check=False)
-    return record
-
-
-def built_base(engine: list[str]) -> str:
-    for base in BASES:
-        if subprocess.run([*engine, "image", "exists", base], capture_output=True).returncode == 0:
-            return base
-    return BASES[-1]
+    return record | {"measured_from": measured_from()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -496,27 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--proxy-image", default=os.environ.get("PROXY_IMAGE", "bert-serve-proxy:0.1.0")
     )
-    parser.add_argument(
-        "--base",
-        default=os.environ.get("POD_BASE"),
-        help="the pause image's base where podman has no catatonit (default: the base "
-        "scripts/image.sh built on, its debootstrap'd minbase or debian:bookworm-slim)",
-    )
-    parser.add_argument("--tag", default=f"t{os.getpid()}")
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "image" / "pod-test.json")
     args = parser.parse_args(argv)
-    engine = engine_command()
     images = {"torchserve": args.image, "proxy": args.proxy_image}
-    try:
-        result = run_pod_test(
-            engine, images, args.tag, ROOT / "build" / "pod" / args.tag,
-            say=lambda line: print(f"pod-test: {line}", flush=True),
-            base=args.base or built_base(engine),
-        )  # fmt: skip
-    except PodTestFailed as failure:
-        print(f"pod-test: FAILED\n{failure}", file=sys.stderr)
-        return 1
-    result["measured_from"] = measured_from()
-    write_json(args.out, result)
-    print(f"pod-test: passed; figures in {args.out}")
-    return 0
+    return recorded("pod-test", args.out, lambda say: run_pod_test(images, say))

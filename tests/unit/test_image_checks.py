@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from bert_serve_server.config import free_port
 
@@ -110,19 +111,15 @@ def test_the_container_keeps_management_inside_and_publishes_inference_and_metri
     assert addresses["metrics_address"].startswith("http://0.0.0.0:")
 
 
-def test_process_tree_and_roles() -> None:
-    parents = {10: 1, 11: 10, 12: 11, 13: 11, 20: 1, 14: 12}
-    assert sorted(image.process_tree(10, parents)) == [10, 11, 12, 13, 14]
+def test_process_roles() -> None:
     assert image.process_role("/usr/bin/java -cp x org.pytorch.serve.ModelServer") == "frontend"
     assert image.process_role("python3.11 /x/ts/model_service_worker.py --sock") == "worker"
     assert image.process_role("/bin/sh /usr/local/bin/bert-serve-entrypoint") == "sh"
 
 
-def test_smaps_rollup_fields_in_kib() -> None:
-    text = "55d0-7ffd ---p 00000000 00:00 0 [rollup]\nRss:  2048 kB\nPss:  1024 kB\n"
-    assert image.smaps_rollup_kib(text) == {"Rss": 2048, "Pss": 1024}
-    own = image.memory_mib(os.getpid())
-    assert own["rss_mib"] >= own["pss_mib"] > 0
+def test_a_process_memory_in_mib() -> None:
+    own = image.process_memory(psutil.Process(os.getpid()))
+    assert own["rss_mib"] >= own["pss_mib"] > 0 and own["pid"] == os.getpid()
 
 
 def test_the_grace_period_is_the_deployments(tmp_path: Path) -> None:
@@ -212,7 +209,7 @@ def test_a_model_that_cannot_load_must_exit_non_zero_with_its_traceback(
     if known:
         monkeypatch.setattr(fake_engine, "KNOWN_MODEL_TYPES", ("bert", image.UNKNOWN_MODEL_TYPE))
         monkeypatch.setattr(
-            image.Container, "run", lambda self, *args, timeout=120: fake_run(tmp_path, args)
+            image.Container, "run", lambda self, *args, **options: fake_run(tmp_path, args)
         )
         with pytest.raises(image.ImageTestFailed, match="still running"):
             image.unloadable_start(first, say=lambda line: None)
