@@ -9,8 +9,9 @@
 # when the frontend ends without that stop.
 # Workers, the queue bound and the heap follow this container's CPU and memory limits:
 # the installed server package (python -m bert_serve_server size) writes the config with them
-# filled in to the home folder and prints the torch threads per worker; TorchServe takes the
-# last --ts-config.
+# filled in to the home folder and prints the torch threads per worker, then the precision it
+# chose for each model configured `auto` (BERT_SERVE_PRECISION_CHOSEN, which the workers read);
+# TorchServe takes the last --ts-config.
 # The home folder holds all the server writes (the root may be read-only): the sized config,
 # TorchServe's pid file and unpacked archives (TMPDIR, TEMP) and its logs (logs/); it is the
 # state folder `python3.11 -m bert_serve_server status` reads (BERT_SERVE_STATE_DIR).
@@ -36,8 +37,10 @@ if [ "$status" -gt 128 ]; then
 fi
 [ -n "$stopping" ] && exit 0
 [ "$status" -eq 0 ] || exit 1
-threads=$(cat "$HOME/threads")
+threads=$(sed -n 1p "$HOME/threads")
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$threads}"
+BERT_SERVE_PRECISION_CHOSEN=$(sed -n 2p "$HOME/threads")
+export BERT_SERVE_PRECISION_CHOSEN
 # Before the stop, what TorchServe accepted is answered (python -m bert_serve_server ready
 # --drain: not ready from then on; a wait while the proxy beside it still listens on
 # BERT_SERVE_DRAIN_WAIT_PORT, if set, as it keeps accepting for its stop delay; then until every

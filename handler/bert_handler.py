@@ -19,7 +19,7 @@ from handler.deadline import Pace
 from handler.explain import Budget, explain_all
 from handler.inference import Admit, Windows, classify_admitted
 from handler.metrics import MetricsEmitter, ModelMetrics, read_profile
-from handler.model import LoadedModel, description, head_kind, load_model
+from handler.model import LoadedModel, description, head_kind, load_model, settled_precision
 from handler.pipeline import FALLBACK, answer_batch
 from handler.protocol import BODY_KEYS, JSON_MEDIA, header_value, route_content_type
 from handler.settings import HandlerSettings, worker_threads
@@ -81,6 +81,10 @@ class BertHandler(BaseHandler):  # type: ignore[misc]
         properties = context.system_properties
         config = context.model_yaml_config or {}
         settings = HandlerSettings.from_mapping(config.get("handler"))
+        self.version = str(((context.manifest or {}).get("model") or {}).get("modelVersion", ""))
+        key = f"{context.model_name}:{self.version}"
+        settings, precision = settled_precision(settings, key, os.environ)
+        logger.info("%s", precision)
         threads = worker_threads(settings.torch_threads, os.environ)
         self.settings = replace(settings, torch_threads=threads)
         archive_dir = Path(properties["model_dir"])
@@ -90,7 +94,6 @@ class BertHandler(BaseHandler):  # type: ignore[misc]
         gpu_id = properties.get("gpu_id")
         gpu_id = int(gpu_id) if gpu_id is not None and int(gpu_id) >= 0 else None
         self.loaded: LoadedModel = load_model(model_dir, self.settings, gpu_id)
-        self.version = str(((context.manifest or {}).get("model") or {}).get("modelVersion", ""))
         self.metrics = MetricsEmitter(context.metrics, context.model_name, self.version)
         self.model_metrics = ModelMetrics(
             context.metrics,

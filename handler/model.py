@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
@@ -24,9 +25,14 @@ from handler.model_check import (
     padding_difference,
 )
 from handler.precision import (
+    AUTO as AUTO_PRECISION,
+)
+from handler.precision import (
+    CHOSEN_ENV,
     DTYPES,
     check_precision,
     choose_attention_kernels,
+    chosen_for,
     hardware_of,
     set_matmul_precision,
 )
@@ -128,7 +134,25 @@ def label_names(
     return labels
 
 
+def settled_precision(
+    settings: HandlerSettings, key: str, environ: Mapping[str, str]
+) -> tuple[HandlerSettings, str]:
+    """``settings`` with ``auto`` replaced by the start's choice for the model ``key``
+    (``NAME:VERSION``), else by fp32; and what was settled, for the log."""
+    if settings.precision != AUTO_PRECISION:
+        return settings, f"precision {settings.precision}: stated"
+    chosen = chosen_for(key, environ)
+    if chosen is None:
+        why = f"precision auto: fp32, as the project's start chose nothing for {key} ({CHOSEN_ENV})"
+        return replace(settings, precision="fp32"), why
+    return replace(settings, precision=chosen), f"precision auto: {chosen}, the start's choice"
+
+
 def load_model(model_dir: Path, settings: HandlerSettings, gpu_id: int | None) -> LoadedModel:
+    """The model in ``settings.precision``; ``auto`` is settled before (``settled_precision``),
+    and loads in fp32 where it is not."""
+    if settings.precision == AUTO_PRECISION:
+        settings = replace(settings, precision="fp32")
     device = select_device(settings.device, gpu_id)
     check_precision(settings.precision, hardware_of(device))
     dtype = DTYPES[settings.precision]

@@ -11,7 +11,7 @@ from typing import Any
 THREADS_ENV = "OMP_NUM_THREADS"
 """Where the project's start puts the torch threads it sized per worker (torch reads it)."""
 SCORE_FUNCTION_CHOICES = ("auto", "softmax", "sigmoid", "none")
-PRECISION_CHOICES = ("fp32", "bf16", "fp16", "tf32")
+PRECISION_CHOICES = ("auto", "fp32", "bf16", "fp16", "tf32")
 CHOICES = {
     "device": ("auto", "cpu", "cuda"),
     "attention": ("auto", "sdpa", "eager"),
@@ -39,7 +39,8 @@ class HandlerSettings:
     """Empty: ``id2label`` of the model config."""
     attention: str = "auto"
     """``auto``: ``sdpa`` where the architecture has it, else ``eager`` (``model_check``)."""
-    precision: str = "fp32"
+    precision: str = "auto"
+    """``auto``: the start's choice (``handler.precision``); ``fp32`` pins IEEE fp32."""
     pin_memory: bool = True
     score_function: str = "auto"
     multi_label_threshold: float = 0.5

@@ -23,6 +23,7 @@ from bert_serve_server.archive import DEFAULT_MODEL_DIR, MODEL_CONFIG
 
 from handler.inference import classify
 from handler.model import LoadedModel, load_model
+from handler.precision import decision, largest_change
 from handler.settings import PRECISION_CHOICES, HandlerSettings
 from handler.values import Prediction
 from lab.corpus import make_corpus
@@ -72,15 +73,6 @@ def timed_passes(
         predictions = predictions or this_pass
         done += len(texts)
     return Pass(round(done / (time.perf_counter() - started), 1), predictions)
-
-
-def decision(prediction: Prediction) -> tuple[str, ...]:
-    """What a client acts on: the best label, or a multi-label model's given labels."""
-    return tuple(prediction.labels) if prediction.labels is not None else (prediction.label,)
-
-
-def largest_change(exact: Prediction, fast: Prediction) -> float:
-    return max(abs(exact.scores[label] - fast.scores[label]) for label in exact.scores)
 
 
 def flips(

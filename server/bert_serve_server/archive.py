@@ -4,7 +4,8 @@ The archive holds ``bert_handler.py`` (TorchServe's entry point), the ``handler`
 itself (the same files the unit tests import) under ``handler/``, the model under
 ``model/`` (config, safetensors weights, tokenizer: never pickled weights),
 ``config/model-config.yaml`` as the model config, with ``--reference`` the reference profile
-(``reference-profile.json``, ``reference_profile``), and ``mar-source.json``: which model
+(``reference-profile.json``, ``reference_profile``) and the texts themselves
+(``reference-texts.txt``: what ``precision: auto`` checks a reduced precision's answers on), and ``mar-source.json``: which model
 folder (each file's size and modification time) and which handler config (its sha256) it
 was built from. The same record is kept beside the archive as ``bert.mar.source``, a stamp
 the Makefile refreshes with ``--stamp-only`` and that is rewritten only when the record
@@ -48,6 +49,7 @@ from bert_serve_server.config import (
     archive_name,
     serving_overrides,
 )
+from bert_serve_server.probe import REFERENCE_TEXTS
 
 DEFAULT_MODEL_DIR = ROOT / "build" / "bert-sentiment"
 DEFAULT_ARCHIVE = ROOT / "model_store" / f"{MODEL_NAME}.mar"
@@ -162,7 +164,13 @@ def checked_before(archive: Path, record: str, handler_dir: Path = HANDLER_DIR) 
     return all(path.stat().st_mtime_ns <= built for path in code)
 
 
-def stage(model_dir: Path, staging: Path, record: str, profile: str | None = None) -> None:
+def stage(
+    model_dir: Path,
+    staging: Path,
+    record: str,
+    profile: str | None = None,
+    reference: Path | None = None,
+) -> None:
     shutil.copytree(
         HANDLER_DIR, staging / "handler", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
     )
@@ -174,6 +182,8 @@ def stage(model_dir: Path, staging: Path, record: str, profile: str | None = Non
         from handler.metrics import PROFILE_FILE
 
         (staging / PROFILE_FILE).write_text(profile)
+    if reference is not None:  # what ``precision: auto`` checks a reduced precision on
+        shutil.copyfile(reference, staging / REFERENCE_TEXTS)
 
 
 def archiver_command() -> str:
@@ -248,7 +258,7 @@ def package(
     with tempfile.TemporaryDirectory(prefix="bert-mar-") as temp:
         staging = Path(temp) / "extra"
         staging.mkdir()
-        stage(model_dir, staging, record, profile)
+        stage(model_dir, staging, record, profile, reference)
         run_archiver(
             HANDLER_DIR / "bert_handler.py",
             archive,

@@ -208,6 +208,15 @@ tool's override) is stated, as is every value the record does not name. TorchSer
 the key."""
 SIZABLE_KEYS = ("minWorkers", "maxWorkers", "batchSize")
 """What ``SIZED_AT_START`` may name: the values the project's start derives for a model."""
+PRECISION_KEY = "precision"
+"""A ``models=`` entry's precision for an archive configured ``precision: auto``: the project's
+start writes its choice there (``sizing.with_precisions``), which a plan then states, and hands
+it to the workers (``handler.precision.CHOSEN_ENV``). TorchServe ignores the key."""
+PRECISION_ENV = "BERT_SERVE_PRECISION_CHOSEN"
+"""Where the workers find the start's choices, ``NAME:VERSION=PRECISION`` by commas: the name
+``handler.precision.CHOSEN_ENV`` reads (the server package does not import the handler)."""
+PLANNED_KEYS = (*SIZABLE_KEYS, PRECISION_KEY)
+"""A model's values a saved plan states."""
 
 
 def plain_start_values(entry: dict[str, Any]) -> dict[str, Any]:

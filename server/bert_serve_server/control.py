@@ -48,6 +48,7 @@ import requests
 from bert_serve_server import sizing
 from bert_serve_server.config import (
     BASE_CONFIG,
+    PRECISION_ENV,
     ROOT,
     TS_CONFIG_ENV,
     effective_properties,
@@ -500,8 +501,11 @@ def launch_sized(
     if refusals:
         print(f"[server] {refusals}; serving the others", file=sys.stderr)
     threads = {} if THREADS_ENV in os.environ else {THREADS_ENV: str(resolved.torch_threads)}
+    precisions = {PRECISION_ENV: sizing.chosen_precisions(resolved.properties)}
     server = Server(
-        state_dir=state_dir, properties=resolved.properties, env=threads | dict(env or {})
+        state_dir=state_dir,
+        properties=resolved.properties,
+        env=threads | precisions | dict(env or {}),
     )
     launch(server)
     return server, resolved

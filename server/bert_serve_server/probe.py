@@ -378,12 +378,23 @@ def holds_a_model(mar: Path) -> bool:
         return "model/config.json" in archive.namelist()
 
 
-def load_archive(mar: Path, threads: int, gpus: int, as_a_worker: bool = False) -> tuple[Any, Any]:
+def load_archive(
+    mar: Path, threads: int, gpus: int, as_a_worker: bool = False, precision: str | None = None
+) -> tuple[Any, Any]:
     """(loaded model, handler settings) of the .mar's own model, handler code and settings,
-    in this process with ``threads`` torch threads (on GPU 0 where there is one); with
+    in this process with ``threads`` torch threads (on GPU 0 where there is one), in
+    ``precision`` where the archive's is ``auto`` (the start's choice; None: fp32); with
     ``as_a_worker``, also what a TorchServe worker imports besides (its service loop and the
-    archive's whole handler), for its memory. This process must not have imported ``handler``
-    yet: ``in_fresh_process`` runs it in a fresh one."""
+    archive's whole handler), for its memory."""
+    with opened_archive(mar, as_a_worker) as load:
+        return load(threads, gpus, precision)
+
+
+@contextmanager
+def opened_archive(mar: Path, as_a_worker: bool = False) -> Iterator[Callable[..., Any]]:
+    """``load(threads, gpus, precision)`` of ``load_archive``, as often as asked, while the
+    archive is unpacked and its own ``handler`` package imported. This process must not have
+    imported ``handler`` yet: ``in_fresh_process`` runs it in a fresh one."""
     import torch
 
     with tempfile.TemporaryDirectory(prefix="bert-serve-sizing-") as unpacked:
@@ -394,6 +405,7 @@ def load_archive(mar: Path, threads: int, gpus: int, as_a_worker: bool = False) 
             import handler
             import handler.inference  # loaded while the archive's folder exists
             from handler.model import load_model
+            from handler.precision import AUTO
             from handler.settings import HandlerSettings
 
             if not Path(handler.__file__ or "").is_relative_to(unpacked):
@@ -401,15 +413,21 @@ def load_archive(mar: Path, threads: int, gpus: int, as_a_worker: bool = False) 
                     f"handler was imported from {handler.__file__}, not from {mar.name}: "
                     "measure each archive in a fresh process (in_fresh_process)"
                 )
-
             if as_a_worker:
                 import_worker_modules()
-            settings = HandlerSettings.from_mapping(archive_handler_config(mar))
-            torch.set_num_threads(threads)
-            loaded = load_model(Path(unpacked, "model"), settings, 0 if gpus else None)
+            configured = HandlerSettings.from_mapping(archive_handler_config(mar))
+
+            def load(threads: int, gpus: int, precision: str | None) -> tuple[Any, Any]:
+                settings = configured
+                if precision is not None and settings.precision == AUTO:
+                    settings = replace(settings, precision=precision)
+                torch.set_num_threads(threads)
+                loaded = load_model(Path(unpacked, "model"), settings, 0 if gpus else None)
+                return loaded, settings
+
+            yield load
         finally:
             sys.path.remove(unpacked)
-    return loaded, settings
 
 
 def import_worker_modules() -> None:
@@ -447,11 +465,16 @@ def process_memory() -> tuple[int, int, int]:
 
 
 def measure_rates(
-    mar: Path, batch_sizes: tuple[int, ...], threads: int, gpus: int, rounds: int = ROUNDS
+    mar: Path,
+    batch_sizes: tuple[int, ...],
+    threads: int,
+    gpus: int,
+    precision: str | None = None,
+    rounds: int = ROUNDS,
 ) -> dict[int, list[float]]:
     """One worker of ``mar``: its texts/s at each batch size, ``rounds`` times, each round
     going through every size once on the same ``SAMPLE_COUNT`` texts."""
-    loaded, settings = load_archive(mar, threads, gpus)
+    loaded, settings = load_archive(mar, threads, gpus, precision=precision)
     progress("loaded the model")
     from handler.inference import classify  # the archive's own, imported by load_archive
 
@@ -475,6 +498,85 @@ def measure_rates(
             samples[batch_size].append(round(done / (time.perf_counter() - started), 2))
             progress(f"round {number + 1} of {rounds} at {batch_size}")
     return samples
+
+
+REFERENCE_TEXTS = "reference-texts.txt"
+"""The texts ``package --reference`` packs at the archive's root (one a line, a pair by a tab):
+what ``auto`` checks a reduced precision's answers on, else ``sample_texts(CHECK_TEXTS)``."""
+CHECK_TEXTS = 128
+SPEED_SIZES = (1, 16)
+"""The batch sizes a reduced precision must be faster at on a CPU: a lone request and a batch."""
+SPEED_ROUND_S = 0.5
+
+
+@dataclass(frozen=True)
+class PrecisionChoice:
+    """What ``auto`` settled on for one archive (``handler.precision.choose_precision``)."""
+
+    precision: str
+    why: str
+
+
+def check_texts(mar: Path) -> list[Any]:
+    """The archive's reference texts where it packs them, else ``CHECK_TEXTS`` sample texts."""
+    with zipfile.ZipFile(mar) as archive:
+        if REFERENCE_TEXTS in archive.namelist():
+            lines = archive.read(REFERENCE_TEXTS).decode("utf-8").splitlines()
+            texts = [tuple(line.split("\t", 1)) if "\t" in line else line for line in lines]
+            return [text for text in texts if text]
+    return sample_texts(CHECK_TEXTS)
+
+
+def measure_precision(mar: Path, gpus: int) -> PrecisionChoice:
+    """``auto`` settled for ``mar`` on this machine's device (``choose_precision``): fp32 and
+    the reduced precision loaded in turn, as a worker loads them, their answers compared on
+    ``check_texts``; on a CPU, their texts/s at ``SPEED_SIZES`` (the reduced one's least ratio,
+    each size's best of two alternating rounds). One torch thread: a ratio per core."""
+    import torch
+
+    texts = check_texts(mar)
+    with opened_archive(mar) as load_in:
+        from handler.inference import classify
+        from handler.precision import choose_precision, hardware_of
+
+        max_length = 0
+
+        def load(precision: str) -> Any:
+            nonlocal max_length
+            loaded, settings = load_in(1, gpus, precision)
+            max_length = settings.max_length
+            progress(f"loaded the model in {precision}")
+            return loaded
+
+        def run(loaded: Any, batch: list[Any]) -> list[Any]:
+            return classify(loaded, batch, max_length, loaded.max_batch_tokens)[0]
+
+        def answers(loaded: Any) -> list[Any]:
+            return [
+                p
+                for start in range(0, len(texts), 16)
+                for p in run(loaded, texts[start : start + 16])
+            ]
+
+        def rate(loaded: Any, batch: list[Any]) -> float:
+            done, started = 0, time.perf_counter()
+            while done == 0 or time.perf_counter() - started < SPEED_ROUND_S:
+                run(loaded, batch)
+                done += len(batch)
+            return done / (time.perf_counter() - started)
+
+        def speedup(fast: Any, exact: Any) -> float:
+            ratios = []
+            for size in SPEED_SIZES:
+                batch = sample_texts(size)
+                rounds = [(rate(exact, batch), rate(fast, batch)) for _ in range(2)]
+                ratios.append(max(f for _, f in rounds) / max(e for e, _ in rounds))
+                progress(f"timed batches of {size}")
+            return min(ratios)
+
+        device = torch.device("cuda", 0) if gpus else torch.device("cpu")
+        choice = choose_precision(hardware_of(device), load, answers, speedup)
+    return PrecisionChoice(choice.precision, choice.why)
 
 
 SAMPLE_S = 0.5
@@ -508,6 +610,7 @@ def measure_memory(
     threads: int,
     batch_size: int = max(BATCH_SIZES),
     max_request_bytes: int | None = None,
+    precision: str | None = None,
 ) -> WorkerMemory:
     """One worker's memory: ``mar``'s model loaded in this process with ``threads`` torch
     threads as a worker loads it (``load_archive(as_a_worker=True)``), a batch of
@@ -516,7 +619,7 @@ def measure_memory(
     tokenized (``largest_bodies``, ``handler.inference.tokenize``), and the longest batch
     classified again while it is held, as a worker forwards it; with ``long_texts: windows``,
     the windows each request may bring (``max_windows_per_request``) counted besides."""
-    loaded, settings = load_archive(mar, threads, 0, as_a_worker=True)
+    loaded, settings = load_archive(mar, threads, 0, as_a_worker=True, precision=precision)
     progress("loaded the model")
     from handler.inference import classify, tokenize
 
@@ -676,11 +779,13 @@ from pathlib import Path
 from bert_serve_server import probe
 what, mar, args = sys.argv[1], Path(sys.argv[2]), json.loads(sys.argv[3])
 if what == "rates":
-    print(json.dumps(probe.measure_rates(mar, tuple(args[0]), args[1], args[2])))
+    print(json.dumps(probe.measure_rates(mar, tuple(args[0]), *args[1:])))
 elif what == "memory":
     print(json.dumps(asdict(probe.measure_memory(mar, *args))))
+elif what == "precision":
+    print(json.dumps(asdict(probe.measure_precision(mar, *args))))
 else:
-    loaded, settings = probe.load_archive(mar, 1, 1)
+    loaded, settings = probe.load_archive(mar, 1, 1, precision=args[1])
     probe.progress("loaded the model on the GPU")
     print(json.dumps(asdict(probe.measure_device_load(loaded, settings, args[0]))))
 """
@@ -890,19 +995,29 @@ def remembered(
 
 @functools.cache
 def measured_samples(
-    mar: str, mtime_ns: int, batch_sizes: tuple[int, ...], threads: int, gpus: int
+    mar: str,
+    mtime_ns: int,
+    batch_sizes: tuple[int, ...],
+    threads: int,
+    gpus: int,
+    precision: str | None = None,
 ) -> dict[int, list[float]]:
     """``measure_rates`` once per archive version and layout in a process (a test session
     starts many servers on one .mar)."""
-    raw = remembered("rates", mar, mtime_ns, [list(batch_sizes), threads, gpus])
+    raw = remembered("rates", mar, mtime_ns, [list(batch_sizes), threads, gpus, precision])
     return {int(size): rates for size, rates in raw.items()}
 
 
 def measured_rates(
-    mar: str, mtime_ns: int, batch_sizes: tuple[int, ...], threads: int, gpus: int
+    mar: str,
+    mtime_ns: int,
+    batch_sizes: tuple[int, ...],
+    threads: int,
+    gpus: int,
+    precision: str | None = None,
 ) -> dict[int, float]:
     """Each batch size's best texts/s of its rounds (``measured_samples``)."""
-    return best_rates(measured_samples(mar, mtime_ns, batch_sizes, threads, gpus))
+    return best_rates(measured_samples(mar, mtime_ns, batch_sizes, threads, gpus, precision))
 
 
 @dataclass(frozen=True)
@@ -945,12 +1060,14 @@ def default_probe() -> Probe:
     return Probe(len(os.sched_getaffinity(0)), (), int(stated) if stated else None)
 
 
-def measured_memory(mar: str, mtime_ns: int, probe: Probe | None = None) -> WorkerMemory:
+def measured_memory(
+    mar: str, mtime_ns: int, probe: Probe | None = None, precision: str | None = None
+) -> WorkerMemory:
     """``measure_memory`` once per archive version and probe, in a fresh process, with the
     probe given, else the start's (``probing``), else ``default_probe``."""
     probe = probe or PROBE.get() or default_probe()
     return memory_of(mar, mtime_ns, probe.threads, probe.batch_size(mar),
-                     probe.max_request_bytes, probe.cap_bytes)  # fmt: skip
+                     probe.max_request_bytes, probe.cap_bytes, precision)  # fmt: skip
 
 
 @functools.cache
@@ -961,23 +1078,33 @@ def memory_of(
     batch_size: int,
     max_request_bytes: int | None,
     cap_bytes: int | None,
+    precision: str | None = None,
 ) -> WorkerMemory:
     """``measure_memory`` in a fresh process (``remembered``). Where the child fails once it
     holds the largest batch (stopped past ``cap_bytes``, timed out, killed), the worker is
     measured again without it, and ``WorkerMemory.batch`` says why it was left out: the model
     itself is served, and the start says that such a batch is not within its budget."""
-    args = [threads, batch_size, max_request_bytes]
+    args = [threads, batch_size, max_request_bytes, precision]
     try:
         return WorkerMemory(**remembered("memory", mar, mtime_ns, args, cap_bytes))
     except MeasureFailed as error:
         if not error.step.startswith(HOLDING):
             raise
-        without = WorkerMemory(**remembered("memory", mar, mtime_ns, [threads, 0, None], cap_bytes))
+        args = [threads, 0, None, precision]
+        without = WorkerMemory(**remembered("memory", mar, mtime_ns, args, cap_bytes))
         return replace(without, batch=f"{NOT_MEASURED}: {error}")
 
 
 @functools.cache
-def measured_device_load(mar: str, mtime_ns: int, batch_size: int) -> DeviceLoad:
+def measured_device_load(
+    mar: str, mtime_ns: int, batch_size: int, precision: str | None = None
+) -> DeviceLoad:
     """``measure_device_load`` of the archive's own model, once per archive version, in a
     fresh process (``in_fresh_process``)."""
-    return DeviceLoad(**remembered("device_load", mar, mtime_ns, [batch_size]))
+    return DeviceLoad(**remembered("device_load", mar, mtime_ns, [batch_size, precision]))
+
+
+@functools.cache
+def measured_precision(mar: str, mtime_ns: int, gpus: int) -> PrecisionChoice:
+    """``measure_precision`` once per archive version, in a fresh process."""
+    return PrecisionChoice(**remembered("precision", mar, mtime_ns, [gpus]))

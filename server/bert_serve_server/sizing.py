@@ -73,7 +73,8 @@ was measured on (its size) is said so too. Environment variables still win over 
 
 Reads the config TorchServe's own arguments name (the last ``--ts-config``; ``--model-store``
 in place of the config's ``model_store``, as TorchServe takes it), sizes it (``resolve``, with
-what ``BERT_SERVE_*`` variables state), writes it to ``--out`` and prints the torch threads per worker; the reasons go to stderr. ``--plan-out``
+what ``BERT_SERVE_*`` variables state), writes it to ``--out`` and prints the torch threads per worker, then the workers' precisions
+(``PRECISION_ENV``'s value, empty where none is chosen); the reasons go to stderr. ``--plan-out``
 also writes the plan (``plan_of``); ``--plan`` (or ``BERT_SERVE_PLAN``) uses one.
 
 ``TS_CONFIG_FILE`` is refused: TorchServe reads it in place of any ``--ts-config``, so the
@@ -96,6 +97,8 @@ from typing import Any
 
 from bert_serve_server import rules
 from bert_serve_server.config import (
+    PLANNED_KEYS,
+    PRECISION_KEY,
     SIZABLE_KEYS,
     SIZED_AT_START,
     TS_CONFIG_ENV,
@@ -115,6 +118,7 @@ from bert_serve_server.probe import (
     holds_a_model,
     measured_device_load,
     measured_memory,
+    measured_precision,
     measured_rates,
     probing,
     read_machine,
@@ -174,6 +178,7 @@ class Stated:
     queue: int | None = None
     heap_mib: int | None = None
     plan: Path | None = None
+    precision: str | None = None
 
     def lines(self) -> list[str]:
         """What is stated, one line each, with its variable."""
@@ -193,7 +198,9 @@ VARIABLES = {
     "queue": "BERT_SERVE_QUEUE",
     "heap_mib": "BERT_SERVE_HEAP",
     "plan": "BERT_SERVE_PLAN",
+    "precision": "BERT_SERVE_PRECISION",
 }
+STATED_PRECISIONS = ("fp32", "bf16", "fp16", "tf32")
 
 
 def quantity_bytes(text: str, default_unit: str = "", jvm: bool = False) -> int:
@@ -242,6 +249,10 @@ def read_stated(environ: Mapping[str, str]) -> Stated:
                 values[name] = quantity_bytes(text, default_unit="m", jvm=True) // 2**20
             elif name == "plan":
                 values[name] = Path(text)
+            elif name == "precision":
+                if text not in STATED_PRECISIONS:
+                    raise StatedValueError(f"{var}={text!r}: one of {STATED_PRECISIONS} is needed")
+                values[name] = text
             else:
                 values[name] = positive_int(var, text)
         except StatedValueError as error:
@@ -313,7 +324,7 @@ def plan_of(
         "plan": PLAN_VERSION,
         "models": {
             name: {
-                version: {key: entry[key] for key in SIZABLE_KEYS if key in entry}
+                version: {key: entry[key] for key in PLANNED_KEYS if key in entry}
                 for version, entry in versions.items()
             }
             for name, versions in report["models"].items()
@@ -410,6 +421,11 @@ class Served:
     @property
     def key(self) -> str:
         return f"{self.name}:{self.version}"
+
+    @property
+    def precision(self) -> str | None:
+        """The start's choice where the archive says ``auto`` (``with_precisions``)."""
+        return self.entry.get(PRECISION_KEY)
 
 
 def served_list(properties: dict[str, str]) -> list[Served]:
@@ -508,7 +524,9 @@ def worker_host_bytes(model: Served, on_gpu: frozenset[str]) -> tuple[int, str]:
     if not holds_a_model(model.mar):
         return model.mar.stat().st_size + UNMEASURED_WORKER_OVERHEAD_BYTES, "not measured"
     try:
-        memory = measured_memory(str(model.mar), model.mar.stat().st_mtime_ns)
+        memory = measured_memory(
+            str(model.mar), model.mar.stat().st_mtime_ns, precision=model.precision
+        )
     except Exception as error:  # the model's own code failed
         raise MeasureError(model.key, f"{type(error).__name__}: {error}") from error
     return (
@@ -617,12 +635,59 @@ def with_batch_size(
     stated = "batchSize" in model.entry
     sizes = (int(model.entry["batchSize"]),) if stated else BATCH_SIZES
     mar = model.mar
-    rates = measured_rates(str(mar), mar.stat().st_mtime_ns, sizes, threads, machine.gpus)
+    rates = measured_rates(
+        str(mar), mar.stat().st_mtime_ns, sizes, threads, machine.gpus, model.precision
+    )
     if stated:
         return model, rates[sizes[0]], []
     batch_size, why = batch_size_for(rates)
     entry = model.entry | {"batchSize": batch_size}
     return replace(model, entry=entry), rates[batch_size], [why]
+
+
+def with_precisions(
+    models: list[Served], on_gpu: frozenset[str], stated: str | None, refused: dict[str, str]
+) -> tuple[list[Served], list[str]]:
+    """Each model whose archive says ``precision: auto`` with its precision in its entry
+    (``PRECISION_KEY``): the plan's, else ``stated`` (``BERT_SERVE_PRECISION``), else measured
+    (``probe.measured_precision``); and why. A model whose measurement fails is refused."""
+    kept, reasons = [], []
+    for model in models:
+        auto = (
+            holds_a_model(model.mar)
+            and archive_handler_config(model.mar).get("precision", "auto") == "auto"
+        )
+        if not auto:
+            kept.append(
+                replace(model, entry={k: v for k, v in model.entry.items() if k != PRECISION_KEY})
+            )
+            continue
+        if stated is not None:
+            model, why = replace(model, entry=model.entry | {PRECISION_KEY: stated}), "stated"
+        elif model.precision is not None:
+            why = "as the plan (or the models= entry) states it"
+        else:
+            gpus = 1 if model.key in on_gpu else 0
+            try:
+                choice = measured_precision(str(model.mar), model.mar.stat().st_mtime_ns, gpus)
+            except Exception as error:  # the model's own code failed: leave it out
+                refused[model.key] = f"{type(error).__name__}: {error}"
+                continue
+            model = replace(model, entry=model.entry | {PRECISION_KEY: choice.precision})
+            why = choice.why
+        reasons.append(f"{model.key}: precision auto -> {model.precision}: {why}")
+        kept.append(model)
+    return kept, reasons
+
+
+def chosen_precisions(properties: dict[str, str]) -> str:
+    """``PRECISION_ENV``'s value for the workers: each model's ``PRECISION_KEY``."""
+    return ",".join(
+        f"{name}:{version}={entry[PRECISION_KEY]}"
+        for name, versions in sorted(served_models(properties).items())
+        for version, entry in sorted(versions.items())
+        if PRECISION_KEY in entry
+    )
 
 
 def gpu_models(machine: Machine, models: list[Served], refused: dict[str, str]) -> frozenset[str]:
@@ -672,10 +737,11 @@ def resolve(
     refused = {m.key: f"{m.mar} is missing" for m in models if not m.mar.is_file()}
     on_gpu = gpu_models(machine, models, refused)
     models = [model for model in models if model.key not in refused]
+    models, chosen = with_precisions(models, on_gpu, stated.precision, refused)
     if not on_gpu:
         machine = replace(machine, gpus=0)  # every model on the CPU: sized as on a CPU machine
     workers_sized = {model.key for model in models if "minWorkers" not in model.entry}
-    reasons: list[str] = [*machine.source, *stated.lines(), *plain_start, *planned]
+    reasons: list[str] = [*machine.source, *stated.lines(), *plain_start, *planned, *chosen]
     stated_queue = int(properties["job_queue_size"]) if "job_queue_size" in properties else None
 
     def batches(models: list[Served], threads: int) -> BatchSized:
@@ -797,7 +863,8 @@ def largest_batch_reasons(models: list[Served], threads: int) -> list[str]:
     for model in models:
         if not holds_a_model(model.mar):
             continue
-        memory = measured_memory(str(model.mar), model.mar.stat().st_mtime_ns)
+        mtime_ns = model.mar.stat().st_mtime_ns
+        memory = measured_memory(str(model.mar), mtime_ns, precision=model.precision)
         batch = getattr(memory, "batch", "")
         if batch.startswith(NOT_MEASURED):
             reasons.append(
@@ -995,7 +1062,7 @@ def with_device_loads(
             batch_size = int(model.entry.get("batchSize", max(BATCH_SIZES)))
             try:
                 loads[model.key] = measured_device_load(
-                    str(model.mar), model.mar.stat().st_mtime_ns, batch_size
+                    str(model.mar), model.mar.stat().st_mtime_ns, batch_size, model.precision
                 )
             except Exception as error:  # the model's own code failed: leave it out
                 refused[model.key] = f"{type(error).__name__}: {error}"
@@ -1094,4 +1161,5 @@ def main(argv: list[str] | None = None, environ: dict[str, str] | None = None) -
     for reason in resolved.reasons:
         print(f"sizing: {reason}", file=sys.stderr)
     print(resolved.torch_threads)
+    print(chosen_precisions(resolved.properties))
     return 0

@@ -191,7 +191,9 @@ def test_the_project_start_sizes_the_shipped_entry(
     rates = {size: 10.0 * size for size in rules.BATCH_SIZES} | {64: 10.0 * 33}
     monkeypatch.setattr(sizing, "read_machine", lambda gpus: Machine(8, 16 * 2**30, gpus))
     monkeypatch.setattr(sizing, "measured_rates", lambda *args: rates)
-    monkeypatch.setattr(sizing, "measured_memory", lambda *args: worker)
+    fp32 = probe.PrecisionChoice("fp32", "fp32: not measured in this test")
+    monkeypatch.setattr(sizing, "measured_precision", lambda *args: fp32)
+    monkeypatch.setattr(sizing, "measured_memory", lambda *args, **kwargs: worker)
     resolved = sizing.resolve(effective_properties({"model_store": str(tmp_path)}), gpus=0)
     (entry,) = json.loads(resolved.properties["models"])[MODEL_NAME].values()
     assert (entry["minWorkers"], entry["maxWorkers"], resolved.torch_threads) == (8, 8, 1)

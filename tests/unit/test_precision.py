@@ -11,6 +11,7 @@ import torch
 from handler.inference import classify
 from handler.model import load_model
 from handler.precision import (
+    AUTO,
     DTYPES,
     Hardware,
     check_precision,
@@ -66,7 +67,7 @@ def test_precisions_the_hardware_cannot_run_fail_with_the_reason(
 def test_every_precision_the_settings_accept_has_a_dtype() -> None:
     """The settings are the one place that checks a precision's name (an unknown one is
     refused there, see test_settings); every name they accept must have a dtype here."""
-    assert set(DTYPES) == set(PRECISION_CHOICES)
+    assert set(DTYPES) | {AUTO} == set(PRECISION_CHOICES)
 
 
 @pytest.mark.parametrize(

@@ -66,6 +66,13 @@ REQUEST = rules.queued_request_bytes(2**20)
 """A queued request as the shipped limits hold it: a body of max_request_size (1 MiB), which a
 list of texts can fill, and the request's own objects."""
 WORKER = probe.WorkerMemory(peak_bytes=640 * MIB, uss_bytes=600 * MIB, pss_bytes=620 * MIB)
+
+
+def fp32_chosen(*args: object) -> probe.PrecisionChoice:
+    """The precision ``auto`` settles on, as a start would measure it (not measured here)."""
+    return probe.PrecisionChoice("fp32", "fp32: not measured in this test")
+
+
 """A worker as a start would measure the shipped model's (deploy/image-test.json: 635 MiB PSS)."""
 
 
@@ -140,14 +147,20 @@ def machine_of_8_cores(monkeypatch: pytest.MonkeyPatch) -> list[tuple[tuple[int,
     measured: list[tuple[tuple[int, ...], int]] = []
 
     def rates(
-        mar: str, mtime_ns: int, batch_sizes: tuple[int, ...], threads: int, gpus: int
+        mar: str,
+        mtime_ns: int,
+        batch_sizes: tuple[int, ...],
+        threads: int,
+        gpus: int,
+        precision: str | None = None,
     ) -> dict[int, float]:
         measured.append((batch_sizes, threads))
         return {size: RATES[size] for size in batch_sizes}
 
     monkeypatch.setattr(sizing, "read_machine", lambda gpus: Machine(8, 128 * GIB, gpus))
     monkeypatch.setattr(sizing, "measured_rates", rates)
-    monkeypatch.setattr(sizing, "measured_memory", lambda mar, mtime_ns: WORKER)
+    monkeypatch.setattr(sizing, "measured_precision", fp32_chosen)
+    monkeypatch.setattr(sizing, "measured_memory", lambda mar, mtime_ns, **_: WORKER)
     return measured
 
 
@@ -165,7 +178,7 @@ def gpu_loads(
     the batch size of each device measurement."""
     measured: list[int] = []
 
-    def load(mar: str, mtime_ns: int, batch_size: int) -> rules.DeviceLoad:
+    def load(mar: str, mtime_ns: int, batch_size: int, *_: object) -> rules.DeviceLoad:
         measured.append(batch_size)
         return SERVED_LOAD
 
@@ -349,6 +362,7 @@ def test_a_model_that_cannot_be_measured_is_refused_and_the_others_served(
         return measure(mar, *args)
 
     monkeypatch.setattr(sizing, "measured_rates", failing)
+    monkeypatch.setattr(sizing, "measured_precision", fp32_chosen)
     resolved = sizing.resolve(two_models(tmp_path), gpus=0)
     assert resolved.refused == {"a:1": "ValueError: the model's config has no labels"}
     models = json.loads(resolved.properties["models"])
@@ -698,7 +712,8 @@ def sized_pod(
     """The shipped config on ``pod`` whose worker measures ``worker``: (workers, queue, heap MiB)."""
     monkeypatch.setattr(sizing, "read_machine", lambda gpus: pod)
     monkeypatch.setattr(sizing, "measured_rates", lambda *args: dict.fromkeys(args[2], texts_per_s))
-    monkeypatch.setattr(sizing, "measured_memory", lambda mar, mtime_ns: worker)
+    monkeypatch.setattr(sizing, "measured_precision", fp32_chosen)
+    monkeypatch.setattr(sizing, "measured_memory", lambda mar, mtime_ns, **_: worker)
     resolved = sizing.resolve(effective_properties(), gpus=0)
     (entry,) = json.loads(resolved.properties["models"])["bert"].values()
     heap = rules.heap_mib_in(resolved.properties["vmargs"])
@@ -792,7 +807,8 @@ def test_a_64_thread_host(
     )
     monkeypatch.setattr(sizing, "read_machine", read)
     monkeypatch.setattr(sizing, "measured_rates", lambda *args: dict.fromkeys(args[2], 50.0))
-    monkeypatch.setattr(sizing, "measured_memory", lambda mar, mtime_ns: WORKER)
+    monkeypatch.setattr(sizing, "measured_precision", fp32_chosen)
+    monkeypatch.setattr(sizing, "measured_memory", lambda mar, mtime_ns, **_: WORKER)
     resolved = sizing.resolve(effective_properties(), gpus=0)
     (entry,) = json.loads(resolved.properties["models"])["bert"].values()
     assert (entry["minWorkers"], resolved.torch_threads) == (workers, threads)
@@ -808,10 +824,12 @@ FAKE_HANDLER = {
     "handler/settings.py": (
         "class HandlerSettings:\n"
         "    max_length = 8\n"
+        "    precision = 'fp32'\n"
         "    @classmethod\n"
         "    def from_mapping(cls, raw):\n"
         "        return cls()\n"
     ),
+    "handler/precision.py": "AUTO = 'auto'\n",
     "handler/model.py": (
         "class Loaded:\n"
         "    max_batch_tokens = 0\n"

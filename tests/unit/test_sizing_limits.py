@@ -152,6 +152,11 @@ def test_the_start_sets_a_body_limit_that_admits_the_largest_valid_list(
 WORKER = probe.WorkerMemory(peak_bytes=490 * MIB, uss_bytes=470 * MIB, pss_bytes=480 * MIB)
 
 
+def fp32_chosen(*args: object) -> probe.PrecisionChoice:
+    """The precision ``auto`` settles on, as a start would measure it (not measured here)."""
+    return probe.PrecisionChoice("fp32", "fp32: not measured in this test")
+
+
 def fake_start(
     monkeypatch: pytest.MonkeyPatch,
     machine: Machine,
@@ -161,7 +166,8 @@ def fake_start(
     """A start on ``machine`` whose worker measures ``worker`` and classifies ``texts_per_s``."""
     monkeypatch.setattr(sizing, "read_machine", lambda gpus: machine)
     monkeypatch.setattr(sizing, "measured_rates", lambda *args: dict.fromkeys(args[2], texts_per_s))
-    monkeypatch.setattr(sizing, "measured_memory", lambda mar, mtime_ns: worker)
+    monkeypatch.setattr(sizing, "measured_precision", fp32_chosen)
+    monkeypatch.setattr(sizing, "measured_memory", lambda mar, mtime_ns, **_: worker)
 
 
 # The slack the plan leaves, on the Deployment's own numbers.
@@ -304,7 +310,9 @@ def test_the_memory_probe_runs_with_the_threads_the_plan_gives_a_worker(
     ):
         seen: list[int] = []
 
-        def memory(mar: str, mtime_ns: int, seen: list[int] = seen) -> probe.WorkerMemory:
+        def memory(
+            mar: str, mtime_ns: int, seen: list[int] = seen, **_: object
+        ) -> probe.WorkerMemory:
             given = probe.PROBE.get()
             assert given is not None
             seen.append(given.threads)
@@ -322,7 +330,7 @@ def test_the_probe_holds_the_largest_batch_of_the_config(monkeypatch: pytest.Mon
     the machine can give a worker."""
     seen: list[probe.Probe] = []
 
-    def memory(mar: str, mtime_ns: int) -> probe.WorkerMemory:
+    def memory(mar: str, mtime_ns: int, **_: object) -> probe.WorkerMemory:
         given = probe.PROBE.get()
         assert given is not None
         seen.append(given)

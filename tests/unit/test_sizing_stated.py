@@ -22,6 +22,13 @@ from bert_serve_server.sizing import Stated, StatedValueError, quantity_bytes, r
 GIB = 2**30
 MIB = 2**20
 WORKER = probe.WorkerMemory(peak_bytes=640 * MIB, uss_bytes=600 * MIB, pss_bytes=620 * MIB)
+
+
+def fp32_chosen(*args: object) -> probe.PrecisionChoice:
+    """The precision ``auto`` settles on, as a start would measure it (not measured here)."""
+    return probe.PrecisionChoice("fp32", "fp32: not measured in this test")
+
+
 RATE = 50.0
 
 
@@ -31,16 +38,19 @@ def measured(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     at every size; records each measurement ("rates ..." or "memory")."""
     calls: list[str] = []
 
-    def rates(mar: str, mtime_ns: int, sizes: tuple[int, ...], threads: int, gpus: int) -> Any:
+    def rates(
+        mar: str, mtime_ns: int, sizes: tuple[int, ...], threads: int, gpus: int, *_: object
+    ) -> Any:
         calls.append(f"rates {sizes} x{threads}")
         return dict.fromkeys(sizes, RATE)
 
-    def memory(mar: str, mtime_ns: int) -> probe.WorkerMemory:
+    def memory(mar: str, mtime_ns: int, **_: object) -> probe.WorkerMemory:
         calls.append("memory")
         return WORKER
 
     monkeypatch.setattr(sizing, "read_machine", lambda gpus: Machine(8, 16 * GIB, gpus))
     monkeypatch.setattr(sizing, "measured_rates", rates)
+    monkeypatch.setattr(sizing, "measured_precision", fp32_chosen)
     monkeypatch.setattr(sizing, "measured_memory", memory)
     return calls
 
@@ -53,6 +63,7 @@ def no_measuring(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(probe, "in_fresh_process", refuse)
     monkeypatch.setattr(sizing, "measured_rates", refuse)
+    monkeypatch.setattr(sizing, "measured_precision", refuse)
     monkeypatch.setattr(sizing, "measured_device_load", refuse)
     monkeypatch.setattr(sizing, "measured_memory", refuse)
 
