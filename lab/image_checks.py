@@ -55,82 +55,62 @@ def problems(*expectations: tuple[bool, str]) -> list[str]:
     return [what for holds, what in expectations if not holds]
 
 
-def json_or_none(response: requests.Response) -> Any:
+def post(target: Target, body: Any, path: str = "/predictions/bert") -> tuple[int, Any, str]:
+    """POST ``body`` (JSON, or raw text where it is bytes): the status, the JSON answer (None
+    where it is not JSON) and the answer as a problem shows it."""
+    url = target.inference + path
+    if isinstance(body, bytes):
+        headers = {"Content-Type": "text/plain"}
+        response = requests.post(url, data=body, headers=headers, timeout=TIMEOUT_S)
+    else:
+        response = requests.post(url, json=body, timeout=TIMEOUT_S)
     try:
-        return response.json()
+        answer = response.json()
     except ValueError:
-        return None
+        answer = None
+    return response.status_code, answer, f"{response.status_code} {response.text[:300]!r}"
 
 
-def shown(response: requests.Response) -> str:
-    return f"{response.status_code} {response.text[:300]!r}"
-
-
-def label_is(response: requests.Response, label: str) -> bool:
-    body = json_or_none(response)
-    return response.status_code == 200 and isinstance(body, dict) and body.get("label") == label
+def labelled(target: Target, body: Any, label: str | None = None) -> tuple[bool, str]:
+    """A 200 whose answer has a label (``label`` where given), and the answer shown."""
+    status, answer, shown = post(target, body)
+    found = answer.get("label") if isinstance(answer, dict) else None
+    return status == 200 and found is not None and label in (None, found), shown
 
 
 def readme_examples(target: Target) -> list[str]:
     """The README's two curl examples, raw text and JSON, with the labels it shows."""
-    raw = requests.post(
-        target.predict,
-        data=b"An absolute delight from start to finish.",
-        headers={"Content-Type": "text/plain"},
-        timeout=TIMEOUT_S,
-    )
-    single = requests.post(
-        target.predict, json={"text": "A tedious, joyless mess."}, timeout=TIMEOUT_S
-    )
-    return problems(
-        (label_is(raw, "positive"), f"raw text: {shown(raw)}"),
-        (label_is(single, "negative"), f"JSON text: {shown(single)}"),
-    )
+    raw, raw_shown = labelled(target, b"An absolute delight from start to finish.", "positive")
+    single, shown = labelled(target, {"text": "A tedious, joyless mess."}, "negative")
+    return problems((raw, f"raw text: {raw_shown}"), (single, f"JSON text: {shown}"))
 
 
 def list_with_an_empty_item(target: Target) -> list[str]:
     """A list answers 200 with one result per text: the empty one an empty_text error."""
-    listed = requests.post(
-        target.predict, json={"texts": ["great film", "", "awful"]}, timeout=TIMEOUT_S
-    )
-    body = json_or_none(listed)
-    results = body.get("results") if isinstance(body, dict) else None
+    status, answer, shown = post(target, {"texts": ["great film", "", "awful"]})
+    results = answer.get("results") if isinstance(answer, dict) else None
     right = (
-        listed.status_code == 200
+        status == 200
         and isinstance(results, list)
         and len(results) == 3
         and "label" in results[0]
         and results[1].get("error", {}).get("code") == "empty_text"
     )
-    return problems((right, f"list: {shown(listed)}"))
+    return problems((right, f"list: {shown}"))
 
 
 def a_pair(target: Target) -> list[str]:
-    pair = requests.post(
-        target.predict,
-        json={"text": "It rains.", "text_pair": "The street is wet."},
-        timeout=TIMEOUT_S,
-    )
-    body = json_or_none(pair)
-    return problems(
-        (
-            pair.status_code == 200 and isinstance(body, dict) and "label" in body,
-            f"pair: {shown(pair)}",
-        )
-    )
+    pair, shown = labelled(target, {"text": "It rains.", "text_pair": "The street is wet."})
+    return problems((pair, f"pair: {shown}"))
 
 
 def open_inference_v2(target: Target) -> list[str]:
     """KServe's v2 protocol over HTTP: two texts in, a label tensor of shape [2] out."""
-    v2 = requests.post(
-        f"{target.inference}/v2/models/bert/infer",
-        json={"inputs": [{"name": "text", "datatype": "BYTES", "shape": [2], "data": ["great film", "awful"]}]},
-        timeout=TIMEOUT_S,
-    )  # fmt: skip
-    body = json_or_none(v2)
-    outputs = body.get("outputs", []) if isinstance(body, dict) else []
+    texts = {"name": "text", "datatype": "BYTES", "shape": [2], "data": ["great film", "awful"]}
+    status, answer, shown = post(target, {"inputs": [texts]}, "/v2/models/bert/infer")
+    outputs = answer.get("outputs", []) if isinstance(answer, dict) else []
     shapes = {output.get("name"): output.get("shape") for output in outputs}
-    return problems((v2.status_code == 200 and shapes.get("label") == [2], f"v2: {shown(v2)}"))
+    return problems((status == 200 and shapes.get("label") == [2], f"v2: {shown}"))
 
 
 def prometheus_metrics(target: Target) -> list[str]:

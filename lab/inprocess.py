@@ -12,48 +12,14 @@ import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from handler.inference import classify
-from handler.model import LoadedModel, load_model
+from handler.model import load_model
 from handler.settings import HandlerSettings
-
-
-@dataclass(frozen=True)
-class Timed:
-    texts_per_s: float
-    batch_ms: list[float]
-    real_tokens: int
-    padded_tokens: int
-
-
-def timed_batches(
-    loaded: LoadedModel,
-    corpus: Sequence[str],
-    batch_size: int,
-    seconds: float,
-    max_length: int,
-    max_batch_tokens: int,
-) -> Timed:
-    """Classify consecutive ``batch_size`` windows of the corpus for ``seconds``."""
-    done, real, padded, batch_ms = 0, 0, 0, []
-    started = time.perf_counter()
-    while time.perf_counter() - started < seconds:
-        window = [corpus[(done + i) % len(corpus)] for i in range(batch_size)]
-        batch_started = time.perf_counter()
-        _, stats = classify(loaded, window, max_length, max_batch_tokens)
-        batch_ms.append((time.perf_counter() - batch_started) * 1000)
-        done, real, padded = (
-            done + batch_size,
-            real + stats.real_tokens,
-            padded + stats.padded_tokens,
-        )
-    elapsed = time.perf_counter() - started
-    return Timed(round(done / elapsed, 1), sorted(batch_ms), real, padded)
 
 
 def with_best(runs: dict[str, dict[str, float]]) -> dict[str, Any]:
@@ -73,19 +39,25 @@ def batch_sizes_timed(
     gpu_id: int | None = None,
 ) -> dict[str, dict[str, float]]:
     """One single-threaded process's texts/s and batch times at each batch size (on GPU
-    ``gpu_id`` where given)."""
+    ``gpu_id`` where given): consecutive windows of the corpus for ``seconds`` each."""
     settings = HandlerSettings(torch_threads=1)
     loaded = load_model(model_dir, settings, gpu_id=gpu_id)
-    classify(loaded, list(corpus[:32]), settings.max_length, loaded.max_batch_tokens)
+    length, tokens = settings.max_length, loaded.max_batch_tokens
+    classify(loaded, list(corpus[:32]), length, tokens)
     runs = {}
     for batch_size in batch_sizes:
-        timed = timed_batches(
-            loaded, corpus, batch_size, seconds, settings.max_length, loaded.max_batch_tokens
-        )
+        done, batch_ms, started = 0, [], time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            window = [corpus[(done + i) % len(corpus)] for i in range(batch_size)]
+            batch_started = time.perf_counter()
+            classify(loaded, window, length, tokens)
+            batch_ms.append((time.perf_counter() - batch_started) * 1000)
+            done += batch_size
+        batch_ms.sort()
         runs[str(batch_size)] = {
-            "texts_per_s": timed.texts_per_s,
-            "batch_ms_p50": round(timed.batch_ms[len(timed.batch_ms) // 2], 1),
-            "batch_ms_p90": round(timed.batch_ms[int(len(timed.batch_ms) * 0.9)], 1),
+            "texts_per_s": round(done / (time.perf_counter() - started), 1),
+            "batch_ms_p50": round(batch_ms[len(batch_ms) // 2], 1),
+            "batch_ms_p90": round(batch_ms[int(len(batch_ms) * 0.9)], 1),
         }
     return runs
 
@@ -106,16 +78,10 @@ def ceiling(
     context = multiprocessing.get_context("spawn")
     gpus = torch.cuda.device_count() if on_gpus else 0
     with ProcessPoolExecutor(processes, mp_context=context) as pool:
+        texts = list(corpus)
         jobs = [
-            pool.submit(
-                batch_sizes_timed,
-                model_dir,
-                list(corpus),
-                batch_sizes,
-                seconds,
-                index % gpus if gpus else None,
-            )
-            for index in range(processes)
+            pool.submit(batch_sizes_timed, model_dir, texts, batch_sizes, seconds, gpu_id)
+            for gpu_id in [index % gpus if gpus else None for index in range(processes)]
         ]
         per_process = [job.result() for job in jobs]
     runs = {}
@@ -134,15 +100,8 @@ def best_of(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
     """Per batch size, the better of two passes (one before, one after the served runs): a
     ceiling is a best case, and one pass on a noisy 2-core machine can be disturbed."""
     runs = {
-        size: max(
-            first["by_batch_size"][size],
-            second["by_batch_size"][size],
-            key=lambda run: run["texts_per_s"],
-        )
-        for size in first["by_batch_size"]
+        size: max(run, second["by_batch_size"][size], key=lambda run: run["texts_per_s"])
+        for size, run in first["by_batch_size"].items()
     }
-    return with_best(runs) | {
-        "passes": 2,
-        "processes": first["processes"],
-        "torch_threads": first["torch_threads"],
-    }
+    kept = {key: first[key] for key in ("processes", "torch_threads")}
+    return with_best(runs) | {"passes": 2} | kept

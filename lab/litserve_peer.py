@@ -24,17 +24,9 @@ from handler.settings import HandlerSettings
 
 
 class SentimentAPI(ls.LitAPI):  # type: ignore[misc]
-    def __init__(
-        self,
-        model_dir: Path,
-        torch_threads: int,
-        max_batch_size: int,
-        batch_timeout_s: float,
-        precision: str = "fp32",
-    ) -> None:
-        super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout_s)
-        self.model_dir = model_dir
-        self.settings = HandlerSettings(torch_threads=torch_threads, precision=precision)
+    def __init__(self, model_dir: Path, settings: HandlerSettings, batch: int, timeout_s: float):
+        super().__init__(max_batch_size=batch, batch_timeout=timeout_s)
+        self.model_dir, self.settings = model_dir, settings
 
     def setup(self, device: str) -> None:
         """``device`` is LitServe's: ``cpu`` or ``cuda:N``."""
@@ -49,13 +41,9 @@ class SentimentAPI(ls.LitAPI):  # type: ignore[misc]
 
     def predict(self, texts: str | list[str]) -> dict[str, Any] | list[dict[str, Any]]:
         batch = texts if isinstance(texts, list) else [texts]
-        predictions, _ = classify(
-            self.loaded, batch, self.settings.max_length, self.loaded.max_batch_tokens
-        )
-        answers = [
-            {"label": item.label, "score": item.score, "scores": item.scores}
-            for item in predictions
-        ]
+        length, tokens = self.settings.max_length, self.loaded.max_batch_tokens
+        predictions, _ = classify(self.loaded, batch, length, tokens)
+        answers = [{"label": p.label, "score": p.score, "scores": p.scores} for p in predictions]
         return answers if isinstance(texts, list) else answers[0]
 
     def unbatch(self, answers: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -81,13 +69,8 @@ def main() -> None:
         "--api-servers", type=int, default=1, help="HTTP processes; 0: LitServe's default"
     )
     args = parser.parse_args()
-    api = SentimentAPI(
-        args.model_dir,
-        args.torch_threads,
-        args.max_batch_size,
-        args.batch_timeout_ms / 1000,
-        args.precision,
-    )
+    settings = HandlerSettings(torch_threads=args.torch_threads, precision=args.precision)
+    api = SentimentAPI(args.model_dir, settings, args.max_batch_size, args.batch_timeout_ms / 1000)
     server = ls.LitServer(
         api, accelerator=args.accelerator, workers_per_device=args.workers, timeout=60
     )

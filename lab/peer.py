@@ -92,23 +92,13 @@ def litserve_peer(
     """A healthy LitServe peer of ``config`` (``OUT_OF_THE_BOX`` or ``configured_like``) on a
     free 127.0.0.1 port."""
     port = free_port()
-    command = [
-        sys.executable,
-        "-m",
-        "lab.litserve_peer",
-        "--model-dir",
-        str(model_dir),
-        "--port",
-        str(port),
-    ]
+    peer = ["-m", "lab.litserve_peer", "--model-dir", str(model_dir), "--port", str(port)]
+    command = [sys.executable, *peer]
     for key, value in config.items():
         command += [f"--{key.replace('_', '-')}", str(value)]
+    quiet = subprocess.DEVNULL
     process = subprocess.Popen(
-        command,
-        cwd=ROOT,
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        command, cwd=ROOT, start_new_session=True, stdout=quiet, stderr=quiet
     )
     try:
         wait_healthy(process, f"http://127.0.0.1:{port}", ready_timeout)

@@ -15,8 +15,7 @@ import argparse
 import asyncio
 import json
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from lab.report import pyplot, write_json
 
 RSS_TOLERANCE = 0.10
 REQUEST_TIMEOUT_S = 70.0
+MIX = "every 10th request malformed (7 kinds in turn); others alternate one text and a list of 2-8"
 
 
 @dataclass(frozen=True)
@@ -46,46 +46,28 @@ class Plan:
         return max(1.0, self.seconds / 120)
 
 
-def list_job(texts: list[str]) -> Job:
-    body = json.dumps({"texts": texts}).encode()
-    return Job(body, "application/json", kind="list", expected=str(len(texts)))
-
-
-def soak_jobs(corpus: list[str]) -> Callable[[int], Job]:
+def job_for(corpus: list[str], n: int) -> Job:
     """The n-th request: malformed every 10th, else a single text or a list, in turn."""
-
-    def job_for(n: int) -> Job:
-        if n % 10 == 9:
-            return MALFORMED[(n // 10) % len(MALFORMED)]
-        if n % 2 == 0:
-            return json_job(corpus[n % len(corpus)])
-        size = 2 + n % 7
-        start = (n * 8) % (len(corpus) - size)
-        return list_job(corpus[start : start + size])
-
-    return job_for
+    if n % 10 == 9:
+        return MALFORMED[(n // 10) % len(MALFORMED)]
+    if n % 2 == 0:
+        return json_job(corpus[n % len(corpus)])
+    size = 2 + n % 7
+    start = (n * 8) % (len(corpus) - size)
+    body = json.dumps({"texts": corpus[start : start + size]}).encode()
+    return Job(body, "application/json", kind="list", expected=str(size))
 
 
 def answered_as_expected(outcome: Outcome) -> bool:
     """The status the job's kind expects; a list's 200 must hold one result per text."""
     if outcome.status != str(outcome.job.status):
         return False
-    if outcome.job.kind != "list":
-        return True
     try:
-        return len(json.loads(outcome.body)["results"]) == int(outcome.job.expected)
+        return outcome.job.kind != "list" or (
+            len(json.loads(outcome.body)["results"]) == int(outcome.job.expected)
+        )
     except (ValueError, KeyError, TypeError):
         return False
-
-
-def folder_bytes(folder: Path) -> int:
-    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
-
-
-def log_files(folder: Path) -> dict[str, int]:
-    """Bytes per log file, largest first: which log grows."""
-    sizes = {str(p.relative_to(folder)): p.stat().st_size for p in folder.rglob("*") if p.is_file()}
-    return dict(sorted(sizes.items(), key=lambda item: -item[1]))
 
 
 @dataclass(frozen=True)
@@ -99,38 +81,34 @@ class Sample:
     log_bytes: int
 
 
-def take_sample(server: Server, seconds: float, answered: int, rps: float) -> Sample:
-    memory = server.memory()
-    return Sample(
-        seconds=round(seconds, 1),
-        answered=answered,
-        rps=round(rps, 1),
-        frontend_mb=memory.frontend_rss_mb,
-        worker_mb={worker: entry.rss_mb for worker, entry in memory.workers.items()},
-        worker_pids={worker: entry.pid for worker, entry in memory.workers.items()},
-        log_bytes=folder_bytes(server.state_dir / "logs"),
-    )
+def log_files(folder: Path) -> dict[str, int]:
+    """Bytes per log file, largest first: which log grows."""
+    sizes = {str(p.relative_to(folder)): p.stat().st_size for p in folder.rglob("*") if p.is_file()}
+    return dict(sorted(sizes.items(), key=lambda item: -item[1]))
 
 
-@dataclass
-class Sampler:
-    """Samples beside the load until the run's time is up or the load stopped."""
-
-    server: Server
-    load: ClosedLoop
-    plan: Plan
-    samples: list[Sample] = field(default_factory=list)
-
-    async def run(self) -> None:
-        started = last_time = time.monotonic()
-        last_done = 0
-        while not self.load.stopped and time.monotonic() - started < self.plan.seconds:
-            await asyncio.sleep(self.plan.interval_s)
-            now, done = time.monotonic(), len(self.load.outcomes)
-            rps = (done - last_done) / max(now - last_time, 1e-9)
-            sample = await asyncio.to_thread(take_sample, self.server, now - started, done, rps)
-            self.samples.append(sample)
-            last_time, last_done = now, done
+async def sample(server: Server, load: ClosedLoop, plan: Plan, samples: list[Sample]) -> None:
+    """A sample every ``interval_s`` beside the load until the run's time is up or the load
+    stopped."""
+    started = last_time = time.monotonic()
+    last_done = 0
+    while not load.stopped and time.monotonic() - started < plan.seconds:
+        await asyncio.sleep(plan.interval_s)
+        now, done = time.monotonic(), len(load.outcomes)
+        memory = await asyncio.to_thread(server.memory)
+        logs = await asyncio.to_thread(log_files, server.state_dir / "logs")
+        samples.append(
+            Sample(
+                seconds=round(now - started, 1),
+                answered=done,
+                rps=round((done - last_done) / max(now - last_time, 1e-9), 1),
+                frontend_mb=memory.frontend_rss_mb,
+                worker_mb={worker: entry.rss_mb for worker, entry in memory.workers.items()},
+                worker_pids={worker: entry.pid for worker, entry in memory.workers.items()},
+                log_bytes=sum(logs.values()),
+            )
+        )
+        last_time, last_done = now, done
 
 
 def series(samples: list[Sample]) -> dict[str, list[float | None]]:
@@ -163,78 +141,64 @@ def drift(values: list[float | None]) -> dict[str, float | None]:
     }
 
 
-def log_growth(samples: list[Sample]) -> dict[str, float]:
-    first, last = samples[0], samples[-1]
+def log_growth(first: Sample, last: Sample) -> dict[str, float]:
     growth = last.log_bytes - first.log_bytes
-    requests_after_warmup = last.answered - first.answered
     minutes = max(last.seconds - first.seconds, 1e-9) / 60
     return {
         "bytes_at_warmup": first.log_bytes,
         "bytes_at_end": last.log_bytes,
         "growth_bytes": growth,
         "bytes_per_minute": round(growth / minutes),
-        "bytes_per_1000_requests": round(1000 * growth / max(requests_after_warmup, 1)),
+        "bytes_per_1000_requests": round(1000 * growth / max(last.answered - first.answered, 1)),
     }
 
 
-def answers(outcomes: list[Outcome]) -> dict[str, Any]:
-    kinds = sorted({outcome.job.kind for outcome in outcomes})
-    wrong = [o for o in outcomes if not answered_as_expected(o)]
-    return {
-        "requests": len(outcomes),
-        "by_kind": {kind: statuses([o for o in outcomes if o.job.kind == kind]) for kind in kinds},
-        "unexpected": len(wrong),
-        "unexpected_examples": [f"{o.job.kind}: {o.status}" for o in wrong[:10]],
-    }
-
-
-def verdict(report: dict[str, Any], after: list[Sample]) -> bool:
-    drifts = [entry["max_drift_pct"] for entry in report["rss"].values()]
-    bounded = all(d is not None and d <= 100 * RSS_TOLERANCE for d in drifts)
-    return bool(after) and bounded and not report["workers_replaced"] and not report["unexpected"]
-
-
-def summarize(plan: Plan, load: ClosedLoop, samples: list[Sample]) -> dict[str, Any]:
+def summarize(plan: Plan, outcomes: list[Outcome], samples: list[Sample]) -> dict[str, Any]:
     after = [sample for sample in samples if sample.seconds >= plan.warmup_s]
     if not after:
         raise RuntimeError(f"no sample after the {plan.warmup_s:.0f} s warm-up")
+    wrong = [o for o in outcomes if not answered_as_expected(o)]
+    kinds = sorted({outcome.job.kind for outcome in outcomes})
     report: dict[str, Any] = {
         "seconds": plan.seconds,
         "concurrency": plan.concurrency,
         "warmup_s": plan.warmup_s,
         "interval_s": plan.interval_s,
-        "mix": "every 10th request malformed (7 kinds in turn); others alternate one text and a list of 2-8",
-        **answers(load.outcomes),
+        "mix": MIX,
+        "requests": len(outcomes),
+        "by_kind": {kind: statuses([o for o in outcomes if o.job.kind == kind]) for kind in kinds},
+        "unexpected": len(wrong),
+        "unexpected_examples": [f"{o.job.kind}: {o.status}" for o in wrong[:10]],
         "rps_after_warmup": round(sum(s.rps for s in after) / len(after), 1),
         "rss_tolerance_pct": 100 * RSS_TOLERANCE,
         "rss": {name: drift(values) for name, values in series(after).items()},
         "workers_replaced": len({json.dumps(s.worker_pids, sort_keys=True) for s in samples}) > 1,
-        "log_folder": log_growth(after),
+        "log_folder": log_growth(after[0], after[-1]),
     }
-    report["passed"] = verdict(report, after)
-    report["samples"] = [asdict(sample) for sample in samples]
-    return report
+    drifts = [entry["max_drift_pct"] for entry in report["rss"].values()]
+    bounded = all(d is not None and d <= 100 * RSS_TOLERANCE for d in drifts)
+    report["passed"] = bounded and not report["workers_replaced"] and not wrong
+    return report | {"samples": [asdict(sample) for sample in samples]}
 
 
 def run(plan: Plan) -> dict[str, Any]:
     """Start a server, soak it, and return the report (with every sample)."""
     corpus = make_corpus()
+    samples: list[Sample] = []
     with running(prefix="bert-serve-soak-") as server:
         load = ClosedLoop(
             server.predict_url,
             server.headers(),
-            soak_jobs(corpus),
+            lambda n: job_for(corpus, n),
             plan.concurrency,
             plan.seconds,
             request_timeout_s=REQUEST_TIMEOUT_S,
         )
-        sampler = Sampler(server, load, plan)
-        load.run(sampler.run())
+        load.run(sample(server, load, plan, samples))
         files = log_files(server.state_dir / "logs")
-    report = summarize(plan, load, sampler.samples)
+    report = summarize(plan, load.outcomes, samples)
     report["log_folder"]["files_at_end"] = files
-    report["machine_cpus"] = psutil.cpu_count()
-    return report
+    return report | {"machine_cpus": psutil.cpu_count()}
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
@@ -246,8 +210,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
     figure, (rss, rps, logs) = plt.subplots(3, 1, figsize=(8, 8), sharex=True)
     for name, values in series(samples).items():
         rss.plot(times, values, label=name)
-        baseline = report["rss"].get(name, {}).get("baseline_mb")
-        if baseline:
+        if baseline := report["rss"].get(name, {}).get("baseline_mb"):
             band = (baseline * (1 - RSS_TOLERANCE), baseline * (1 + RSS_TOLERANCE))
             rss.axhspan(*band, alpha=0.08, color=rss.lines[-1].get_color())
     rss.set_ylabel("RSS (MB)")
@@ -266,18 +229,6 @@ def plot(report: dict[str, Any], path: Path) -> None:
     plt.close(figure)
 
 
-def summary_line(report: dict[str, Any]) -> str:
-    drifts = ", ".join(
-        f"{name} {entry['max_drift_pct']} %" for name, entry in report["rss"].items()
-    )
-    logs = report["log_folder"]
-    return (
-        f"{report['requests']} requests ({report['rps_after_warmup']} rps after warm-up), "
-        f"{report['unexpected']} unexpected answers; largest RSS drift from warm-up: {drifts}; "
-        f"log folder +{logs['growth_bytes']} bytes ({logs['bytes_per_minute']} bytes/min)"
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m lab soak",
@@ -291,7 +242,15 @@ def main(argv: list[str] | None = None) -> int:
     report = run(Plan(args.seconds, args.concurrency))
     write_json(args.out / "soak.json", report)
     plot(report, args.out / "soak.png")
-    print(summary_line(report))
+    drifts = ", ".join(
+        f"{name} {entry['max_drift_pct']} %" for name, entry in report["rss"].items()
+    )
+    logs = report["log_folder"]
+    print(
+        f"{report['requests']} requests ({report['rps_after_warmup']} rps after warm-up), "
+        f"{report['unexpected']} unexpected answers; largest RSS drift from warm-up: {drifts}; "
+        f"log folder +{logs['growth_bytes']} bytes ({logs['bytes_per_minute']} bytes/min)"
+    )
     print(f"report: {args.out / 'soak.json'}, plot: {args.out / 'soak.png'}")
     print(f"soak: {'passed' if report['passed'] else 'FAILED'}")
     return 0 if report["passed"] else 1

@@ -115,8 +115,9 @@ class ClientSender:
 
 @dataclass
 class KillLog:
-    """What the kill series did; the probes are tasks awaited before the series ends."""
+    """What the kill series of ``kills`` did; the probes are tasks awaited before it ends."""
 
+    kills: int
     pids: list[int] = field(default_factory=list)
     replaced_s: list[float] = field(default_factory=list)
     raw_probes: list[asyncio.Task[Outcome]] = field(default_factory=list)
@@ -214,48 +215,34 @@ def worker_crash(d: Durations) -> dict[str, Any]:
     return result
 
 
-@dataclass
-class KillSeries:
-    """Kills ``kills`` workers at random moments, probing after each, then stops the loads."""
-
-    server: Server
-    loads: list[ClosedLoop]
-    probe_sender: ClientSender
-    texts: list[str]
-    kills: int
-    rng: random.Random
-    log: KillLog = field(default_factory=KillLog)
-
-    async def run(self) -> None:
-        timeout = aiohttp.ClientTimeout(total=self.probe_sender.client.timeout)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
-            try:
-                await self._kill_all(session)
-            except Exception as error:  # reported; the loads stop and the part fails
-                self.log.error = f"{type(error).__name__}: {error}"
-            finally:
-                for load in self.loads:
-                    load.stopped = True
-                await asyncio.gather(*self.log.raw_probes, *self.log.client_probes)
-
-    async def _kill_all(self, session: aiohttp.ClientSession) -> None:
-        for _ in range(self.kills):
-            await asyncio.sleep(self.rng.uniform(0, MAX_PAUSE_S))
-            pid, before = await kill_random_worker(self.server, self.rng)
-            self.log.pids.append(pid)
-            self._probe(session)
-            _, waited = await asyncio.to_thread(
-                self.server.wait_replaced, pid, before, RECOVERY_LIMIT_S
-            )
-            self.log.replaced_s.append(waited)
-        await asyncio.sleep(SETTLE_S)
-
-    def _probe(self, session: aiohttp.ClientSession) -> None:
-        """One raw request and one Client call, sent right after the kill, not awaited here."""
-        job = json_job(self.rng.choice(self.texts))
-        url, headers = self.server.predict_url, self.server.headers()
-        self.log.raw_probes.append(asyncio.create_task(send(session, url, headers, job)))
-        self.log.client_probes.append(asyncio.create_task(self.probe_sender(job)))
+async def kill_series(
+    server: Server, loads: list[ClosedLoop], prober: ClientSender, rng: random.Random, log: KillLog
+) -> None:
+    """Kills ``log.kills`` workers at random moments, each once all are READY again, with a raw
+    request and a Client call sent right after it (awaited before the end); then stops the
+    loads."""
+    texts = make_corpus()
+    url, headers = server.predict_url, server.headers()
+    timeout = aiohttp.ClientTimeout(total=prober.client.timeout)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        try:
+            for _ in range(log.kills):
+                await asyncio.sleep(rng.uniform(0, MAX_PAUSE_S))
+                pid, before = await kill_random_worker(server, rng)
+                log.pids.append(pid)
+                job = json_job(rng.choice(texts))
+                log.raw_probes.append(asyncio.create_task(send(session, url, headers, job)))
+                log.client_probes.append(asyncio.create_task(prober(job)))
+                replaced = server.wait_replaced
+                _, waited = await asyncio.to_thread(replaced, pid, before, RECOVERY_LIMIT_S)
+                log.replaced_s.append(waited)
+            await asyncio.sleep(SETTLE_S)
+        except Exception as error:  # reported; the loads stop and the part fails
+            log.error = f"{type(error).__name__}: {error}"
+        finally:
+            for load in loads:
+                load.stopped = True
+            await asyncio.gather(*log.raw_probes, *log.client_probes)
 
 
 def raw_counts(outcomes: list[Outcome]) -> dict[str, Any]:
@@ -285,39 +272,32 @@ def client_counts(outcomes: list[Outcome], sender: ClientSender) -> dict[str, An
     }
 
 
-def seconds_summary(values: list[float]) -> dict[str, float]:
-    return {
-        "p50": round(percentile(values, 50), 2),
-        "max": round(max(values, default=0.0), 2),
-    }
-
-
 def run_level(
     server: Server, level: Level, kills: int, seed: int, attempt_s: float
 ) -> dict[str, Any]:
     """One load level: the loads, the kill series beside them, and what every request got,
     each answer waited for ``attempt_s``."""
-    corpus = make_corpus()
     sender = ClientSender(server, level.client_threads, attempt_s)
     probe_sender = ClientSender(server, kills, attempt_s)
     bound_s = kills * (MAX_PAUSE_S + RECOVERY_LIMIT_S) + 60
-
-    job_for, url, headers = in_turn(corpus), server.predict_url, server.headers()
+    job_for, url, headers = in_turn(make_corpus()), server.predict_url, server.headers()
     raw = ClosedLoop(url, headers, job_for, level.raw_clients, bound_s, request_timeout_s=attempt_s)
     calls = ClosedLoop(url, headers, job_for, level.client_threads, bound_s, sender=sender)
-    series = KillSeries(server, [raw, calls], probe_sender, corpus, kills, random.Random(seed))
+    log, rng = KillLog(kills), random.Random(seed)
     try:
-        raw.run(calls.run_async(), series.run())
+        raw.run(calls.run_async(), kill_series(server, [raw, calls], probe_sender, rng, log))
     finally:
         sender.close()
         probe_sender.close()
-    log = series.log
     result: dict[str, Any] = {
         "raw_clients": level.raw_clients,
         "client_threads": level.client_threads,
         "kills": len(log.pids),
         "seconds": round(raw.elapsed, 1),
-        "worker_replaced_s": seconds_summary(log.replaced_s),
+        "worker_replaced_s": {
+            "p50": round(percentile(log.replaced_s, 50), 2),
+            "max": round(max(log.replaced_s, default=0.0), 2),
+        },
         "raw_http": raw_counts(raw.outcomes),
         "raw_probes": raw_counts([task.result() for task in log.raw_probes]),
         "client": client_counts(calls.outcomes, sender),
