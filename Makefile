@@ -109,11 +109,11 @@ test-client:
 bench: $(MAR) | $(STAMP)
 	$(LAB) bench --out docs/bench $(if $(DEVICE),--device $(DEVICE))
 
-## gpu-report: on a GPU host, the default start, batchSize 1, bf16, tf32, workers per GPU swept
-##        around the rule's choice, LitServe like ours, the lone request, the ceiling and fp32
-##        against the CPU on a bert-base-shaped model -> docs/gpu/ (SMOKE=1: the CPU, a tiny
-##        model, every section, about 13 minutes on 2 cores -> build/gpu-smoke/; it fails if a
-##        section fails; docs/gpu/README.md runs it on a lent GPU)
+## gpu-report: on a GPU host, the default start (each level 3 x 3 s), workers per GPU swept
+##        around the rule's choice, fp32 pinned against the CPU, LitServe like ours, batchSize 1,
+##        the lone request, tf32 and the ceiling on a bert-base-shaped model -> docs/gpu/
+##        (SMOKE=1: the CPU, a tiny model, every section, about 4 minutes on 2 cores ->
+##        build/gpu-smoke/; it fails if a section fails; docs/gpu/README.md runs it on a lent GPU)
 gpu-report: | $(STAMP)
 	$(LAB) gpu-report $(if $(SMOKE),--smoke --out build/gpu-smoke,--out docs/gpu)
 

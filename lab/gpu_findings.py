@@ -4,8 +4,8 @@ stops, and the plot.
 What stops a server at a load, from what was busy meanwhile (thresholds, not a model):
 
 - ``the GPU``: it was busy ``GPU_BUSY`` of the time or more;
-- ``the host CPU``: the host's cores were ``HOST_BUSY`` busy or more (the load generator's
-  share is reported beside it: it shares the host);
+- ``the host CPU``: the host's cores were ``HOST_BUSY`` busy or more (each core's share and the
+  load generator's CPU seconds are recorded beside it: it shares the host);
 - ``tokenization`` or ``the workers' Python``: each worker used ``WORKER_BUSY`` of a core or
   more (a worker's CPU side is serial), tokenization when it was half of their time or more;
 - ``the frontend``: none of those; TorchServe's frontend (HTTP, queue, batching) is what is left.
@@ -47,66 +47,68 @@ def rps(run: dict[str, Any], clients: int) -> float:
     return 0.0 if level.get("errors") else float(level.get("rps", 0.0))
 
 
-def sweep_bars(name: str, sweep: dict[str, Any], top: tuple[int, ...]) -> dict[str, Any]:
-    """The rule's workers per GPU within 0.9 of the sweep's best at the top loads."""
-    bars = {}
-    runs, chosen = sweep["by_workers_per_gpu"], str(sweep["rule_workers_per_gpu"])
-    for clients in top:
-        best = max(rps(run, clients) for run in runs.values())
-        ratio = round(rps(runs[chosen], clients) / best, 3) if best else None
-        met = ratio is not None and ratio >= 0.9
-        bars[f"{name}_default_vs_best_workers_at_{clients}"] = _bar(ratio, ">= 0.9", met)
-    return bars
+def versus(run: dict[str, Any], other: dict[str, Any], clients: int) -> dict[str, Any]:
+    """``run``'s median requests/s over ``other``'s at ``clients``, and the wider of their
+    repeats' relative spreads ((max - min) / median)."""
+    level, base = str(clients), rps(other, clients)
+    value = round(rps(run, clients) / base, 3) if base else None
+    return {
+        "value": value,
+        "spread": max(r.get(level, {}).get("rps_spread") or 0.0 for r in (run, other)),
+    }
+
+
+def chosen(results: dict[str, Any]) -> dict[str, Any]:
+    """The default start's ladder (at the workers per GPU it chose), {} where it did not run."""
+    sweep = results.get("default", {})
+    return dict(sweep.get("by_workers_per_gpu", {}).get(str(sweep.get("rule_workers_per_gpu")), {}))
 
 
 def bars(results: dict[str, Any], top: tuple[int, ...]) -> dict[str, Any]:
-    """Every bar the run has the data for, each with its value (on an H100-class GPU; on
-    another machine they are computed all the same, and ``device`` says where)."""
+    """Every bar the run has the data for, each with its value, the ratios with the spread of
+    the repeats behind them (on an H100-class GPU; on another machine they are computed all the
+    same, and ``device`` says where)."""
     out: dict[str, Any] = {}
-    for name in ("fp32", "bf16"):
-        sweep = results.get(f"sweep_{name}", {})
-        if "by_workers_per_gpu" in sweep:
-            out |= sweep_bars(name, sweep, top)
-    bf16 = results.get("sweep_bf16", {})
-    if "by_workers_per_gpu" in bf16:
-        default = bf16["by_workers_per_gpu"][str(bf16["rule_workers_per_gpu"])]
-        best = max(rps(default, clients) for clients in top)
-        out["bf16_default_rps"] = _bar(best, ">= 10000", best >= 10_000)
-    fp32 = results.get("sweep_fp32", {})
-    if "by_workers_per_gpu" in fp32:
-        default = fp32["by_workers_per_gpu"][str(fp32["rule_workers_per_gpu"])]
-        p50 = default.get("1", {}).get("p50_ms")
-        if p50 is not None:
-            out["fp32_default_p50_ms_at_1"] = _bar(p50, "<= 6", p50 <= 6)
+    default, runs = chosen(results), results.get("default", {}).get("by_workers_per_gpu", {})
+    for clients in top if default else ():
+        best = versus(default, max(runs.values(), key=lambda run: rps(run, clients)), clients)
+        met = best["value"] is not None and best["value"] >= 0.9
+        out[f"default_vs_best_workers_at_{clients}"] = best | {"bar": ">= 0.9", "met": met}
+    if default:
+        best_rps = max(rps(default, clients) for clients in top)
+        out["default_rps"] = _bar(best_rps, ">= 10000", best_rps >= 10_000)
         peer = results.get("peer", {}).get("by_concurrency", {})
-        ahead = {c: round(rps(default, int(c)) / max(rps(peer, int(c)), 1e-9), 2) for c in peer}
-        ahead = {c: ratio for c, ratio in ahead.items() if int(c) >= 32}
-        if ahead:
-            worst = min(ahead.values())
-            out["default_vs_litserve_from_32"] = _bar(worst, "> 1 at every load", worst > 1)
-    lone = results.get("lone_request", {}).get("served", {})
-    for capture, run in lone.items():
-        p50 = run.get("1", {}).get("p50_ms")
-        if p50 is not None:
-            out[f"lone_p50_ms_capture_{capture}"] = _bar(p50, "<= 6", p50 <= 6)
-    scores = results.get("scores", {})
-    if "max_scores_change" in scores:
-        change = scores["max_scores_change"]
-        out["served_fp32_vs_cpu_scores"] = _bar(change, "<= 1e-5", change <= 1e-5)
+        ahead = [versus(default, peer, int(c)) for c in peer if int(c) >= 32]
+        if worst := min(ahead, key=lambda v: v["value"] or 0.0, default=None):
+            met = all((v["value"] or 0.0) > 1 for v in ahead)
+            out["default_vs_litserve_from_32"] = worst | {"bar": "> 1 at every load", "met": met}
+    served = {"default": default} | results.get("lone_request", {}).get("served", {})
+    for name, run in served.items():
+        if (p50 := run.get("1", {}).get("p50_ms")) is not None:
+            out[f"lone_p50_ms_{name}"] = _bar(p50, "<= 6", p50 <= 6)
+    change = results.get("fp32", {}).get("scores_vs_cpu", {}).get("max_scores_change")
+    if change is not None:
+        out["fp32_vs_cpu_scores"] = _bar(change, "<= 1e-5", change <= 1e-5)
     return out
+
+
+def figures(results: dict[str, Any], clients: int) -> dict[str, Any]:
+    """What the bars stand on, at ``clients``: the precision the default start chose, its rate
+    against ``batchSize`` 1 and against fp32 pinned (``versus``), the real tokens' share of those
+    computed, and the default's top labels against fp32's."""
+    default, fp32 = chosen(results), results.get("fp32", {})
+    out: dict[str, Any] = {"precision": results.get("rule", {}).get("precision")}
+    for name in ("bs1", "fp32"):
+        other = results.get(name, {}).get("by_concurrency", {})
+        out[f"default_vs_{name}_at_{clients}"] = versus(default, other, clients)
+    out[f"real_token_share_at_{clients}"] = default.get(str(clients), {}).get("padding_efficiency")
+    return out | {"top_label_agreement_vs_fp32": fp32.get("default_top_label_agreement")}
 
 
 def limits(results: dict[str, Any]) -> dict[str, Any]:
-    """For each default server (and the peer), what stops it at each load."""
-    out: dict[str, Any] = {}
-    for name in ("fp32", "bf16"):
-        sweep = results.get(f"sweep_{name}", {})
-        if "by_workers_per_gpu" in sweep:
-            per_gpu = sweep["rule_workers_per_gpu"]
-            runs = sweep["by_workers_per_gpu"][str(per_gpu)]
-            workers = per_gpu * max(results["gpus"], 1)
-            out[name] = {clients: limit(level, workers) for clients, level in runs.items()}
-    return out
+    """What stops the default start at each load."""
+    workers = results.get("rule", {}).get("workers", 0)
+    return {"default": {c: limit(level, workers) for c, level in chosen(results).items()}}
 
 
 def plot(results: dict[str, Any], out: Path) -> None:
@@ -122,7 +124,7 @@ def plot(results: dict[str, Any], out: Path) -> None:
         right.plot(x, [runs[level]["p50_ms"] for level in levels], **style)
     ceiling = results.get("ceiling", {}).get("texts_per_s")
     if ceiling:
-        left.axhline(ceiling, linestyle="--", color="grey", label="in-process ceiling fp32")
+        left.axhline(ceiling, linestyle="--", color="grey", label="in-process ceiling")
     for axes, label in ((left, "requests/s"), (right, "p50 latency (ms)")):
         axes.set_xscale("log", base=2)
         axes.set_xlabel("concurrent clients")
@@ -139,13 +141,11 @@ def plot(results: dict[str, Any], out: Path) -> None:
 
 def served_runs(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Every ladder of the report by a name for the plot's legend."""
-    runs: dict[str, dict[str, Any]] = {}
-    for name in ("fp32", "bf16"):
-        sweep = results.get(f"sweep_{name}", {})
-        for per_gpu, run in sweep.get("by_workers_per_gpu", {}).items():
-            chosen = " (the rule)" if per_gpu == str(sweep["rule_workers_per_gpu"]) else ""
-            runs[f"{name} {per_gpu} workers/GPU{chosen}"] = run
-    for name in ("bs1", "tf32", "peer"):
+    sweep, runs = results.get("default", {}), {}
+    for per_gpu, run in sweep.get("by_workers_per_gpu", {}).items():
+        chosen = " (the rule)" if per_gpu == str(sweep["rule_workers_per_gpu"]) else ""
+        runs[f"default {per_gpu} workers/GPU{chosen}"] = run
+    for name in ("fp32", "bs1", "tf32", "peer"):
         if "by_concurrency" in results.get(name, {}):
             runs[name if name != "peer" else "LitServe like ours"] = results[name]["by_concurrency"]
     return runs

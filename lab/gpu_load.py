@@ -1,10 +1,11 @@
 """The GPU report's load: ``lab.load``'s closed loop spread over several processes (one asyncio
-process tops out at a few thousand requests/s, below what one GPU serves), with the GPU's and
-the host's busy share sampled while it runs.
+process tops out at a few thousand requests/s, below what one GPU serves), with the GPU's busy
+share, each host core's (``/proc/stat``) and the CPU seconds of the load and of the server.
 
 A level's clients are split as evenly as possible over ``processes`` load processes, kept alive
 across levels (a spawn costs a second). Each runs its share for the same seconds and returns the
-latencies of its 200s, its statuses and its CPU seconds; the level's summary pools them.
+latencies of its 200s, its statuses and its CPU seconds; a level is measured ``repeats`` times
+back to back, and its summary gives the median requests/s and their spread, the rest pooled.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from multiprocessing import get_context
+from statistics import median
 from typing import Any
 
 import psutil
@@ -51,27 +53,33 @@ def run_share(
     }
 
 
-def pooled(parts: Sequence[Mapping[str, Any]], clients: int) -> dict[str, Any]:
-    """One level's summary from its load processes' parts: requests/s over the longest part,
-    latency percentiles of every 200, every status counted."""
+def pooled(runs: Sequence[Sequence[Mapping[str, Any]]], clients: int) -> dict[str, Any]:
+    """One level's summary from its repeats' parts (one per load process): the median of the
+    repeats' requests/s (each over its longest part) and their spread ((max - min) / median),
+    latency percentiles of every 200, every status counted, the load processes' CPU seconds."""
+    parts = [part for run in runs for part in run]
     ms = [value for part in parts for value in part["ms"]]
     counts: Counter[str] = Counter()
     for part in parts:
         counts.update(part["statuses"])
-    elapsed = max([part["elapsed"] for part in parts] + [1e-9])
-    requests = sum(counts.values())
+    elapsed = [max([part["elapsed"] for part in run] + [1e-9]) for run in runs]
+    served = [sum(len(part["ms"]) for part in run) for run in runs]
+    rates = [round(n / s, 1) for n, s in zip(served, elapsed, strict=True)]
+    requests, rps = sum(counts.values()), median(rates)
     return {
         "concurrency": clients,
-        "load_processes": len(parts),
-        "seconds": round(elapsed, 2),
+        "load_processes": len(runs[0]),
+        "seconds": round(sum(elapsed), 2),
         "requests": requests,
         "errors": requests - len(ms),
         "statuses": dict(sorted(counts.items())),
-        "rps": round(len(ms) / elapsed, 1),
+        "rps": rps,
+        "rps_runs": rates,
+        "rps_spread": round((max(rates) - min(rates)) / rps, 3) if rps else None,
         "p50_ms": round(percentile(ms, 50), 2),
         "p90_ms": round(percentile(ms, 90), 2),
         "p99_ms": round(percentile(ms, 99), 2),
-        "load_generator_cores": round(sum(part["cpu_s"] for part in parts) / elapsed, 2),
+        "load_generator_cpu_s": round(sum(part["cpu_s"] for part in parts), 2),
     }
 
 
@@ -107,8 +115,8 @@ class GpuBusy:
 
     @contextmanager
     def during(self) -> Iterator[dict[str, Any]]:
-        """Fills ``gpu_busy_pct`` (the mean over samples and GPUs; None without a GPU) and
-        ``host_cpu_busy_pct`` (every core of the host) when the block ends."""
+        """Fills ``gpu_busy_pct`` (the mean over samples and GPUs; None without a GPU),
+        ``host_cpu_busy_pct`` and ``per_core_busy`` (each core's share) when the block ends."""
         found: dict[str, Any] = {}
         samples: list[float] = []
         stop = threading.Event()
@@ -118,14 +126,16 @@ class GpuBusy:
                 samples.extend(self.sample() or [])
 
         thread = threading.Thread(target=sampling, daemon=True)
-        psutil.cpu_percent()
+        psutil.cpu_percent(percpu=True)
         thread.start()
         try:
             yield found
         finally:
             stop.set()
             thread.join()
-            found["host_cpu_busy_pct"] = psutil.cpu_percent()
+            cores = psutil.cpu_percent(percpu=True)  # /proc/stat's deltas since the call above
+            found["host_cpu_busy_pct"] = round(sum(cores) / len(cores), 1)
+            found["per_core_busy"] = [round(share / 100, 2) for share in cores]
             found["gpu_busy_pct"] = round(sum(samples) / len(samples), 1) if samples else None
             found["gpu_busy_source"] = self.source
 
@@ -153,25 +163,30 @@ class Loader:
         clients: int,
         seconds: float,
         pids: Mapping[str, int] | None = None,
+        repeats: int = 1,
     ) -> dict[str, Any]:
-        """``clients`` clients for ``seconds``; with the cores the processes of ``pids`` (the
-        frontend, each worker) used meanwhile, summed as ``frontend`` and ``workers``."""
-        before = {n: cpu for n, pid in (pids or {}).items() if (cpu := _cpu(pid)) is not None}
+        """``clients`` clients for ``seconds``, ``repeats`` times; with the CPU seconds and
+        cores the processes of ``pids`` (the frontend, each worker) used meanwhile, the cores
+        summed as ``frontend`` and ``workers``."""
+        pids = pids or {}
+        before = {n: cpu for n, pid in pids.items() if (cpu := _cpu(pid)) is not None}
         started = time.monotonic()
         with self.busy.during() as busy:
-            jobs = [
-                self.pool.submit(run_share, url, headers, list(texts), share, seconds)
-                for share in shares(clients, self.processes)
-            ]
-            parts = [job.result() for job in jobs]
+            runs = []
+            for _ in range(repeats):
+                jobs = [
+                    self.pool.submit(run_share, url, headers, list(texts), n, seconds)
+                    for n in shares(clients, self.processes)
+                ]
+                runs.append([job.result() for job in jobs])
         wall = max(time.monotonic() - started, 1e-9)
+        used = {n: now - cpu for n, cpu in before.items() if (now := _cpu(pids[n])) is not None}
         cores: dict[str, float] = {}
-        for name, cpu in before.items():
-            now = _cpu((pids or {})[name])
-            if now is not None:
-                group = "frontend" if name == "frontend" else "workers"
-                cores[group] = round(cores.get(group, 0.0) + (now - cpu) / wall, 2)
-        return pooled(parts, clients) | busy | {"cores": cores}
+        for name, cpu_s in used.items():
+            group = "frontend" if name == "frontend" else "workers"
+            cores[group] = round(cores.get(group, 0.0) + cpu_s / wall, 2)
+        server = {"server_cpu_s": round(sum(used.values()), 2), "cores": cores}
+        return pooled(runs, clients) | busy | server
 
 
 def _cpu(pid: int) -> float | None:

@@ -1,14 +1,16 @@
 """The GPU report's runs (``lab.gpu_report`` orders them): the model it serves, TorchServe started
 by the rule or with stated settings, its workers rescaled in place, a ladder of loads, the lone
-request in process, and the served scores against the CPU's."""
+request in process, and served scores against the CPU's and top labels against another run's."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,7 @@ NEGATIVE, POSITIVE = "negative", "positive"
 HEAD_STD = 0.5
 TOKENIZER_ENV = "BERT_SERVE_TOKENIZER_DIR"
 """Set by ../shared/gpu/device-setup.sh: the default model's tokenizer and config, carried."""
+LOADED_IN = re.compile(r"loaded \S+ on \S+ in ([^:]+):")
 
 
 def build_model(out: Path, shape: str) -> Path:
@@ -45,9 +48,11 @@ def build_model(out: Path, shape: str) -> Path:
 
 def rule_choice(server: Server, gpus: int) -> dict[str, Any]:
     """What the start chose for the model (``make status``): workers in all and per GPU, batch
-    size, delay, queue, and why."""
+    size, delay, queue, why, and its precision: each ``*precision*`` key of its plan (none while
+    it records none) and what the workers' ``loaded ... in <precision>:`` lines say."""
     in_force = server.sizing()["in_force"]
     (entry,) = [e for versions in in_force["models"].values() for e in versions.values()]
+    log = server.model_log.read_text("utf-8", "replace") if server.model_log.exists() else ""
     return {
         "workers": int(entry["minWorkers"]),
         "workers_per_gpu": int(entry["minWorkers"]) // max(gpus, 1),
@@ -57,6 +62,10 @@ def rule_choice(server: Server, gpus: int) -> dict[str, Any]:
         "torch_threads": in_force["torch_threads"],
         "device_loads": in_force["device_loads"],
         "why": in_force["why"],
+        "precision": {
+            "plan": dict(re.findall(r'"(\w*precision\w*)": "([^"]+)"', json.dumps(in_force))),
+            "worker_log": sorted(set(LOADED_IN.findall(log))),
+        },
     }
 
 
@@ -101,28 +110,28 @@ def ladder(
     headers: dict[str, str],
     corpus: Sequence[str],
     levels: Sequence[int],
-    seconds: tuple[float, float],
+    timing: tuple[float, float, int],
     server: Server | None = None,
     pids: dict[str, int] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """{clients: summary} at each level after a warm-up of ``seconds[0]``, measured for
-    ``seconds[1]``; a TorchServe ``server`` adds its batches and its workers' time split."""
-    warmup, measured = seconds
+    """{clients: summary} at each level after a warm-up of ``timing[0]`` s, measured
+    ``timing[2]`` times for ``timing[1]`` s; a TorchServe ``server`` adds its batches and its
+    workers' time split over the level's repeats."""
+    warmup, measured, repeats = timing
     results = {}
     if server is not None:
         pids = server_processes(server)
         pids.pop("load_generator")
     for clients in levels:
         loader.level(url, headers, corpus, clients, warmup)
-        if server is None:
-            results[str(clients)] = loader.level(url, headers, corpus, clients, measured, pids)
-            continue
-        with LogWindow(server.model_log) as window:
-            result = loader.level(url, headers, corpus, clients, measured, pids)
+        with LogWindow(server.model_log) if server else nullcontext() as window:
+            result = loader.level(url, headers, corpus, clients, measured, pids, repeats)
+        if window is not None:
             time.sleep(0.3)  # the handler logs a batch just after answering it
             text = window.read()
-        results[str(clients)] = result | batch_summary(text) | worker_seconds(text)
-        print(f"  c={clients}: {result['rps']} rps, p50 {result['p50_ms']} ms", flush=True)
+            result |= batch_summary(text) | worker_seconds(text)
+        results[str(clients)] = result
+        print(f"  c={clients}: {result['rps_runs']} rps, p50 {result['p50_ms']} ms", flush=True)
     return results
 
 
@@ -152,13 +161,14 @@ def served_scores(server: Server, texts: Sequence[str]) -> list[dict[str, dict[s
 
 def local_scores(model_dir: Path, texts: Sequence[str]) -> list[dict[str, dict[str, float]]]:
     """The same on this host's CPU in fp32, in process (``handler.inference.classify``)."""
-    from handler.inference import classify
+    from handler.inference import Windows, classify
     from handler.model import load_model
     from handler.settings import HandlerSettings
 
-    settings = HandlerSettings(device="cpu")
+    settings = HandlerSettings(device="cpu", precision="fp32")  # long texts as windows, served so
     loaded = load_model(model_dir, settings, gpu_id=None)
-    predictions, _ = classify(loaded, list(texts), settings.max_length, loaded.max_batch_tokens)
+    budget, windows = loaded.max_batch_tokens, Windows.of(settings)
+    predictions, _ = classify(loaded, list(texts), settings.max_length, budget, windows)
     return [{"scores": p.scores, "logits": p.raw_scores or {}} for p in predictions]
 
 
@@ -176,6 +186,15 @@ def largest_change(
         )
     spread = [item["scores"][POSITIVE] for item in local]
     return out | {"texts": len(local), "score_range": [min(spread), max(spread)]}
+
+
+def top_label_agreement(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> float:
+    """The share of texts whose highest score is the same label in ``a`` and ``b``."""
+    tops = [
+        (max(x["scores"], key=x["scores"].get), max(y["scores"], key=y["scores"].get))
+        for x, y in zip(a, b, strict=True)
+    ]
+    return float(round(sum(left == right for left, right in tops) / max(len(tops), 1), 4))
 
 
 def lone_timed(
