@@ -23,12 +23,16 @@ REAL_MODEL_DIR = ROOT / "build" / "bert-sentiment"
 MAR_PATH = ROOT / "model_store" / "bert.mar"
 LABELS = ("negative", "positive")
 MEASURE_CACHE_ENV = "BERT_SERVE_MEASURE_CACHE"  # bert_serve_server.probe.CACHE_ENV
+PRECISION_ENV = "BERT_SERVE_PRECISION"  # bert_serve_server.sizing.VARIABLES["precision"]
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """Every start of the run, in this process and in the tools it runs, measures each archive
     version once (bert_serve_server.probe.remembered): dozens of servers start on a few
-    archives, and a start's measurement takes a minute on 2 cores."""
+    archives, and a start's measurement takes a minute on 2 cores. Every start pins fp32
+    (``precision: auto`` stated as fp32): the tests of exactness compare with transformers in
+    fp32; the tests of ``auto`` itself unset it (tests/integration/test_precision_serving.py)."""
+    os.environ.setdefault(PRECISION_ENV, "fp32")
     if MEASURE_CACHE_ENV not in os.environ:
         os.environ[MEASURE_CACHE_ENV] = tempfile.mkdtemp(prefix="bert-serve-measured-")
         config.stash[MEASURE_CACHE_KEY] = os.environ[MEASURE_CACHE_ENV]

@@ -443,3 +443,58 @@ def test_a_starts_plan_stated_to_another_start_is_sized_the_same(
     assert entry_of(second) == entry_of(first)
     for key in ("job_queue_size", "vmargs"):
         assert second.properties[key] == first.properties[key]
+
+
+def test_auto_precision_is_measured_once_stated_or_planned_and_handed_to_the_workers(
+    measured: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """An archive whose precision is ``auto`` gets the start's measured choice in its entry,
+    with the reason; the plan states it; ``BERT_SERVE_PRECISION`` wins over both; ``size``
+    prints it for the workers after the threads."""
+    choices: list[int] = []
+
+    def chosen(mar: str, mtime_ns: int, gpus: int) -> probe.PrecisionChoice:
+        choices.append(gpus)
+        return probe.PrecisionChoice("bf16", "bf16: measured faster")
+
+    monkeypatch.setattr(sizing, "measured_precision", chosen)
+    config = tmp_path / "config.properties"
+    config.write_text(properties_text(store(tmp_path)))
+    plan = tmp_path / "plan.json"
+    args = ["--out", str(tmp_path / "sized"), "--plan-out", str(plan), "--", "--ts-config"]
+    assert sizing.main([*args, str(config)], {}) == 0
+    printed = capsys.readouterr()
+    assert printed.out.splitlines()[1] == "bert:1.0=bf16"
+    assert "bert:1.0: precision auto -> bf16: bf16: measured faster" in printed.err
+    assert entry_of_file(tmp_path / "sized")["precision"] == "bf16" and choices == [0]
+    assert json.loads(plan.read_text())["models"]["bert"]["1.0"]["precision"] == "bf16"
+    no_measuring(monkeypatch)
+    planned = sizing.resolve(store(tmp_path), gpus=0, stated=Stated(plan=plan))
+    assert entry_of(planned)["precision"] == "bf16"
+    pinned = sizing.resolve(store(tmp_path), gpus=0, stated=Stated(plan=plan, precision="fp32"))
+    assert entry_of(pinned)["precision"] == "fp32"
+    assert sizing.chosen_precisions(pinned.properties) == "bert:1.0=fp32"
+    with pytest.raises(StatedValueError, match="BERT_SERVE_PRECISION"):
+        read_stated({"BERT_SERVE_PRECISION": "auto"})
+
+
+def test_an_archive_that_states_its_precision_is_not_measured_for_it(
+    measured: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    no_measuring(monkeypatch)
+    monkeypatch.setattr(sizing, "measured_rates", lambda *args: dict.fromkeys(args[2], RATE))
+    monkeypatch.setattr(sizing, "measured_memory", lambda *args, **kwargs: WORKER)
+    properties = store(tmp_path)
+    with zipfile.ZipFile(tmp_path / "bert.mar", "a") as archive:
+        archive.writestr("MAR-INF/MANIFEST.json", json.dumps({"model": {"configFile": "c.yaml"}}))
+        archive.writestr("c.yaml", "handler:\n  precision: fp32\n")
+    resolved = sizing.resolve(properties, gpus=0, stated=Stated(precision="bf16"))
+    assert (
+        "precision" not in entry_of(resolved)
+        and sizing.chosen_precisions(resolved.properties) == ""
+    )
+
+
+def entry_of_file(path: Path) -> dict[str, Any]:
+    (entry,) = json.loads(read_properties(path)["models"])["bert"].values()
+    return dict(entry)
