@@ -69,13 +69,9 @@ def run_level(server: Server, corpus: list[str], level: Level, seconds: float) -
     )
     cores, (logged,) = observed(load, server_processes(server), [server.model_log])
     batches = batch_times(logged)
-    ok = [o for o in load.outcomes if o.status == "200"]
-    in_time = [o for o in ok if o.ms <= level.timeout_s * 1000]
-    late = [
-        o
-        for o in ok
-        if level.stamped and (o.waited_ms is None or o.waited_ms > level.timeout_s * 1000)
-    ]
+    ok, limit_ms = [o for o in load.outcomes if o.status == "200"], level.timeout_s * 1000
+    in_time = [o for o in ok if o.ms <= limit_ms]
+    late = [o for o in ok if level.stamped and (o.waited_ms is None or o.waited_ms > limit_ms)]
     return {
         "clients": level.clients,
         "timeout_s": level.timeout_s,
@@ -132,24 +128,21 @@ def bars(model: str, result: dict[str, Any]) -> dict[str, dict[str, Any]]:
     # nothing all got their answers, the load was no spike (the fast model: 256 clients are
     # the level's cap, a fraction of what it answers in 0.5 s) and the bar does not apply.
     spike = unstated["refusals"] > 0
+    refusals, share, late = (
+        levels["patient"]["refusals"],
+        stated["share_of_patient"],
+        stated["forwarded_late"],
+    )
+    versus = f"{stated['goodput_per_s']} vs {unstated['goodput_per_s']}"
     checks = {
-        "patient_refusals": (
-            levels["patient"]["refusals"],
-            "== 0",
-            levels["patient"]["refusals"] == 0,
-        ),
-        "stated_share_of_patient": (
-            stated["share_of_patient"],
-            f">= {share_needed}",
-            stated["share_of_patient"] >= share_needed,
-        ),
+        "patient_refusals": (refusals, "== 0", refusals == 0),
+        "stated_share_of_patient": (share, f">= {share_needed}", share >= share_needed),
         "stated_vs_unstated_goodput": (
-            f"{stated['goodput_per_s']} vs {unstated['goodput_per_s']}"
-            + ("" if spike else " (no spike: every unstated request answered)"),
+            versus + ("" if spike else " (no spike: every unstated request answered)"),
             ">= under a spike",
             stated["goodput_per_s"] >= unstated["goodput_per_s"] or not spike,
         ),
-        "forwarded_late": (stated["forwarded_late"], "== 0", stated["forwarded_late"] == 0),
+        "forwarded_late": (late, "== 0", late == 0),
     }
     return {name: {"value": v, "needed": n, "met": m} for name, (v, n, m) in checks.items()}
 
@@ -187,15 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     parser.add_argument("--seconds", type=float, default=15, help="seconds per level")
     args = parser.parse_args(argv)
-    started = now()
+    report = {"command": "make check-defaults", "started": now(), "machine": describe()}
     results = run(tuple(args.models), args.seconds)
-    report = {
-        "command": "make check-defaults",
-        "started": started,
-        "machine": describe(),
-        "seconds_per_level": args.seconds,
-        "models": results,
-    }
+    report |= {"seconds_per_level": args.seconds, "models": results}
     write_json(args.out / "defaults.json", report)
     failed = 0
     for model, result in results.items():
@@ -208,8 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         for name, bar in result["bars"].items():
             failed += not bar["met"]
-            print(
-                f"  {name}: {bar['value']} (needed {bar['needed']}): {'met' if bar['met'] else 'NOT MET'}"
-            )
+            verdict = "met" if bar["met"] else "NOT MET"
+            print(f"  {name}: {bar['value']} (needed {bar['needed']}): {verdict}")
     print(f"wrote {args.out / 'defaults.json'}")
     return 1 if failed else 0

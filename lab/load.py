@@ -221,18 +221,17 @@ def run_texts(
     concurrency: int,
     seconds: float,
     label: str = "",
+    batch_log: Path | None = None,
 ) -> dict[str, Any]:
-    """``texts`` in turn as JSON ``{"text": ...}`` for ``seconds``; the run's summary."""
-    loop = ClosedLoop(
-        url,
-        headers,
-        in_turn(texts),
-        concurrency,
-        seconds,
-        progress=progress_line(label, concurrency, seconds),
-    ).run()
+    """``texts`` in turn as JSON ``{"text": ...}`` for ``seconds``: the run's summary, with the
+    batches the handler formed meanwhile where ``batch_log`` is its log."""
+    from lab.batchlog import batch_summary, observed  # it reads percentiles from here
+
+    progress = progress_line(label, concurrency, seconds)
+    loop = ClosedLoop(url, headers, in_turn(texts), concurrency, seconds, progress=progress)
+    _, logged = observed(loop, logs=[batch_log] if batch_log else [])
     print(file=sys.stderr)
-    return summary(loop)
+    return summary(loop) | (batch_summary(logged[0]) if logged else {})
 
 
 @dataclass(frozen=True)
@@ -244,20 +243,6 @@ class Loads:
     warmup: float
 
 
-def measured(item: Endpoint, corpus: Sequence[str], level: int, loads: Loads) -> dict[str, Any]:
-    """One level's load summary on ``item`` after a warm-up, with the batches the handler formed
-    meanwhile when it has a batch log."""
-    from lab.batchlog import LogWindow, batch_summary  # it reads percentiles from here
-
-    run_texts(item.url, item.headers, corpus, level, loads.warmup, f"{item.name} warm-up")
-    if item.batch_log is None:
-        return run_texts(item.url, item.headers, corpus, level, loads.seconds, item.name)
-    with LogWindow(item.batch_log) as window:
-        result = run_texts(item.url, item.headers, corpus, level, loads.seconds, item.name)
-        time.sleep(0.5)  # the handler logs a batch just after answering it
-        return result | batch_summary(window.read())
-
-
 def process_cpu_s(pid: int) -> float:
     times = psutil.Process(pid).cpu_times()
     return float(times.user + times.system)
@@ -266,11 +251,9 @@ def process_cpu_s(pid: int) -> float:
 def server_processes(server: Server) -> dict[str, int]:
     """The pids of the frontend, of each worker and of this process (the load generator, which
     shares the machine)."""
-    pids = {"load_generator": os.getpid()}
-    frontend = server.pid()
-    if frontend is not None:
-        pids["frontend"] = frontend
-    return pids | {f"worker_{n}": worker.pid for n, worker in enumerate(server.workers())}
+    frontend = {"frontend": pid} if (pid := server.pid()) is not None else {}
+    workers = {f"worker_{n}": worker.pid for n, worker in enumerate(server.workers())}
+    return {"load_generator": os.getpid()} | frontend | workers
 
 
 @contextmanager
@@ -324,19 +307,21 @@ def interleaved(
     results: dict[str, dict[str, dict[str, Any]]] = {item.name: {} for item in endpoints}
     for level in loads.levels:
         for item in endpoints:
+            url, headers, name = item.url, item.headers, item.name
             with its_turn(item, endpoints):
-                results[item.name][str(level)] = measured(item, corpus, level, loads)
+                run_texts(url, headers, corpus, level, loads.warmup, f"{name} warm-up")
+                summary = run_texts(
+                    url, headers, corpus, level, loads.seconds, name, item.batch_log
+                )
+                results[name][str(level)] = summary
     return results
 
 
 @contextmanager
 def its_turn(current: Endpoint, endpoints: Sequence[Endpoint]) -> Iterator[None]:
     """Every other endpoint that asks for it is paused while ``current`` is measured."""
-    paused = [
-        item.paused_between_turns
-        for item in endpoints
-        if item is not current and item.paused_between_turns is not None
-    ]
+    others = [item for item in endpoints if item is not current]
+    paused = [item.paused_between_turns for item in others if item.paused_between_turns]
     for group in paused:
         os.killpg(group, signal.SIGSTOP)
     try:

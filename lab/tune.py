@@ -93,28 +93,21 @@ def recommend_across_loads(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
     best_at = {level: max(rps(run, level) for run in runs) for level in levels}
     scored = [
-        {
-            "name": run["name"],
-            "config": run["config"],
+        {"name": run["name"], "config": run["config"]}
+        | {
             "ratios": {
                 level: round(rps(run, level) / max(best_at[level], 1e-9), 2) for level in levels
-            },
+            }
         }
         for run in runs
     ]
+    for item in scored:
+        item["worst_ratio"] = min(item["ratios"].values())
     ranking = sorted(
-        scored,
-        key=lambda item: (min(item["ratios"].values()), sum(item["ratios"].values())),
-        reverse=True,
+        scored, key=lambda i: (i["worst_ratio"], sum(i["ratios"].values())), reverse=True
     )
-    best = ranking[0]
-    return best | {
-        "worst_ratio": min(best["ratios"].values()),
-        "best_rps_at": best_at,
-        "ranking": [
-            {"name": item["name"], "worst_ratio": min(item["ratios"].values())} for item in ranking
-        ],
-    }
+    ranked = [{"name": item["name"], "worst_ratio": item["worst_ratio"]} for item in ranking]
+    return ranking[0] | {"best_rps_at": best_at, "ranking": ranked}
 
 
 def snippet(best: dict[str, Any], loads: list[int]) -> str:
@@ -137,19 +130,12 @@ def plot(runs: list[dict[str, Any]], best: dict[str, Any], out: Path) -> None:
     figure, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7.5), sharex=True)
     for run in runs:
         levels = sorted(run["by_concurrency"], key=int)
-        style = {
-            "marker": "o",
-            "linewidth": 3 if run["name"] == best["name"] else 1.2,
-            "label": run["name"],
-        }
+        width = 3 if run["name"] == best["name"] else 1.2
+        style = {"marker": "o", "linewidth": width, "label": run["name"]}
         rps = [run["by_concurrency"][level]["rps"] for level in levels]
-        x = [int(level) for level in levels]
-        top.plot(x, rps, **style)
-        bottom.plot(
-            x,
-            [r / best["best_rps_at"][level] for r, level in zip(rps, levels, strict=True)],
-            **style,
-        )
+        top.plot([int(level) for level in levels], rps, **style)
+        ratios = [r / best["best_rps_at"][level] for r, level in zip(rps, levels, strict=True)]
+        bottom.plot([int(level) for level in levels], ratios, **style)
     top.set_ylabel("requests/s")
     top.set_title(
         "Each config at each load (b=batch size, d=maxBatchDelay ms, w=workers, t=threads)"

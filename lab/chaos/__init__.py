@@ -28,7 +28,7 @@ import requests
 from bert_serve_server.control import REPLACE_LIMIT_S, Server, running
 
 from bert_serve.client import DEFAULT_TIMEOUT_S
-from lab.load import ClosedLoop, Job, Outcome, percentile
+from lab.load import ClosedLoop, Job, percentile
 from lab.report import write_json
 
 FORM = "application/x-www-form-urlencoded"
@@ -170,8 +170,7 @@ def error_code(body: bytes) -> str | None:
         return None
 
 
-def latency(outcomes: list[Outcome]) -> dict[str, float | int]:
-    values = [o.ms for o in outcomes]
+def latency(values: list[float]) -> dict[str, float | int]:
     return {
         "count": len(values),
         "p50_ms": round(percentile(values, 50), 1),

@@ -86,17 +86,14 @@ def frontend_latency(access_lines: str) -> dict[str, dict[str, float | int]]:
     by_status: dict[str, list[float]] = {}
     for status, ms in ACCESS.findall(access_lines):
         by_status.setdefault(status, []).append(float(ms))
-    return {
-        status: {
-            "count": len(values),
-            "p50_ms": percentile(values, 50),
-            "p99_ms": percentile(values, 99),
-        }
-        for status, values in sorted(by_status.items())
-    }
+    return {status: latency(values) for status, values in sorted(by_status.items())}
 
 
-def lone_p50_ms(target: Target, corpus: list[str]) -> float:
+def lone_p50_ms(target: Target, corpus: list[str], warm: bool = False) -> float:
+    """The p50 of ``LONE_REQUESTS`` requests one at a time, after 3 unmeasured ones if
+    ``warm``."""
+    for text in corpus[:3] if warm else []:
+        target.predict(text)
     times = []
     for text in corpus[:LONE_REQUESTS]:
         started = time.monotonic()
@@ -142,7 +139,7 @@ def run_level(
     cores, logged = observed(load, target.processes, target.logs)
     in_time = [o for o in load.outcomes if o.status == "200" and o.ms <= deadline_s * 1000]
     by_status = {
-        status: latency([o for o in load.outcomes if o.status == status])
+        status: latency([o.ms for o in load.outcomes if o.status == status])
         for status in statuses(load.outcomes)
     }
     return {
@@ -165,7 +162,7 @@ def run_levels(
 ) -> dict[str, Any]:
     """Every level in each of ``forms``; lone p50 before and after."""
     levels: dict[str, Any] = {}
-    lone_before = warm_lone_p50_ms(target, corpus)
+    lone_before = lone_p50_ms(target, corpus, warm=True)
     for form in forms:
         for level in LEVELS:
             levels[level_key(level.name, form)] = run_level(target, level, corpus, seconds, form)
@@ -188,19 +185,13 @@ def run_peer_levels(corpus: list[str], seconds: float) -> dict[str, Any]:
         with litserve_peer(DEFAULT_MODEL_DIR, OUT_OF_THE_BOX) as peer:
             target = Target(peer.url)
             if lone_before is None:
-                lone_before = warm_lone_p50_ms(target, corpus)
+                lone_before = lone_p50_ms(target, corpus, warm=True)
             levels[level.name] = run_level(target, level, corpus, seconds)
     return {
         "levels": with_ratios(levels),
         "restarted_per_level": True,
         "lone_p50_ms_before": lone_before,
     }
-
-
-def warm_lone_p50_ms(target: Target, corpus: list[str]) -> float:
-    for text in corpus[:3]:
-        target.predict(text)
-    return lone_p50_ms(target, corpus)
 
 
 def with_ratios(levels: dict[str, Any]) -> dict[str, Any]:
