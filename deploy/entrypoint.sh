@@ -39,6 +39,8 @@ fi
 [ "$status" -eq 0 ] || exit 1
 threads=$(sed -n 1p "$HOME/threads")
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$threads}"
+# the tokenizer's Rust pool (one thread per CPU by default) gets the same share
+export RAYON_NUM_THREADS="${RAYON_NUM_THREADS:-$threads}"
 BERT_SERVE_PRECISION_CHOSEN=$(sed -n 2p "$HOME/threads")
 export BERT_SERVE_PRECISION_CHOSEN
 # Before the stop, what TorchServe accepted is answered (python -m bert_serve_server ready

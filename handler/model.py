@@ -248,8 +248,20 @@ def forward(
         on_device = {name: t.to(device, non_blocking=on_cuda) for name, t in inputs.items()}
         captured = None if loaded.captured is None else loaded.captured(on_device)
         raw = loaded.model(**on_device).logits if captured is None else captured
-        logits: torch.Tensor = raw.float().cpu()
-    return logits
+        return to_host(raw.float())
+
+
+def to_host(logits: torch.Tensor) -> torch.Tensor:
+    """``logits`` on the CPU. From a GPU the copy is queued and the worker sleeps on a blocking
+    event until it lands (``cudaEventBlockingSync``), where a plain copy would spin a host core
+    for the whole pass: a core the other workers' tokenizing and answering can use."""
+    if logits.device.type != "cuda":
+        return logits.cpu()
+    host = logits.to("cpu", non_blocking=True)
+    landed = torch.cuda.Event(blocking=True)
+    landed.record()
+    landed.synchronize()
+    return host
 
 
 FIXED_SHARE = 0.1

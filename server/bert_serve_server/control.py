@@ -89,6 +89,9 @@ STATE_DIR_ENV = "BERT_SERVE_STATE_DIR"
 """The state folder when ``--state-dir`` is not given: the image sets its home folder."""
 
 THREADS_ENV = "OMP_NUM_THREADS"
+TOKENIZER_THREADS_ENV = "RAYON_NUM_THREADS"
+"""The tokenizer's threads (its Rust pool, one per CPU by default): the worker's share, the
+torch threads, so that workers x their pools never outnumber the CPUs."""
 """How a worker's torch learns its thread count (``bert_serve_server.sizing``); a caller's own wins."""
 
 
@@ -500,7 +503,11 @@ def launch_sized(
         raise ServerError(f"no model left to serve: {refusals}")
     if refusals:
         print(f"[server] {refusals}; serving the others", file=sys.stderr)
-    threads = {} if THREADS_ENV in os.environ else {THREADS_ENV: str(resolved.torch_threads)}
+    threads = {
+        name: str(resolved.torch_threads)
+        for name in (THREADS_ENV, TOKENIZER_THREADS_ENV)
+        if name not in os.environ
+    }
     precisions = {PRECISION_ENV: sizing.chosen_precisions(resolved.properties)}
     server = Server(
         state_dir=state_dir,

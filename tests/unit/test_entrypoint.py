@@ -29,10 +29,12 @@ echo sizing >> "$HOME/calls"
 echo "$BERT_SERVE_MEASURE_CACHE" > "$HOME/measure-cache"
 sleep "$SIZING_S"
 echo 1
+echo bert:1.0=bf16
 """
 # torchserve --foreground runs until the stop (python3.11 -m bert_serve_server stop) kills it
 FAKE_TORCHSERVE = """#!/bin/sh
-echo "serve OMP_NUM_THREADS=$OMP_NUM_THREADS TMPDIR=$TMPDIR" >> "$HOME/calls"
+echo "serve OMP_NUM_THREADS=$OMP_NUM_THREADS RAYON_NUM_THREADS=$RAYON_NUM_THREADS \
+BERT_SERVE_PRECISION_CHOSEN=$BERT_SERVE_PRECISION_CHOSEN TMPDIR=$TMPDIR" >> "$HOME/calls"
 [ -n "$FRONTEND_DIES" ] && exit 0  # the launcher's status whatever ended the frontend
 sleep 60 &
 echo $! > "$HOME/ts.pid"
@@ -84,7 +86,8 @@ def test_sigterm_while_serving_drains_then_stops_torchserve(tmp_path: Path) -> N
     process.wait(timeout=20)
     assert calls(tmp_path) == [
         "sizing",
-        f"serve OMP_NUM_THREADS=1 TMPDIR={tmp_path}/tmp",
+        "serve OMP_NUM_THREADS=1 RAYON_NUM_THREADS=1 BERT_SERVE_PRECISION_CHOSEN=bert:1.0=bf16 "
+        f"TMPDIR={tmp_path}/tmp",
         "ready --drain",
         "stop --timeout 15",
     ]

@@ -242,3 +242,34 @@ def test_a_long_pair_costs_what_its_sides_cost(tiny_model_dir: Path) -> None:
     pairs_s = time.perf_counter() - started
     assert all(len(item.input_ids) == 128 and item.truncated for item in items)
     assert pairs_s < 5 * singles_s + 1.0, (pairs_s, singles_s)
+
+
+def test_a_gpu_pass_is_waited_for_asleep_not_spinning(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From a GPU, the logits' copy is queued and the worker waits on a blocking event (the
+    host thread sleeps: cudaEventBlockingSync); on the CPU they are returned as they are."""
+    from handler.model import to_host
+
+    done: list[object] = []
+
+    class Event:
+        def __init__(self, blocking: bool = False) -> None:
+            done.append(("event", blocking))
+
+        def record(self) -> None:
+            done.append("record")
+
+        def synchronize(self) -> None:
+            done.append("synchronize")
+
+    class OnTheGpu:
+        device = torch.device("cuda", 0)
+
+        def to(self, where: str, non_blocking: bool = False) -> str:
+            done.append(("copy", where, non_blocking))
+            return "on the host"
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    assert to_host(OnTheGpu()) == "on the host"  # type: ignore[arg-type]
+    assert done == [("copy", "cpu", True), ("event", True), "record", "synchronize"]
+    logits = torch.ones(2, 3)
+    assert to_host(logits) is logits

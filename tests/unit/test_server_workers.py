@@ -167,3 +167,26 @@ def test_the_log_tail_names_the_frontends_last_words(tmp_path: Path) -> None:
     tail = log_tail(Server(tmp_path, {}))
     assert "Model server started." in tail and "BindException" in tail
     assert log_tail(Server(tmp_path / "none", {})) == "(no log lines)"
+
+
+def test_the_workers_get_their_threads_tokenizer_threads_and_precisions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the sizing chose reaches the frontend and so its workers: the torch threads, the
+    tokenizer's pool at the same share, and each ``auto`` model's precision."""
+    from bert_serve_server import sizing
+
+    entry = {"bert": {"1.0": {"marName": "bert.mar", "precision": "bf16"}}}
+    resolved = sizing.Resolved({"models": json.dumps(entry)}, torch_threads=3, reasons=())
+    monkeypatch.setattr(sizing, "resolve", lambda source, stated: resolved)
+    launched: list[Server] = []
+    monkeypatch.setattr(server_module, "launch", launched.append)
+    for name in ("OMP_NUM_THREADS", "RAYON_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    server_module.launch_sized(tmp_path, {}, None)
+    (server,) = launched
+    assert dict(server.env) == {
+        "OMP_NUM_THREADS": "3",
+        "RAYON_NUM_THREADS": "3",
+        "BERT_SERVE_PRECISION_CHOSEN": "bert:1.0=bf16",
+    }
