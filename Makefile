@@ -7,7 +7,7 @@ LAB       := $(PY) -m lab
 STAMP     := $(VENV)/.installed
 MODEL_DIR ?= build/bert-sentiment
 MODEL_CONFIG ?= config/model-config.yaml
-# PRECISION=bf16 (or fp32, fp16, tf32) packs MODEL_CONFIG with handler.precision replaced; without
+# PRECISION=fp32 (or bf16, fp16, tf32, auto) packs MODEL_CONFIG with handler.precision replaced; without
 # it the config is packed as written. The .mar's source stamp follows either way.
 PRECISION ?=
 MAR       := model_store/bert.mar
@@ -68,7 +68,7 @@ package: $(STAMP) $(MODEL_DIR)/config.json $(REFERENCE)
 	$(PACKAGE) $(if $(NAME),--name $(NAME)) $(if $(VERSION),--version $(VERSION))
 
 ## serve: install, build, package, start TorchServe and wait until the model is READY
-##        (PRECISION=bf16: the fast mode on a CPU with native bf16; see docs/bench/README.md)
+##        (PRECISION=fp32: IEEE fp32 pinned; the default auto: docs/configuration.md)
 ##        MODELS="sentiment=DIR toxicity:2=DIR2": several models on one server (docs/models.md)
 serve:
 	@bash scripts/check_java.sh
