@@ -1,5 +1,5 @@
-"""Probes of TorchServe's routes that can load code: a real workflow archive and a gRPC
-``RegisterModel`` call, for the tests that check each route stays shut (docs/security.md).
+"""A real workflow archive, to probe TorchServe's routes that can load code: the image test
+and tests/integration/test_security.py check each stays shut (docs/security.md).
 
 A workflow archive (``.war``) carries a Python handler that TorchServe imports in a worker
 when the workflow is registered and calls on ``/wfpredict/{name}``. The one built here writes
@@ -16,13 +16,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
-import requests
-
 WORKFLOW_NAME = "probe_wf"
-GRPC_MANAGEMENT_SERVICE = "org.pytorch.serve.grpc.management.ManagementAPIsService"
-GRPC_REGISTER_URL_FIELD = 9
-"""``url`` is field 9 of TorchServe 0.12's ``RegisterModelRequest`` (management.proto)."""
 
 HANDLER = """\
 import pathlib
@@ -86,43 +80,3 @@ def build_workflow_archive(out: Path, marker_dir: Path, model: str = "bert.mar")
             timeout=120,
         )
     return WorkflowArchive(out / f"{WORKFLOW_NAME}.war", marker_dir)
-
-
-def register_workflow(management_url: str, url: str, headers: dict[str, str]) -> requests.Response:
-    """``POST /workflows?url=...`` as TorchServe's docs show it."""
-    return requests.post(
-        f"{management_url}/workflows",
-        params={"url": url, "workflow_name": WORKFLOW_NAME},
-        headers=headers,
-        timeout=180,
-    )
-
-
-def protobuf_string(field: int, value: str) -> bytes:
-    """One length-delimited protobuf field (enough for a one-field request, without stubs)."""
-    data = value.encode()
-    key = field << 3 | 2
-    length = len(data)
-    varint = bytearray()
-    while True:
-        byte, length = length & 0x7F, length >> 7
-        varint.append(byte | (0x80 if length else 0))
-        if not length:
-            break
-    return bytes([key]) + bytes(varint) + data
-
-
-def grpc_register_model(target: str, url: str, token: str | None) -> tuple[str, str]:
-    """(status code name, details) of gRPC ``RegisterModel(url)`` on the management port."""
-    metadata = [("authorization", f"Bearer {token}")] if token else []
-    with grpc.insecure_channel(target) as channel:
-        call = channel.unary_unary(
-            f"/{GRPC_MANAGEMENT_SERVICE}/RegisterModel",
-            request_serializer=lambda request: request,
-            response_deserializer=lambda response: response,
-        )
-        try:
-            call(protobuf_string(GRPC_REGISTER_URL_FIELD, url), metadata=metadata, timeout=60)
-        except grpc.RpcError as error:
-            return error.code().name, str(error.details())
-    return "OK", ""

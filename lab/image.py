@@ -3,8 +3,8 @@
 
 One container under the Deployment's TorchServe limits (so the start sizes for what the pod
 sees), its ports on free 127.0.0.1 ports, always removed; in order: READY (/ping, every worker,
-and the pod's readiness probe not ready at first, then answering), the request checks
-(``lab.image_checks``) and the image's own, a warm burst and each process's memory from the host
+and the pod's readiness probe not ready at first, then answering), the request checks and
+the image's own (``CHECKS``, ``CONTAINER_CHECKS``), a warm burst and each process's memory from the host
 (PSS, RSS), 256 patient clients never refused, SIGTERM under load (exit 0 within the grace
 period, no accepted request lost); then a container with ``STATED_ENV`` (it runs, and says,
 what is stated) and one whose model cannot load (it exits non-zero with the traceback). The
@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,6 @@ from bert_serve_server.config import BASE_CONFIG, ROOT, free_port, read_properti
 from bert_serve_server.layout import container_properties
 
 from lab.code_routes import WORKFLOW_NAME, build_workflow_archive
-from lab.image_checks import CheckOutcome, Target, problems, run_checks
 from lab.load import ClosedLoop, Job, statuses
 from lab.report import write_json
 
@@ -75,6 +74,9 @@ IMAGE_ARCHIVE = "/mnt/models/model-store/bert.mar"
 ARCHIVE_SOURCE = ROOT / "model_store" / "bert.mar"
 """The archive ``make image`` put there."""
 UNKNOWN_MODEL_TYPE = "bert-serve-unknown"
+TIMEOUT_S = 30.0
+FRONTEND_METRICS = ("ts_inference_requests_total", "ts_queue_latency_microseconds")
+"""The metrics TorchServe itself exports in Prometheus format (config/metrics.yaml adds ours)."""
 # A request to the management API from inside the container (python3.11 is the image's):
 # argv is method, path, body; prints the status, then the body.
 MANAGEMENT_REQUEST = """\
@@ -219,6 +221,113 @@ def port_of(address: str) -> int:
     return int(address.rsplit(":", 1)[1])
 
 
+@dataclass(frozen=True)
+class Target:
+    """Where the request checks reach the image: its published ports, as host URLs."""
+
+    inference: str
+    metrics: str
+
+    @property
+    def predict(self) -> str:
+        return f"{self.inference}/predictions/bert"
+
+
+@dataclass(frozen=True)
+class CheckOutcome:
+    name: str
+    problems: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+# The checks, one function per concern: each returns the problems it found, none where the image
+# answered as it should. To add one, write it and name it in ``CHECKS`` (it takes the published
+# URLs, a ``Target``) or ``CONTAINER_CHECKS`` (it takes the ``Container``).
+
+
+def problems(*expectations: tuple[bool, str]) -> list[str]:
+    """The descriptions of the expectations that do not hold."""
+    return [what for holds, what in expectations if not holds]
+
+
+def post(target: Target, body: Any, path: str = "/predictions/bert") -> tuple[int, Any, str]:
+    """POST ``body`` (JSON, or raw text where it is bytes): the status, the JSON answer (None
+    where it is not JSON) and the answer as a problem shows it."""
+    url = target.inference + path
+    if isinstance(body, bytes):
+        headers = {"Content-Type": "text/plain"}
+        response = requests.post(url, data=body, headers=headers, timeout=TIMEOUT_S)
+    else:
+        response = requests.post(url, json=body, timeout=TIMEOUT_S)
+    try:
+        answer = response.json()
+    except ValueError:
+        answer = None
+    return response.status_code, answer, f"{response.status_code} {response.text[:300]!r}"
+
+
+def labelled(target: Target, body: Any, label: str | None = None) -> tuple[bool, str]:
+    """A 200 whose answer has a label (``label`` where given), and the answer shown."""
+    status, answer, shown = post(target, body)
+    found = answer.get("label") if isinstance(answer, dict) else None
+    return status == 200 and found is not None and label in (None, found), shown
+
+
+def readme_examples(target: Target) -> list[str]:
+    """The README's two curl examples, raw text and JSON, with the labels it shows."""
+    raw, raw_shown = labelled(target, b"An absolute delight from start to finish.", "positive")
+    single, shown = labelled(target, {"text": "A tedious, joyless mess."}, "negative")
+    return problems((raw, f"raw text: {raw_shown}"), (single, f"JSON text: {shown}"))
+
+
+def list_with_an_empty_item(target: Target) -> list[str]:
+    """A list answers 200 with one result per text: the empty one an empty_text error."""
+    status, answer, shown = post(target, {"texts": ["great film", "", "awful"]})
+    results = answer.get("results") if isinstance(answer, dict) else None
+    right = (
+        status == 200
+        and isinstance(results, list)
+        and len(results) == 3
+        and "label" in results[0]
+        and results[1].get("error", {}).get("code") == "empty_text"
+    )
+    return problems((right, f"list: {shown}"))
+
+
+def a_pair(target: Target) -> list[str]:
+    pair, shown = labelled(target, {"text": "It rains.", "text_pair": "The street is wet."})
+    return problems((pair, f"pair: {shown}"))
+
+
+def open_inference_v2(target: Target) -> list[str]:
+    """KServe's v2 protocol over HTTP: two texts in, a label tensor of shape [2] out."""
+    texts = {"name": "text", "datatype": "BYTES", "shape": [2], "data": ["great film", "awful"]}
+    status, answer, shown = post(target, {"inputs": [texts]}, "/v2/models/bert/infer")
+    outputs = answer.get("outputs", []) if isinstance(answer, dict) else []
+    shapes = {output.get("name"): output.get("shape") for output in outputs}
+    return problems((status == 200 and shapes.get("label") == [2], f"v2: {shown}"))
+
+
+def prometheus_metrics(target: Target) -> list[str]:
+    metrics = requests.get(f"{target.metrics}/metrics", timeout=TIMEOUT_S)
+    return problems(
+        (metrics.status_code == 200, f"/metrics: {metrics.status_code}"),
+        *((name in metrics.text, f"/metrics lacks {name}") for name in FRONTEND_METRICS),
+    )
+
+
+CHECKS: tuple[tuple[str, Callable[[Target], list[str]]], ...] = (
+    ("the README's examples", readme_examples),
+    ("a list with an empty item", list_with_an_empty_item),
+    ("a sentence pair", a_pair),
+    ("Open Inference Protocol (v2) over HTTP", open_inference_v2),
+    ("Prometheus /metrics", prometheus_metrics),
+)
+
+
 @dataclass
 class Container(EngineCalls):
     """One container of the image, named after this process, removed by ``remove``;
@@ -278,11 +387,7 @@ class Container(EngineCalls):
         return self.succeeds("exec", self.name, *READY_PROBE)
 
     def target(self) -> Target:
-        return Target(
-            inference=f"http://127.0.0.1:{self.http}",
-            metrics=f"http://127.0.0.1:{self.metrics}",
-            management=self.management,
-        )
+        return Target(f"http://127.0.0.1:{self.http}", f"http://127.0.0.1:{self.metrics}")
 
     def remove(self) -> None:
         self.run("rm", "--force", self.name, check=False)
@@ -459,7 +564,7 @@ IN_CONTAINER_WAR = "/tmp/probe_wf.war"
 IN_CONTAINER_MARKERS = "/tmp/probe-markers"
 
 
-def workflow_refused(container: Container) -> CheckOutcome:
+def workflow_refused(container: Container) -> list[str]:
     """A real workflow archive copied into the container is refused by POST /workflows, named
     as a file URL or a bare name, and its code never runs (docs/security.md)."""
     with tempfile.TemporaryDirectory() as scratch:
@@ -475,7 +580,7 @@ def workflow_refused(container: Container) -> CheckOutcome:
     ran = container.run("exec", container.name, "ls", "-A", "/tmp")
     if Path(IN_CONTAINER_MARKERS).name in ran.split():
         found.append("the workflow archive's code ran in the container")
-    return CheckOutcome("a workflow archive is refused and never runs", tuple(found))
+    return found
 
 
 # Run inside the image: which distributions of ours are installed, and which of our top-level
@@ -488,19 +593,16 @@ print(json.dumps({
 }))"""
 
 
-def installed_packages(container: Container) -> CheckOutcome:
+def installed_packages(container: Container) -> list[str]:
     """The image installs the server package (server/) and nothing else of the checkout: no
     lab, no client, no tests, no loose copies of modules."""
     found = json.loads(
         container.run("exec", container.name, "python3.11", "-c", INSTALLED_PACKAGES)
     )
     dists, importable = found["dists"], found["importable"]
-    wrong = problems(
+    return problems(
         (dists == ["bert-serve-server"], f"distributions: {dists}"),
         (importable == ["bert_serve_server"], f"importable: {importable}"),
-    )
-    return CheckOutcome(
-        "the server package is installed, and no lab, client or test module", tuple(wrong)
     )
 
 
@@ -510,7 +612,7 @@ SERVER_VERBS = ("status", "models", "url", "predict-url")
 no handler/ is installed (``kubectl exec ... -- python3.11 -m bert_serve_server status``)."""
 
 
-def server_commands(container: Container) -> CheckOutcome:
+def server_commands(container: Container) -> list[str]:
     """Each of ``SERVER_VERBS`` run in the container exits 0 and prints something."""
     failed = []
     for verb in SERVER_VERBS:
@@ -519,9 +621,29 @@ def server_commands(container: Container) -> CheckOutcome:
                 failed.append(f"{verb}: printed nothing")
         except RuntimeError as error:
             failed.append(f"{verb}: {error}")
-    return CheckOutcome(
-        "the server's commands work in the image: " + ", ".join(SERVER_VERBS), tuple(failed)
-    )
+    return failed
+
+
+CONTAINER_CHECKS: tuple[tuple[str, Callable[[Container], list[str]]], ...] = (
+    ("a workflow archive is refused and never runs", workflow_refused),
+    ("the server package is installed, and no lab, client or test module", installed_packages),
+    ("the server's commands work in the image: " + ", ".join(SERVER_VERBS), server_commands),
+)
+
+
+def run_checks(
+    target: Any, checks: Sequence[tuple[str, Callable[[Any], list[str]]]] = CHECKS
+) -> list[CheckOutcome]:
+    """Every check's outcome, in order; a check that raised has that error as its problem, so
+    one run reports every failure, not the first."""
+    outcomes = []
+    for name, check in checks:
+        try:
+            found = check(target)
+        except Exception as error:  # a failed request is this check's outcome too
+            found = [f"{type(error).__name__}: {error}"]
+        outcomes.append(CheckOutcome(name, tuple(found)))
+    return outcomes
 
 
 def run_image_test(
@@ -545,11 +667,7 @@ def run_image_test(
         sizing = sizing_lines(container)
         for line in sizing:
             say(f"sizing: {line}")
-        outcomes = run_checks(container.target()) + [
-            workflow_refused(container),
-            installed_packages(container),
-            server_commands(container),
-        ]
+        outcomes = run_checks(container.target()) + run_checks(container, CONTAINER_CHECKS)
         for outcome in outcomes:
             say(f"{'ok  ' if outcome.ok else 'FAIL'} {outcome.name}")
         if failed := [f"{o.name}: {problem}" for o in outcomes for problem in o.problems]:

@@ -7,19 +7,58 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import grpc
 import pytest
 import requests
 from bert_serve_server.config import MODEL_NAME
 from bert_serve_server.control import Server, running
 
-from lab.code_routes import (
-    WORKFLOW_NAME,
-    WorkflowArchive,
-    build_workflow_archive,
-    grpc_register_model,
-    register_workflow,
-)
+from lab.code_routes import WORKFLOW_NAME, WorkflowArchive, build_workflow_archive
 from tests.conftest import MAR_PATH
+
+GRPC_MANAGEMENT_SERVICE = "org.pytorch.serve.grpc.management.ManagementAPIsService"
+GRPC_REGISTER_URL_FIELD = 9
+"""``url`` is field 9 of TorchServe 0.12's ``RegisterModelRequest`` (management.proto)."""
+
+
+def register_workflow(management_url: str, url: str, headers: dict[str, str]) -> requests.Response:
+    """``POST /workflows?url=...`` as TorchServe's docs show it."""
+    return requests.post(
+        f"{management_url}/workflows",
+        params={"url": url, "workflow_name": WORKFLOW_NAME},
+        headers=headers,
+        timeout=180,
+    )
+
+
+def protobuf_string(field: int, value: str) -> bytes:
+    """One length-delimited protobuf field (enough for a one-field request, without stubs)."""
+    data = value.encode()
+    key = field << 3 | 2
+    length = len(data)
+    varint = bytearray()
+    while True:
+        byte, length = length & 0x7F, length >> 7
+        varint.append(byte | (0x80 if length else 0))
+        if not length:
+            break
+    return bytes([key]) + bytes(varint) + data
+
+
+def grpc_register_model(target: str, url: str, token: str | None) -> tuple[str, str]:
+    """(status code name, details) of gRPC ``RegisterModel(url)`` on the management port."""
+    metadata = [("authorization", f"Bearer {token}")] if token else []
+    with grpc.insecure_channel(target) as channel:
+        call = channel.unary_unary(
+            f"/{GRPC_MANAGEMENT_SERVICE}/RegisterModel",
+            request_serializer=lambda request: request,
+            response_deserializer=lambda response: response,
+        )
+        try:
+            call(protobuf_string(GRPC_REGISTER_URL_FIELD, url), metadata=metadata, timeout=60)
+        except grpc.RpcError as error:
+            return error.code().name, str(error.details())
+    return "OK", ""
 
 
 @pytest.fixture(scope="module")
