@@ -1,5 +1,6 @@
 """config/config.properties: read it, override some keys, and write an instance's copy; and its
-``models=`` entry, the one reader of it, and the entry that serves several models.
+``models=`` entry, the one reader of it, the entry that serves several models, and whether the
+models it serves are ready (``unready``: the one definition, for the start and the probes).
 
 ``make serve MODELS="sentiment=DIR toxicity:2=DIR2"`` names each model ``NAME[:VERSION]=DIR``
 (version ``1.0`` when left out). One name may be listed with several versions: all of them are
@@ -22,7 +23,7 @@ from __future__ import annotations
 import json
 import re
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -416,3 +417,31 @@ def without(properties: dict[str, str], refused: dict[str, str]) -> dict[str, st
         for entry in sorted(versions.values(), key=lambda e: not e.get("defaultVersion")):
             files.append(str(entry.get("marName", f"{name}.mar")))
     return properties | {"models": json.dumps(kept), "load_models": ",".join(files)}
+
+
+def unready(
+    models: Mapping[str, Iterable[str]],
+    described: Mapping[str, list[dict[str, Any]] | None],
+    every_worker: bool,
+) -> list[str]:
+    """Why the served models are not ready; empty when they are. ``models``: name -> the
+    versions the config serves; ``described``: name -> the management API's ``/models/NAME/all``
+    (None where it did not answer). ``every_worker``: all workers READY (started), else at
+    least one per version (serving)."""
+    problems = []
+    for name, versions in models.items():
+        entries = described.get(name)
+        if entries is None:
+            problems.append(f"model {name}: not described by the management API")
+            continue
+        found = {str(entry.get("modelVersion")): entry.get("workers") or [] for entry in entries}
+        for version in versions:
+            states = [worker.get("status") for worker in found.get(str(version), [])]
+            ready = [state == "READY" for state in states]
+            if not states:
+                problems.append(f"model {name} {version}: no workers")
+            elif not (all(ready) if every_worker else any(ready)):
+                problems.append(f"model {name} {version}: workers {states}")
+    if not models:
+        problems.append("the config serves no model")
+    return problems

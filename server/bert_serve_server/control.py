@@ -59,9 +59,9 @@ from bert_serve_server.config import (
     read_models,
     read_properties,
     served_models,
+    unready,
     without,
 )
-from bert_serve_server.ready import unready
 from bert_serve_server.rules import SizingError
 
 USAGE = """Start, wait for, and stop one TorchServe instance that lives in its own state folder
@@ -335,7 +335,7 @@ class Server:
         return ready[0] if ready else None
 
     def workers_ready(self) -> bool:
-        """Started: every served model version has workers, all READY (``ready.unready``, the
+        """Started: every served model version has workers, all READY (``config.unready``, the
         startup probe's definition)."""
         models = served_models(self.properties)
         try:

@@ -52,11 +52,11 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from bert_serve_server.config import read_properties, served_models
+from bert_serve_server.config import read_properties, served_models, unready
 
 TIMEOUT_S = 3.0
 DRAIN_DEADLINE_S = 70.0
@@ -70,34 +70,6 @@ ACCEPTED = "ts_inference_requests_total"
 ANSWERED = "BatchItems"
 """The handler's count of the requests in the batches it answered (``ModelName``)."""
 SAMPLE = re.compile(r"^(\w+)\{([^}]*)\}\s+([0-9.eE+-]+)\s*$")
-
-
-def unready(
-    models: Mapping[str, Iterable[str]],
-    described: Mapping[str, list[dict[str, Any]] | None],
-    every_worker: bool,
-) -> list[str]:
-    """Why the served models are not ready; empty when they are. ``models``: name -> the
-    versions the config serves; ``described``: name -> the management API's ``/models/NAME/all``
-    (None where it did not answer). ``every_worker``: all workers READY (started), else at
-    least one per version (serving)."""
-    problems = []
-    for name, versions in models.items():
-        entries = described.get(name)
-        if entries is None:
-            problems.append(f"model {name}: not described by the management API")
-            continue
-        found = {str(entry.get("modelVersion")): entry.get("workers") or [] for entry in entries}
-        for version in versions:
-            states = [worker.get("status") for worker in found.get(str(version), [])]
-            ready = [state == "READY" for state in states]
-            if not states:
-                problems.append(f"model {name} {version}: no workers")
-            elif not (all(ready) if every_worker else any(ready)):
-                problems.append(f"model {name} {version}: workers {states}")
-    if not models:
-        problems.append("the config serves no model")
-    return problems
 
 
 def counts(metrics_text: str, metric: str, label: str) -> dict[str, float]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from bert_serve_server import ready
+from bert_serve_server.config import unready
 
 
 def described(*states: str, version: str = "1.0", pending: int = 0) -> list[dict[str, Any]]:
@@ -21,13 +22,13 @@ def described(*states: str, version: str = "1.0", pending: int = 0) -> list[dict
 def test_serving_needs_one_ready_worker_per_version_started_needs_all() -> None:
     models = {"bert": ["1.0"]}
     one_restarting = {"bert": described("READY", "UNLOADED")}
-    assert ready.unready(models, one_restarting, every_worker=False) == []
-    assert ready.unready(models, one_restarting, every_worker=True) == [
+    assert unready(models, one_restarting, every_worker=False) == []
+    assert unready(models, one_restarting, every_worker=True) == [
         "model bert 1.0: workers ['READY', 'UNLOADED']"
     ]
     none_ready = {"bert": described("UNLOADED", "UNLOADED")}
-    assert ready.unready(models, none_ready, every_worker=False)
-    assert ready.unready(models, {"bert": described()}, every_worker=False) == [
+    assert unready(models, none_ready, every_worker=False)
+    assert unready(models, {"bert": described()}, every_worker=False) == [
         "model bert 1.0: no workers"
     ]
 
@@ -35,11 +36,11 @@ def test_serving_needs_one_ready_worker_per_version_started_needs_all() -> None:
 def test_every_served_version_and_model_counts() -> None:
     models = {"bert": ["1.0"], "nli": ["1", "2"]}
     answers = {"bert": described("READY"), "nli": described("READY", version="1")}
-    assert ready.unready(models, answers, every_worker=False) == ["model nli 2: no workers"]
-    assert ready.unready(models, {"bert": described("READY"), "nli": None}, False) == [
+    assert unready(models, answers, every_worker=False) == ["model nli 2: no workers"]
+    assert unready(models, {"bert": described("READY"), "nli": None}, False) == [
         "model nli: not described by the management API"
     ]
-    assert ready.unready({}, {}, every_worker=False) == ["the config serves no model"]
+    assert unready({}, {}, every_worker=False) == ["the config serves no model"]
 
 
 METRICS = """\
