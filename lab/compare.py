@@ -1,6 +1,6 @@
 """``make compare-precision``: fp32 against a faster precision on your own texts, so the choice
-is made with numbers: texts/s of each, the largest score change, and the texts whose decision
-changes. Both run the handler's ``classify`` in this process with the model config's settings,
+is made with numbers: texts/s of each, the largest score change, the texts whose decision
+changes, and whether ``precision: auto``'s check (``handler.precision.agreement``) would keep it. Both run the handler's ``classify`` in this process with the model config's settings,
 in windows of one served batch, on the device a worker would take (fp32 on CUDA is IEEE fp32).
 
     python -m lab compare-precision --model-dir build/bert-sentiment --texts my_texts.txt
@@ -23,7 +23,7 @@ from bert_serve_server.archive import DEFAULT_MODEL_DIR, MODEL_CONFIG
 
 from handler.inference import classify
 from handler.model import LoadedModel, load_model
-from handler.precision import decision, largest_change
+from handler.precision import agreement, decision, largest_change
 from handler.settings import PRECISION_CHOICES, HandlerSettings
 from handler.values import Prediction
 from lab.corpus import make_corpus
@@ -139,6 +139,7 @@ def compare_precision(
         "labels_unchanged_pct": round(100 * unchanged / len(texts), 2),
         "labels_flipped": len(changed),
         "flip_examples": changed[:examples],
+        "auto_would_keep_it": agreement(exact, fast).problem() or "yes: the answers hold",
     }
 
 
@@ -153,6 +154,7 @@ def summary(result: dict[str, Any]) -> str:
         f"  largest score change: {result['largest_score_change']}",
         f"  labels unchanged: {result['labels_unchanged']} of {result['texts']} "
         f"({result['labels_unchanged_pct']} %), flipped: {result['labels_flipped']}",
+        f"  precision auto would keep {fast_name} on these texts: {result['auto_would_keep_it']}",
     ]
     for example in result["flip_examples"]:
         before, after = example[exact_name], example[fast_name]
