@@ -101,7 +101,8 @@ class ClosedLoop:
     passed, or ``stopped`` is set. Each request is a POST to ``url`` unless a ``sender`` is
     given. ``pause_after_failure_s``: a client waits that long after an answer other than 200
     (an impatient client's resend). ``stamped``: each POST carries ``X-Request-Start`` and,
-    as ``X-Request-Timeout``, ``request_timeout_s`` (docs/deadlines.md)."""
+    as ``X-Request-Timeout``, ``request_timeout_s`` (docs/deadlines.md). ``new_connections``:
+    each request on a connection of its own (what a Service still sends a terminating pod)."""
 
     url: str
     headers: dict[str, str]
@@ -114,6 +115,7 @@ class ClosedLoop:
     sender: Sender | None = None
     pause_after_failure_s: float = 0.0
     stamped: bool = False
+    new_connections: bool = False
     sent: int = 0
     stopped: bool = False
     elapsed: float = 0.0
@@ -136,7 +138,7 @@ class ClosedLoop:
         """``run`` inside a running event loop (to run two loads side by side)."""
         started = time.monotonic()
         deadline = started + self.seconds
-        connector = aiohttp.TCPConnector(limit=self.concurrency)
+        connector = aiohttp.TCPConnector(limit=self.concurrency, force_close=self.new_connections)
         timeout = aiohttp.ClientTimeout(total=self.request_timeout_s)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
             users = (self._user(session, deadline) for _ in range(self.concurrency))

@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import yaml
 from bert_serve_server.config import ROOT, free_port
 
@@ -49,7 +48,7 @@ from lab.image import (
     recorded,
     wait_started,
 )
-from lab.load import Outcome, send, statuses
+from lab.load import ClosedLoop, statuses
 
 K8S = ROOT / "deploy" / "k8s"
 KUSTOMIZATION = K8S / "kustomization.yaml"
@@ -257,41 +256,24 @@ def patient(pod: Pod) -> dict[str, Any]:
     return result
 
 
-async def new_connections(url: str, headers: dict[str, str], seconds: float) -> list[Outcome]:
-    """``NEW_CONNECTION_CLIENTS`` clients, each request on a connection of its own, for
-    ``seconds``: what a Service still sends a terminating pod."""
-    outcomes: list[Outcome] = []
-    deadline = time.monotonic() + seconds
-    connector = aiohttp.TCPConnector(force_close=True)
-    timeout = aiohttp.ClientTimeout(total=PATIENT_TIMEOUT_S)
-    job = mixed(0)
-
-    async def client(session: aiohttp.ClientSession) -> None:
-        while time.monotonic() < deadline:
-            outcomes.append(await send(session, url, headers, job))
-
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        await asyncio.gather(*(client(session) for _ in range(NEW_CONNECTION_CLIENTS)))
-    return outcomes
-
-
 def stop_under_new_connections(pod: Pod, grace_s: int) -> dict[str, Any]:
-    """SIGTERM to the pod's containers after ``SIGTERM_AFTER_S`` of clients opening new
-    connections, which go on for ``NEW_CONNECTIONS_S`` after it: as kubelet stops a pod,
-    ``stop_as_kubelet``. The stop runs in a thread: the clients' loop never waits."""
+    """SIGTERM to the pod's containers after ``SIGTERM_AFTER_S`` of clients opening a new
+    connection for each request, which go on for ``NEW_CONNECTIONS_S`` after it: as kubelet
+    stops a pod, ``stop_as_kubelet``. The stop runs in a thread: the clients' loop never waits."""
+    seconds, sent = SIGTERM_AFTER_S + NEW_CONNECTIONS_S, []
+    load = ClosedLoop(
+        pod.predict, pod.headers, lambda n: mixed(0), NEW_CONNECTION_CLIENTS, seconds,
+        request_timeout_s=PATIENT_TIMEOUT_S, new_connections=True,
+    )  # fmt: skip
 
-    async def run() -> tuple[list[Outcome], float]:
-        load = asyncio.create_task(
-            new_connections(pod.predict, pod.headers, SIGTERM_AFTER_S + NEW_CONNECTIONS_S)
-        )
+    async def stop() -> None:
         await asyncio.sleep(SIGTERM_AFTER_S)
-        sent = time.monotonic()
-        outcomes, _ = await asyncio.gather(load, asyncio.to_thread(stop_as_kubelet, pod, grace_s))
-        return outcomes, round(time.monotonic() - sent, 1)
+        sent.append(time.monotonic())
+        await asyncio.to_thread(stop_as_kubelet, pod, grace_s)
 
-    outcomes, stop_s = asyncio.run(run())
-    counted = statuses(outcomes)
-    exits = {name: pod.state_of(name, "ExitCode") for name in ("torchserve", "proxy")}
+    counted = statuses(load.run(stop()).outcomes)
+    stop_s = round(time.monotonic() - sent[0], 1)  # the stop and the clients both done
+    exits = {name: pod.state_of(name, "ExitCode") for name in APP_CONTAINERS}
     result = {"statuses": counted, "stop_s": stop_s, "exit_codes": exits}
     if set(counted) != {"200"} or any(code != "0" for code in exits.values()) or stop_s > grace_s:
         raise ImageTestFailed(f"the stop under new connections: {result}")
