@@ -16,7 +16,6 @@ one run, on one corpus (docs/bench/README.md reads ``results.json`` and ``servin
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import sys
 import tempfile
@@ -41,7 +40,7 @@ from lab.corpus import corpus_stats, make_corpus
 from lab.load import Endpoint, Loads, cores_used, endpoint, interleaved, run_texts, servers
 from lab.load import server_processes as processes
 from lab.peer import OUT_OF_THE_BOX, PEERS, configured_like, litserve_peer
-from lab.report import describe, dumps, now, pyplot, write_json
+from lab.report import describe, dumps, now, pyplot, tool_parser, write_json
 
 SERVER_KEYS = ("config", "startup_s", "worker_memory")
 
@@ -338,7 +337,7 @@ def plot(results: dict[str, Any], out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lab bench", description=__doc__)
+    parser = tool_parser("bench", __doc__)
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "bench")
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
     parser.add_argument("--seconds", type=float, default=8, help="measured seconds per level")

@@ -8,7 +8,6 @@ dashboard's own queries, one chart per panel (per model for the model rows).
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import re
@@ -17,7 +16,7 @@ from typing import Any
 
 from bert_serve_server.config import ROOT
 
-from lab.report import pyplot
+from lab.report import pyplot, tool_parser
 
 COLUMNS = 3
 LEGEND_LABEL = re.compile(r"\{\{\s*(\w+)\s*\}\}")
@@ -84,7 +83,7 @@ def draw(data: dict[str, Any], out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lab dashboard-picture", description=__doc__)
+    parser = tool_parser("dashboard-picture", __doc__)
     parser.add_argument("data", type=Path, help="the JSON test_operating.py wrote (OPERATING_DATA)")
     parser.add_argument("out", type=Path, help="the PNG to write")
     args = parser.parse_args(argv)

@@ -14,7 +14,6 @@ whose ``x-wait-time`` exceeds the client's wait (or lacks it) was ``forwarded_la
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 import time
 from collections.abc import Iterator
@@ -30,7 +29,7 @@ from bert_serve_server.control import Server, running
 from lab.batchlog import batch_times, observed
 from lab.corpus import make_corpus
 from lab.load import ClosedLoop, cores_by_role, in_turn, percentile, server_processes, statuses
-from lab.report import describe, now, write_json
+from lab.report import describe, now, tool_parser, write_json
 from lab.standins import reshaped
 
 MODELS = ("default", "fast", "slow")
@@ -173,9 +172,7 @@ def run(models: tuple[str, ...], seconds: float) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m lab check-defaults", description=__doc__.split("\n\n")[0]
-    )
+    parser = tool_parser("check-defaults", __doc__)
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "bench")
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     parser.add_argument("--seconds", type=float, default=15, help="seconds per level")

@@ -12,7 +12,6 @@ config/schemathesis.toml; the token reaches it through the environment, never it
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -25,7 +24,7 @@ from typing import Any
 from bert_serve_server.config import ROOT
 from bert_serve_server.control import Server, running
 
-from lab.report import dumps, write_json
+from lab.report import dumps, tool_parser, write_json
 
 OPENAPI = ROOT / "docs" / "openapi.yaml"
 CONFIG = ROOT / "config" / "schemathesis.toml"
@@ -98,11 +97,7 @@ def passed(summary: dict[str, Any]) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m lab fuzz",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = tool_parser("fuzz", __doc__)
     parser.add_argument(
         "--max-examples", type=int, default=30, help="cases per operation per round"
     )

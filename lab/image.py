@@ -13,7 +13,6 @@ record's ``sized_from`` hashes what its figures depend on (tests/unit/test_deplo
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import hashlib
 import json
@@ -36,7 +35,7 @@ from bert_serve_server.layout import container_properties
 
 from lab.code_routes import WORKFLOW_NAME, build_workflow_archive
 from lab.load import ClosedLoop, Job, statuses
-from lab.report import write_json
+from lab.report import tool_parser, write_json
 
 READY_TIMEOUT_S = 300.0
 PATIENT_CLIENTS = 256
@@ -798,9 +797,7 @@ def unloadable_start(first: Container, say: Callable[[str], None]) -> dict[str, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m lab image-test", description=__doc__.split("\n\n")[0]
-    )
+    parser = tool_parser("image-test", __doc__)
     parser.add_argument("--image", default=os.environ.get("IMAGE", "bert-serve:0.1.0"))
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "image" / "image-test.json")
     args = parser.parse_args(argv)

@@ -10,7 +10,6 @@ image record's measured size need (three do not fit the Deployment's limit).
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import re
@@ -33,6 +32,7 @@ from lab.image import (
     torchserve_container,
     wait_started,
 )
+from lab.report import tool_parser
 
 IMAGE_RECORD = ROOT / "deploy" / "image-test.json"
 MEMORY_STEP_MIB = 256
@@ -95,9 +95,7 @@ def models_start(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m lab models-start", description=__doc__.split("\n\n")[0]
-    )
+    parser = tool_parser("models-start", __doc__)
     parser.add_argument("--image", required=True)
     parser.add_argument("--models", type=int, required=True, help="how many the image serves")
     parser.add_argument("--out", type=Path, required=True)

@@ -4,7 +4,7 @@ from a Secret, read-only roots), through the proxy with the key, against deploy/
 bars: 256 patient clients never refused; a killed frontend ends its container, which is
 restarted and ready again; SIGTERM while clients keep opening new connections (as kubelet
 sends it): none refused, every container exits 0 within the grace period; the same with 2
-workers forced.
+workers stated (``STATED_ENV``).
 
 What podman needs that a cluster has: an infra image where catatonit is absent, ulimits that
 fit (a containers.conf of the run's own), the Secret as a podman secret of base64 values. Names
@@ -13,7 +13,6 @@ carry the run's tag, so runs beside each other do not meet.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import base64
 import hashlib
@@ -49,6 +48,7 @@ from lab.image import (
     wait_started,
 )
 from lab.load import ClosedLoop, statuses
+from lab.report import tool_parser
 
 K8S = ROOT / "deploy" / "k8s"
 KUSTOMIZATION = K8S / "kustomization.yaml"
@@ -105,12 +105,11 @@ def kube_documents(
     tag: str,
     images: dict[str, str],
     host_ports: dict[str, int],
-    extra_config: str | None = None,
+    stated: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """deployment.yaml as podman kube plays it here: one replica, names with ``tag``, the
     containers' images from ``images`` (by container name), ``host_ports`` (by port name) on
-    127.0.0.1, and with ``extra_config`` a config.properties mounted from a ConfigMap and
-    named last on TorchServe's command line. Everything else as written."""
+    127.0.0.1, and ``stated`` added to TorchServe's environment. Everything else as written."""
     deployment = yaml.safe_load(DEPLOYMENT.read_text())
     deployment["metadata"]["name"] = f"bert-serve-{tag}"
     deployment["spec"]["replicas"] = 1
@@ -137,16 +136,8 @@ def kube_documents(
             ref = entry.get("valueFrom", {}).get("secretKeyRef")
             if ref:
                 ref["name"] = f"{ref['name']}-{tag}"
-    if extra_config is not None:
-        forced_name = f"bert-serve-config-{tag}"
-        documents.append(config_map(forced_name, {"config.properties": extra_config}))
-        spec["volumes"].append({"name": "forced-config", "configMap": {"name": forced_name}})
-        (torchserve,) = [c for c in spec["containers"] if c["name"] == "torchserve"]
-        torchserve.setdefault("volumeMounts", []).append(
-            {"name": "forced-config", "mountPath": "/etc/bert-serve", "readOnly": True}
-        )
-        torchserve["args"] = "--model-store /mnt/models/model-store --ts-config".split()
-        torchserve["args"].append("/etc/bert-serve/config.properties")
+        if container["name"] == "torchserve":
+            container["env"] += [{"name": k, "value": v} for k, v in (stated or {}).items()]
     return [*documents, deployment]
 
 
@@ -184,7 +175,7 @@ class Pod(EngineCalls):
     tag: str
     state: Path
     images: dict[str, str]
-    extra_config: str | None = None
+    stated: dict[str, str] | None = None
     key: str = field(default_factory=lambda: secrets.token_hex(32))
     ports: dict[str, int] = field(
         default_factory=lambda: {"proxy": free_port(), "metrics": free_port()}
@@ -202,7 +193,7 @@ class Pod(EngineCalls):
         self.state.mkdir(parents=True, exist_ok=True)
         manifest = self.state / "pod.yaml"
         manifest.write_text(
-            yaml.safe_dump_all(kube_documents(self.tag, self.images, self.ports, self.extra_config))
+            yaml.safe_dump_all(kube_documents(self.tag, self.images, self.ports, self.stated))
         )
         secret = self.state / "secret.json"
         secret.write_text(secret_content({"key": self.key}))
@@ -325,29 +316,6 @@ def kill_frontend(pod: Pod) -> dict[str, Any]:
     }
 
 
-def forced_workers_config(workers: int) -> str:
-    """The image's baked config with every model's workers stated, and what its start would
-    measure stated as the image test's step 7 states it (``STATED_ENV``: the batch size, the
-    queue, the heap), so that start measures nothing: the first pod's start (and the image
-    test's) measured the model; the subject here is the stop. (2 workers in the pod's memory
-    leave a derived heap that holds no queue: the start would refuse them.)"""
-    from bert_serve_server.config import BASE_CONFIG, properties_text, read_properties
-    from bert_serve_server.layout import container_properties
-
-    properties = container_properties(read_properties(BASE_CONFIG))
-    models = json.loads(properties["models"])
-    batch_size = int(STATED_ENV["BERT_SERVE_BATCH_SIZE"])
-    for versions in models.values():
-        for entry in versions.values():
-            entry |= {"minWorkers": workers, "maxWorkers": workers, "batchSize": batch_size}
-    stated: dict[str, str] = {
-        "models": json.dumps(models),
-        "job_queue_size": STATED_ENV["BERT_SERVE_QUEUE"],
-        "vmargs": f"{properties.get('vmargs', '')} -Xmx{STATED_ENV['BERT_SERVE_HEAP']}".strip(),
-    }
-    return properties_text(dict(properties) | stated)
-
-
 def infra_image(engine: list[str], tag: str, state: Path) -> str | None:
     """None where podman makes its own infra image (from Debian's catatonit); else one built
     for the run on the base scripts/image.sh built on: a shell that waits and exits on SIGTERM."""
@@ -388,9 +356,8 @@ def run_pod_test(images: dict[str, str], say: Callable[[str], None]) -> dict[str
             record["frontend_killed"] = kill_frontend(pod)
             say("SIGTERM while clients open new connections")
             record["stop"] = stop_under_new_connections(pod, grace_s)
-        say("kube play with 2 workers forced")
-        forced = forced_workers_config(2)
-        two = Pod(engine, f"{tag}-w2", state / "two-workers", images, forced, env=env)
+        say(f"kube play with 2 workers stated: {STATED_ENV}")
+        two = Pod(engine, f"{tag}-w2", state / "two-workers", images, STATED_ENV, env=env)
         with played(two) as pod:
             record["two_workers"] = {"ready_s": wait_ready(pod)}
             say("SIGTERM while clients open new connections, 2 workers")
@@ -402,9 +369,7 @@ def run_pod_test(images: dict[str, str], say: Callable[[str], None]) -> dict[str
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m lab pod-test", description=__doc__.split("\n\n")[0]
-    )
+    parser = tool_parser("pod-test", __doc__)
     parser.add_argument("--image", default=os.environ.get("IMAGE", "bert-serve:0.1.0"))
     parser.add_argument(
         "--proxy-image", default=os.environ.get("PROXY_IMAGE", "bert-serve-proxy:0.1.0")

@@ -1,7 +1,9 @@
-"""What every report shares: the machine it ran on, its JSON written compactly, its plots."""
+"""What every report shares: its command line, the machine it ran on, its JSON written
+compactly, its plots."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -14,6 +16,14 @@ WATCHED_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "a
 """The instruction sets that change torch's CPU speed: AVX2, AVX-512, native bf16, AMX."""
 WIDTH = 100
 RECORD_WIDTH = 600
+
+
+def tool_parser(name: str, doc: str | None) -> argparse.ArgumentParser:
+    """``python -m lab NAME``'s parser: its module's docstring is its help, as written."""
+    raw = argparse.RawDescriptionHelpFormatter
+    return argparse.ArgumentParser(
+        prog=f"python -m lab {name}", description=doc, formatter_class=raw
+    )
 
 
 def describe() -> dict[str, Any]:

@@ -11,7 +11,6 @@ no worker was replaced and every request got the status its kind expects.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import time
@@ -25,7 +24,7 @@ from bert_serve_server.control import Server, running
 from lab.chaos import MALFORMED
 from lab.corpus import make_corpus
 from lab.load import ClosedLoop, Job, Outcome, json_job, statuses
-from lab.report import pyplot, write_json
+from lab.report import pyplot, tool_parser, write_json
 
 RSS_TOLERANCE = 0.10
 REQUEST_TIMEOUT_S = 70.0
@@ -230,11 +229,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m lab soak",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = tool_parser("soak", __doc__)
     parser.add_argument("--out", type=Path, default=Path("docs/soak"))
     parser.add_argument("--seconds", type=float, default=600.0)
     parser.add_argument("--concurrency", type=int, default=8)

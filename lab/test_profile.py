@@ -7,10 +7,11 @@ with its fixtures' setup and teardown) and each file's total, as Markdown for do
 
 from __future__ import annotations
 
-import argparse
 import xml.etree.ElementTree as ET
 from collections import defaultdict
 from pathlib import Path
+
+from lab.report import tool_parser
 
 
 def times(report: Path) -> dict[str, float]:
@@ -45,7 +46,7 @@ def markdown(found: dict[str, float], top: int, walls: dict[str, float] | None =
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lab test-profile", description=__doc__)
+    parser = tool_parser("test-profile", __doc__)
     parser.add_argument("reports", type=Path, nargs="+")
     parser.add_argument("--top", type=int, default=25)
     args = parser.parse_args(argv)

@@ -25,7 +25,7 @@ from bert_serve_server.probe import read_machine
 
 from lab.corpus import make_corpus
 from lab.load import Loads, endpoint, interleaved, servers
-from lab.report import now, pyplot, write_json
+from lab.report import now, pyplot, tool_parser, write_json
 
 CANDIDATE = re.compile(r"b(\d+)d(\d+)w(\d+)t(\d+)")
 
@@ -152,11 +152,7 @@ def plot(runs: list[dict[str, Any]], best: dict[str, Any], out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m lab tune",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = tool_parser("tune", __doc__)
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "tune")
     parser.add_argument("--loads", type=int, nargs="+", default=[1, 4, 8, 16, 32, 64])
     parser.add_argument("--seconds", type=float, default=5, help="measured seconds per load")

@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import random
@@ -30,7 +29,7 @@ from handler.model import apply_score_function, forward, load_model
 from handler.settings import HandlerSettings
 from lab.corpus import make_corpus
 from lab.load import ClosedLoop, in_turn, servers, statuses
-from lab.report import describe, now, write_json
+from lab.report import describe, now, tool_parser, write_json
 from training import LABELS, TYPICAL_FILE, read_reviews
 
 NEUTRAL = (
@@ -190,7 +189,7 @@ def served(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lab windows", description=__doc__)
+    parser = tool_parser("windows", __doc__)
     parser.add_argument("--out", type=Path, default=Path("docs/bench/windows.json"))
     parser.add_argument("--seconds", type=float, default=15.0, help="per load, per round")
     parser.add_argument("--rounds", type=int, default=3)

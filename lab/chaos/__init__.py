@@ -13,7 +13,6 @@ exits 1 if a part failed.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
@@ -29,7 +28,7 @@ from bert_serve_server.control import REPLACE_LIMIT_S, Server, running
 
 from bert_serve.client import DEFAULT_TIMEOUT_S
 from lab.load import ClosedLoop, Job, percentile
-from lab.report import write_json
+from lab.report import tool_parser, write_json
 
 FORM = "application/x-www-form-urlencoded"
 REQUEST_TIMEOUT_S = 30.0
@@ -67,9 +66,6 @@ class Durations:
     soak_s: float
     crash_before_kill_s: float
     crash_after_recovery_s: float
-    crash_limit_s: float = RECOVERY_LIMIT_S
-    overload_requests: int = 400
-    overload_concurrency: int = 200
     kills: int = 50
     long_delay_kills: int = 50
     """Kills per load level of the kill runs at maxBatchDelay 20 ms (``kill_runs_long_delay``)."""
@@ -231,11 +227,7 @@ def assignments(items: list[str]) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     parts = experiments()
-    parser = argparse.ArgumentParser(
-        prog="python -m lab chaos",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = tool_parser("chaos", __doc__)
     parser.add_argument("--out", type=Path, default=Path("docs/chaos"))
     parser.add_argument("--seconds", type=float, default=30.0, help="soak duration")
     parser.add_argument("--quick", action="store_true", help="every duration a few seconds")

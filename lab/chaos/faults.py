@@ -34,6 +34,7 @@ from lab.load import Job, Outcome, in_turn, json_job, statuses
 SCORE_TOLERANCE = 1e-4
 RESTART_TOLERANCE = 1e-6
 QUEUE_SIZE = 8
+OVERLOAD_REQUESTS, OVERLOAD_CLIENTS = 400, 200
 ONE_MIB = 1024 * 1024
 
 
@@ -154,8 +155,8 @@ def overload(d: Durations) -> dict[str, Any]:
         for text in corpus[:3]:
             predict(server, text)
         before = memory(server)
-        concurrency, count = d.overload_concurrency, d.overload_requests
-        load = closed_loop(server, in_turn(corpus), concurrency, 120, max_requests=count)
+        count = OVERLOAD_REQUESTS
+        load = closed_loop(server, in_turn(corpus), OVERLOAD_CLIENTS, 120, max_requests=count)
         load.run()
         after = memory(server)
         ping = ping_status(server)
@@ -165,7 +166,7 @@ def overload(d: Durations) -> dict[str, Any]:
     result: dict[str, Any] = {
         "job_queue_size": QUEUE_SIZE,
         "requests": load.sent,
-        "concurrency": d.overload_concurrency,
+        "concurrency": OVERLOAD_CLIENTS,
         "statuses": counts,
         "latency_503": latency([o.ms for o in rejected]),
         "latency_200": latency([o.ms for o in load.outcomes if o.status == "200"]),

@@ -159,7 +159,7 @@ def worker_crash(d: Durations) -> dict[str, Any]:
     corpus = make_corpus()
     crash: dict[str, Any] = {}
     with part_server(d) as server:
-        seconds = d.crash_before_kill_s + d.crash_limit_s + 5
+        seconds = d.crash_before_kill_s + RECOVERY_LIMIT_S + 5
         load = closed_loop(server, in_turn(corpus), 8, seconds)
 
         async def kill_once() -> None:
@@ -168,7 +168,7 @@ def worker_crash(d: Durations) -> dict[str, Any]:
                 pid, before = await kill_random_worker(server, random.Random(0))
                 crash.update(pid=pid, workers=len(before), killed_at=time.monotonic())
                 crash["new_pid"], crash["replaced_s"] = await asyncio.to_thread(
-                    server.wait_replaced, pid, before, d.crash_limit_s
+                    server.wait_replaced, pid, before, RECOVERY_LIMIT_S
                 )
                 await asyncio.sleep(d.crash_after_recovery_s)
             except Exception as error:  # reported; the load stops and the part fails

@@ -1,5 +1,5 @@
 """lab/pod.py's pure steps: the Deployment as podman kube plays it (as written but for names,
-images and host ports), the Secret's podman form, containers.conf, the forced workers."""
+images and host ports), the Secret's podman form, containers.conf, the stated workers."""
 
 from __future__ import annotations
 
@@ -45,27 +45,18 @@ def test_the_pod_is_the_deployment_as_written_with_names_images_and_ports_of_its
     yaml.safe_dump_all([configmap, deployment])
 
 
-def test_forced_workers_come_as_the_last_ts_config_from_a_configmap() -> None:
-    config = pod.forced_workers_config(2)
-    models = json.loads(
-        next(line for line in config.splitlines() if line.startswith("models="))[7:]
-    )
-    assert all(
-        entry["minWorkers"] == entry["maxWorkers"] == 2
-        and entry["batchSize"] == int(STATED_ENV["BERT_SERVE_BATCH_SIZE"])
-        for versions in models.values()
-        for entry in versions.values()
-    )
-    lines = config.splitlines()
-    assert f"job_queue_size={STATED_ENV['BERT_SERVE_QUEUE']}" in lines
-    (vmargs,) = [line for line in lines if line.startswith("vmargs=")]
-    assert vmargs.endswith(f" -Xmx{STATED_ENV['BERT_SERVE_HEAP']}") and "log4j" in vmargs
-    *maps, deployment = pod.kube_documents("t2", IMAGES, {}, config)
-    assert maps[-1]["data"]["config.properties"] == config
+def test_two_workers_are_stated_in_torchserves_environment() -> None:
+    """The second pod states what the image test's stated start does: TorchServe's container
+    gets every ``STATED_ENV`` variable, after those the Deployment sets."""
+    _, deployment = pod.kube_documents("t2", IMAGES, {}, STATED_ENV)
     (torchserve,) = [
         c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "torchserve"
     ]
-    assert torchserve["args"][-2:] == ["--ts-config", "/etc/bert-serve/config.properties"]
+    written = by_kind("Deployment")["spec"]["template"]["spec"]["containers"]
+    (original,) = [c for c in written if c["name"] == "torchserve"]
+    stated = [{"name": name, "value": value} for name, value in STATED_ENV.items()]
+    assert torchserve["env"] == original["env"] + stated
+    assert torchserve.get("args") == original.get("args")
 
 
 def test_the_secret_is_a_json_map_of_base64_values_and_the_ulimits_fit() -> None:
