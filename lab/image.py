@@ -232,16 +232,6 @@ class Target:
         return f"{self.inference}/predictions/bert"
 
 
-@dataclass(frozen=True)
-class CheckOutcome:
-    name: str
-    problems: tuple[str, ...]
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-
 # The checks, one function per concern: each returns the problems it found, none where the image
 # answered as it should. To add one, write it and name it in ``CHECKS`` (it takes the published
 # URLs, a ``Target``) or ``CONTAINER_CHECKS`` (it takes the ``Container``).
@@ -632,16 +622,15 @@ CONTAINER_CHECKS: tuple[tuple[str, Callable[[Container], list[str]]], ...] = (
 
 def run_checks(
     target: Any, checks: Sequence[tuple[str, Callable[[Any], list[str]]]] = CHECKS
-) -> list[CheckOutcome]:
-    """Every check's outcome, in order; a check that raised has that error as its problem, so
-    one run reports every failure, not the first."""
-    outcomes = []
+) -> dict[str, list[str]]:
+    """Every check's problems by its name, in order; a check that raised has that error as its
+    problem, so one run reports every failure, not the first."""
+    outcomes = {}
     for name, check in checks:
         try:
-            found = check(target)
+            outcomes[name] = check(target)
         except Exception as error:  # a failed request is this check's outcome too
-            found = [f"{type(error).__name__}: {error}"]
-        outcomes.append(CheckOutcome(name, tuple(found)))
+            outcomes[name] = [f"{type(error).__name__}: {error}"]
     return outcomes
 
 
@@ -666,10 +655,12 @@ def run_image_test(
         sizing = sizing_lines(container)
         for line in sizing:
             say(f"sizing: {line}")
-        outcomes = run_checks(container.target()) + run_checks(container, CONTAINER_CHECKS)
-        for outcome in outcomes:
-            say(f"{'ok  ' if outcome.ok else 'FAIL'} {outcome.name}")
-        if failed := [f"{o.name}: {problem}" for o in outcomes for problem in o.problems]:
+        outcomes = run_checks(container.target()) | run_checks(container, CONTAINER_CHECKS)
+        for name, found in outcomes.items():
+            say(f"{'FAIL' if found else 'ok  '} {name}")
+        if failed := [
+            f"{name}: {problem}" for name, found in outcomes.items() for problem in found
+        ]:
             raise ImageTestFailed("\n".join(failed))
         if container.engine[0] == "podman":
             say("health check")
@@ -715,7 +706,7 @@ def run_image_test(
         "patient": patient,
         "under_stop": under_stop,
         "lost_under_stop": lost,
-        "checks": [outcome.name for outcome in outcomes],
+        "checks": list(outcomes),
         "processes": processes,
         "engine_mem_usage": cgroup,
         "stated": stated,
