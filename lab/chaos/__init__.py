@@ -98,22 +98,21 @@ def durations(seconds: float, quick: bool, kills: int | None = None) -> Duration
     """``kills`` per load level of the kill runs, 50 by default; in the quick form 2 (a
     replaced worker killed again), and 1 in the long-delay runs (their wider window), each
     answer waited for ``QUICK_ATTEMPT_S``."""
-    if quick:
-        return Durations(
-            soak_s=min(seconds, 4.0),
-            crash_before_kill_s=1.0,
-            crash_after_recovery_s=1.0,
-            kills=2 if kills is None else kills,
-            long_delay_kills=1 if kills is None else kills,
-            attempt_s=QUICK_ATTEMPT_S,
-            spike_s=2.0,
+    if not quick:
+        full = Durations(soak_s=seconds, crash_before_kill_s=3.0, crash_after_recovery_s=5.0)
+        return (
+            full
+            if kills is None
+            else dataclasses.replace(full, kills=kills, long_delay_kills=kills)
         )
     return Durations(
-        soak_s=seconds,
-        crash_before_kill_s=3.0,
-        crash_after_recovery_s=5.0,
-        kills=50 if kills is None else kills,
-        long_delay_kills=50 if kills is None else kills,
+        soak_s=min(seconds, 4.0),
+        crash_before_kill_s=1.0,
+        crash_after_recovery_s=1.0,
+        kills=2 if kills is None else kills,
+        long_delay_kills=1 if kills is None else kills,
+        attempt_s=QUICK_ATTEMPT_S,
+        spike_s=2.0,
     )
 
 
