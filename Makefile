@@ -24,7 +24,7 @@ STATE_DIR ?= .run
 TORCH ?=
 LOCK      := requirements/server.lock
 
-.PHONY: install lock model package serve stop status metrics smoke test test-client unit check bench check-defaults gpu-report tune compare-precision chaos soak fuzz deploy-layout image image-test pod-test models-start clean distclean FORCE
+.PHONY: install lock model package serve stop status metrics smoke test test-client unit check bench check-defaults gpu-report compare-precision chaos soak fuzz deploy-layout image image-test pod-test models-start clean distclean FORCE
 
 ## install: .venv with the server and dev extras at the versions of requirements/server.lock
 ##        (TORCH=cuda for the CUDA build of torch; the CPU build otherwise)
@@ -121,11 +121,6 @@ gpu-report: | $(STAMP)
 ##        slower hardware: patient clients never refused, stated deadlines pay -> docs/bench/defaults.json
 check-defaults: $(MAR) | $(STAMP)
 	$(LAB) check-defaults --out docs/bench
-
-## tune: batch size x delay x workers/threads at 1..64 clients: the config closest to the best
-##       at every load -> docs/tune/
-tune: $(MAR) | $(STAMP)
-	$(LAB) tune --out docs/tune
 
 ## compare-precision: fp32 vs PRECISION (default bf16; tf32 or fp16 on CUDA) on TEXTS (one per
 ##        line; default the corpus) with MODEL_DIR: texts/s, largest score change, flipped

@@ -1,5 +1,5 @@
-"""The one closed-loop load generator (bench, tune, chaos, soak, the image and pod tests all
-send their traffic through it), and servers measured with it at a few loads.
+"""The one closed-loop load generator (bench, chaos, soak, the image and pod tests all send
+their traffic through it), and servers measured with it at a few loads.
 
 ``concurrency`` clients each send the next request as soon as their last one ended, until a
 count, a time limit or a stop flag ends the run. Every request leaves an ``Outcome`` record

@@ -141,7 +141,7 @@ def test_packagings_at_the_same_time_do_not_mix(
     head_model_dir: Callable[..., Path], tmp_path: Path
 ) -> None:
     """torch-model-archiver stages every "bert" archive in $TMPDIR/bert: without a TMPDIR of
-    its own, concurrent runs (tests, tune, another checkout) fail or pack each other's files."""
+    its own, concurrent runs (tests, the lab, another checkout) fail or pack each other's files."""
     from concurrent.futures import ThreadPoolExecutor
 
     from bert_serve_server.archive import package
