@@ -19,7 +19,6 @@ TOOLS = {
     "pod-test": "lab.pod",
     "soak": "lab.soak",
     "test-profile": "lab.test_profile",
-    "windows": "lab.windows",
 }
 """Each tool's module, whose ``main(argv)`` parses its own arguments."""
 
