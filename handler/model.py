@@ -258,7 +258,7 @@ def to_host(logits: torch.Tensor) -> torch.Tensor:
     if logits.device.type != "cuda":
         return logits.cpu()
     host = logits.to("cpu", non_blocking=True)
-    landed = torch.cuda.Event(blocking=True)
+    landed = torch.cuda.Event(blocking=True)  # type: ignore[no-untyped-call]
     landed.record()
     landed.synchronize()
     return host

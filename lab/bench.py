@@ -1,12 +1,13 @@
 """``make bench``: the served model against batch size 1, its in-process ceiling and LitServe, in
 one run, on one corpus (docs/bench/README.md reads ``results.json`` and ``serving.png``).
 
-- ``ceiling``: tokenization + forward with no HTTP, in as many single-threaded processes as the
-  default config has workers, at each batch size, before and after the served runs (the better
+- ``ceiling``: tokenization + forward with no HTTP, in the default's precision, in as many
+  single-threaded processes as the default config has workers, at each batch size, before and after the served runs (the better
   of the two per batch size);
-- ``precision``: fp32 against bf16 through the handler's classify (``lab.compare``), where this
-  CPU has native bf16;
-- ``scenarios``: TorchServe with the default config, batch size 1 and bf16, LitServe out of the
+- ``precision``: the precision the default start settles ``auto`` on (``probe.measured_precision``,
+  shared with the start through the measurement cache), and where it is not fp32, fp32 against
+  it through the handler's classify (``lab.compare``) on the corpus and the held-out reviews;
+- ``scenarios``: TorchServe with the default config, batch size 1 and fp32 pinned, LitServe out of the
   box and configured like the default's settings in force, measured in turn at each load
   (``lab.load.interleaved``); then, on the default server, where the CPU goes at 32 clients and
   the client's list requests.
@@ -17,23 +18,24 @@ one run, on one corpus (docs/bench/README.md reads ``results.json`` and ``servin
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from bert_serve_server import probe, rules
-from bert_serve_server.archive import DEFAULT_MODEL_DIR, package_variant
+from bert_serve_server.archive import DEFAULT_ARCHIVE, DEFAULT_MODEL_DIR, package_variant
 from bert_serve_server.config import ROOT, models_entry
 from bert_serve_server.control import Server
 
 from bert_serve.client import Client
+from handler.inference import classify
 from handler.model import load_model
-from handler.precision import cpu_has_native_bf16
 from lab import inprocess
 from lab.compare import compare_precision, config_settings
 from lab.corpus import corpus_stats, make_corpus
@@ -41,6 +43,7 @@ from lab.load import Endpoint, Loads, cores_used, endpoint, interleaved, run_tex
 from lab.load import server_processes as processes
 from lab.peer import OUT_OF_THE_BOX, PEERS, configured_like, litserve_peer
 from lab.report import describe, dumps, now, pyplot, tool_parser, write_json
+from training import Recipe, examples
 
 SERVER_KEYS = ("config", "startup_s", "worker_memory")
 
@@ -55,6 +58,8 @@ class Plan:
     warmup: float
     smoke: bool = False
     device: str = "cpu"
+    precision: str = "fp32"
+    """What the default start settles ``auto`` on here (``chosen_precision``)."""
 
     @property
     def gpus(self) -> int:
@@ -74,16 +79,24 @@ def step(title: str) -> None:
     print(f"[bench] {title}", file=sys.stderr)
 
 
+def chosen_precision(gpus: int) -> str:
+    """The precision the default start settles ``auto`` on for the default archive, measured
+    once into the measurement cache (set for the run where it is not), so the start takes the
+    same answer."""
+    os.environ.setdefault(probe.CACHE_ENV, tempfile.mkdtemp(prefix="bench-measured-"))
+    mtime_ns = DEFAULT_ARCHIVE.stat().st_mtime_ns
+    return probe.measured_precision(str(DEFAULT_ARCHIVE), mtime_ns, gpus).precision
+
+
 def torchserve_configs(plan: Plan, store: Path) -> dict[str, dict[str, str]]:
-    """The default; batch size 1 and bf16 (packaged into ``store``, where this CPU has native
-    bf16) unless in the smoke form."""
+    """The default; batch size 1 and fp32 pinned (packaged into ``store``) unless in the
+    smoke form."""
     on_device = {"number_of_gpu": str(plan.gpus)}
     configs: dict[str, dict[str, str]] = {"torchserve_batched": on_device}
     if not plan.smoke:
         configs["torchserve_bs1"] = on_device | {"models": models_entry(batch_size=1)}
-        if plan.gpus or cpu_has_native_bf16():
-            package_variant(store, handler_changes={"precision": "bf16"}, model_dir=plan.model_dir)
-            configs["torchserve_bf16"] = on_device | {"model_store": str(store)}
+        package_variant(store, handler_changes={"precision": "fp32"}, model_dir=plan.model_dir)
+        configs["torchserve_fp32"] = on_device | {"model_store": str(store)}
     return configs
 
 
@@ -104,7 +117,7 @@ def peers(plan: Plan, configs: dict[str, dict[str, float]]) -> Iterator[list[End
 def served(plan: Plan, corpus: list[str]) -> dict[str, Any]:
     """Every server measured in turn at each load; then, the peers stopped, the CPU split and
     the client's list requests on the default server."""
-    with tempfile.TemporaryDirectory(prefix="bench-bf16-") as store, ExitStack() as stack:
+    with tempfile.TemporaryDirectory(prefix="bench-fp32-") as store, ExitStack() as stack:
         configs = torchserve_configs(plan, Path(store))
         step(f"starting {', '.join(configs)}")
         started = stack.enter_context(servers(configs))
@@ -118,7 +131,8 @@ def served(plan: Plan, corpus: list[str]) -> dict[str, Any]:
             step("every server in turn at each load")
             measured = interleaved(endpoints + peer_endpoints, corpus, plan.loads)
         scenarios: dict[str, Any] = {
-            name: {key: item[key] for key in SERVER_KEYS} | {"by_concurrency": measured[name]}
+            name: {key: item[key] for key in SERVER_KEYS}
+            | {"precision": served_precision(item["server"]), "by_concurrency": measured[name]}
             for name, item in started.items()
         }
         for peer, peer_config in peer_configs.items():
@@ -132,6 +146,14 @@ def served(plan: Plan, corpus: list[str]) -> dict[str, Any]:
         texts = corpus[: 64 if plan.smoke else 1500]
         default["client_lists"] = [client_lists(default_server, texts, *r) for r in plan.list_runs]
     return scenarios
+
+
+def served_precision(server: Server) -> str:
+    """The precision a server's model runs in: its start's choice, else its config's."""
+    (entry,) = (
+        v for versions in (server.in_force or {})["models"].values() for v in versions.values()
+    )
+    return str(entry.get("precision", "as its archive states"))
 
 
 def cpu_split(server: Server, corpus: list[str], level: int, loads: Loads) -> dict[str, Any]:
@@ -175,24 +197,48 @@ def ceiling_processes(model_dir: Path, gpus: int) -> int:
 
 
 def run(plan: Plan, corpus: list[str]) -> dict[str, Any]:
-    """Ceiling, fp32 against bf16, the served runs, the ceiling again."""
+    """Ceiling, fp32 against the default's precision, the served runs, the ceiling again."""
     workers = ceiling_processes(plan.model_dir, plan.gpus)
     sizes, seconds = ([1, 16], 1) if plan.smoke else ([1, 8, 16, 32], 4)
 
     def ceiling() -> dict[str, Any]:
-        return inprocess.ceiling(plan.model_dir, corpus, sizes, seconds, workers, bool(plan.gpus))
-
-    step("in-process ceiling, first pass")
-    first_pass = ceiling()
-    results: dict[str, Any] = {}
-    if not plan.smoke and not plan.gpus and cpu_has_native_bf16():
-        step("fp32 vs bf16 on the corpus (in-process, the handler's classify)")
-        results["precision"] = compare_precision(
-            plan.model_dir, corpus, "bf16", config_settings(), seconds=0
+        return inprocess.ceiling(
+            plan.model_dir, corpus, sizes, seconds, workers, bool(plan.gpus), plan.precision
         )
+
+    step(f"in-process ceiling in {plan.precision}, first pass")
+    first_pass = ceiling()
+    results: dict[str, Any] = {"default_precision": plan.precision}
+    if not plan.smoke and plan.precision != "fp32":
+        step(f"fp32 vs {plan.precision} on the corpus and the held-out reviews (in-process)")
+        gpu_id = 0 if plan.gpus else None
+        results["precision"] = compare_precision(
+            plan.model_dir, corpus, plan.precision, config_settings(), seconds=0, gpu_id=gpu_id
+        ) | {"held_out_accuracy": held_out_accuracy(plan, ("fp32", plan.precision))}
     scenarios = served(plan, corpus)
     step("in-process ceiling, second pass")
     return results | {"ceiling": inprocess.best_of(first_pass, ceiling()), "scenarios": scenarios}
+
+
+def held_out_accuracy(plan: Plan, precisions: tuple[str, ...]) -> dict[str, float]:
+    """The share of the held-out reviews (never trained on) each precision labels right."""
+    reviews = examples(Recipe())[1]
+    texts = [text for text, _ in reviews]
+    settings, gpu_id = config_settings(), 0 if plan.gpus else None
+    accuracy = {}
+    for precision in precisions:
+        loaded = load_model(plan.model_dir, replace(settings, precision=precision), gpu_id)
+        predicted = [
+            p.label
+            for start in range(0, len(texts), 16)
+            for p in classify(loaded, texts[start : start + 16], settings.max_length,
+                              loaded.max_batch_tokens)[0]
+        ]  # fmt: skip
+        right = sum(
+            loaded.labels[label] == got for (_, label), got in zip(reviews, predicted, strict=True)
+        )
+        accuracy[precision] = round(right / len(reviews), 4)
+    return accuracy
 
 
 def _ratio(numerator: float, denominator: float) -> float:
@@ -264,14 +310,22 @@ def bars(results: dict[str, Any]) -> dict[str, Any]:
             if clients == 1:
                 extra = round(default["p50_ms"] - bs1["p50_ms"], 1)
                 out["default_p50_minus_bs1_ms_at_1"] = bar(extra, "<= 5")
-    default, fast = (
-        level(scenarios, name, 32) for name in ("torchserve_batched", "torchserve_bf16")
-    )
-    if default and fast:
-        out["bf16_vs_default_rps_at_32"] = bar(_ratio(fast["rps"], default["rps"]), ">= 1.6")
+    if results.get("default_precision", "fp32") != "fp32":
+        for clients, floor in ((1, 0.95), (32, 1.5)):
+            default, exact = (
+                level(scenarios, name, clients)
+                for name in ("torchserve_batched", "torchserve_fp32")
+            )
+            if default and exact:
+                ratio = _ratio(default["rps"], exact["rps"])
+                out[f"default_vs_fp32_rps_at_{clients}"] = bar(ratio, f">= {floor}")
     if "precision" in results:
         unchanged = results["precision"]["labels_unchanged_pct"]
-        out["bf16_corpus_labels_unchanged_pct"] = bar(unchanged, ">= 99.5")
+        out["default_corpus_labels_unchanged_pct"] = bar(unchanged, ">= 99.5")
+        accuracy = results["precision"]["held_out_accuracy"]
+        moved = round(abs(accuracy[results["default_precision"]] - accuracy["fp32"]), 4)
+        out["default_held_out_accuracy_vs_fp32"] = bar(moved, "<= 0.01")
+    default = level(scenarios, "torchserve_batched", 32)
     return out | (_default_bars(default, results) if default else {})
 
 
@@ -319,7 +373,7 @@ def plot(results: dict[str, Any], out: Path) -> None:
             axes.plot([int(level) for level in levels], values, marker="o", label=name)
         if metric == "rps":
             best = results["ceiling"]["best_batch_size"]
-            label = f"in-process ceiling fp32 (batch {best})"
+            label = f"in-process ceiling {results['default_precision']} (batch {best})"
             axes.axhline(
                 results["ceiling"]["texts_per_s"], linestyle="--", color="grey", label=label
             )
@@ -357,7 +411,10 @@ def main(argv: list[str] | None = None) -> int:
         "seconds_per_level": args.seconds,
         "device": device,
     }
-    plan = Plan(args.model_dir, args.seconds, args.warmup, args.smoke, device)
+    gpus = probe.gpu_count() if device == "cuda" else 0
+    plan = Plan(
+        args.model_dir, args.seconds, args.warmup, args.smoke, device, chosen_precision(gpus)
+    )
     results |= run(plan, corpus)
     results["ratios"] = ratios(results)
     args.out.mkdir(parents=True, exist_ok=True)

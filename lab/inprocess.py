@@ -37,10 +37,12 @@ def batch_sizes_timed(
     batch_sizes: Sequence[int],
     seconds: float,
     gpu_id: int | None = None,
+    precision: str = "fp32",
 ) -> dict[str, dict[str, float]]:
     """One single-threaded process's texts/s and batch times at each batch size (on GPU
-    ``gpu_id`` where given): consecutive windows of the corpus for ``seconds`` each."""
-    settings = HandlerSettings(torch_threads=1)
+    ``gpu_id`` where given) in ``precision``: consecutive windows of the corpus for ``seconds``
+    each."""
+    settings = HandlerSettings(torch_threads=1, precision=precision)
     loaded = load_model(model_dir, settings, gpu_id=gpu_id)
     length, tokens = settings.max_length, loaded.max_batch_tokens
     classify(loaded, list(corpus[:32]), length, tokens)
@@ -69,6 +71,7 @@ def ceiling(
     seconds: float,
     processes: int,
     on_gpus: bool = False,
+    precision: str = "fp32",
 ) -> dict[str, Any]:
     """In-process texts/s at each batch size, as the served layout computes: ``processes``
     single-threaded processes at once (the workers; with ``on_gpus``, dealt over the GPUs as
@@ -80,7 +83,9 @@ def ceiling(
     with ProcessPoolExecutor(processes, mp_context=context) as pool:
         texts = list(corpus)
         jobs = [
-            pool.submit(batch_sizes_timed, model_dir, texts, batch_sizes, seconds, gpu_id)
+            pool.submit(
+                batch_sizes_timed, model_dir, texts, batch_sizes, seconds, gpu_id, precision
+            )
             for gpu_id in [index % gpus if gpus else None for index in range(processes)]
         ]
         per_process = [job.result() for job in jobs]
@@ -93,7 +98,7 @@ def ceiling(
             "batch_ms_p90": max(m["batch_ms_p90"] for m in measured),
         }
         print(f"  ceiling batch {size}: {runs[size]['texts_per_s']} texts/s", file=sys.stderr)
-    return with_best(runs) | {"processes": processes, "torch_threads": 1}
+    return with_best(runs) | {"processes": processes, "torch_threads": 1, "precision": precision}
 
 
 def best_of(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:

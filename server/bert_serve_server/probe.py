@@ -387,7 +387,8 @@ def load_archive(
     ``as_a_worker``, also what a TorchServe worker imports besides (its service loop and the
     archive's whole handler), for its memory."""
     with opened_archive(mar, as_a_worker) as load:
-        return load(threads, gpus, precision)
+        loaded, settings = load(threads, gpus, precision)
+    return loaded, settings
 
 
 @contextmanager
