@@ -18,7 +18,6 @@ TOOLS = {
     "models-start": "lab.models_start",
     "pod-test": "lab.pod",
     "soak": "lab.soak",
-    "test-profile": "lab.test_profile",
 }
 """Each tool's module, whose ``main(argv)`` parses its own arguments."""
 
