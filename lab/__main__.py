@@ -11,7 +11,6 @@ TOOLS = {
     "chaos": "lab.chaos",
     "check-defaults": "lab.defaults_check",
     "compare-precision": "lab.compare",
-    "dashboard-picture": "lab.dashboard",
     "fuzz": "lab.fuzz",
     "gpu-report": "lab.gpu_report",
     "image-test": "lab.image",

@@ -8,8 +8,8 @@ second, with deploy/prometheus/rules.yaml loaded. Then every query of
 deploy/grafana/bert-serve.json must return data carrying the labels its legend names, for each
 model where the panel is per model, and every selector of every alert rule must return data
 carrying the labels the rule groups by: a metric the server does not export fails. With
-``OPERATING_DATA=path`` the dashboard's series are written there for
-``python -m lab dashboard-picture`` (docs/operating/dashboard.png).
+``OPERATING_DATA=path`` the dashboard's series are written there
+(docs/operating/dashboard-data.json).
 
 What the model says (docs/operating/README.md, drift): the run begins with traffic drawn from
 the default model's held-out reviews (its packed reference) and ends with negative reviews
