@@ -14,7 +14,7 @@ TOOLS = {
     "fuzz": "lab.fuzz",
     "gpu-report": "lab.gpu_report",
     "image-test": "lab.image",
-    "models-start": "lab.models_start",
+    "models-start": "lab.image",
     "pod-test": "lab.pod",
     "soak": "lab.soak",
 }

@@ -9,6 +9,9 @@ the image's own (``CHECKS``, ``CONTAINER_CHECKS``), a warm burst and each proces
 period, no accepted request lost); then a container with ``STATED_ENV`` (it runs, and says,
 what is stated) and one whose model cannot load (it exits non-zero with the traceback). The
 record's ``sized_from`` hashes what its figures depend on (tests/unit/test_deploy.py).
+
+``make models-start`` (``python -m lab models-start --image IMAGE --models 3 --out FILE``, this
+module with ``--models``): ``models_start``.
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -24,6 +29,7 @@ import time
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -467,20 +473,13 @@ def burst(predict_url: str) -> dict[str, int]:
 
 def patient_clients(predict_url: str, headers: dict[str, str] | None = None) -> dict[str, Any]:
     """``PATIENT_CLIENTS`` clients that wait up to ``PATIENT_TIMEOUT_S`` for each answer and send
-    again at once, for ``PATIENT_S``: every status counted, and the answers per second."""
+    again at once, for ``PATIENT_S``: every status counted."""
     loop = ClosedLoop(
         predict_url, headers or {}, lambda n: mixed(0), PATIENT_CLIENTS, PATIENT_S,
         request_timeout_s=PATIENT_TIMEOUT_S,
     ).run()  # fmt: skip
-    counted = statuses(loop.outcomes)
-    return {
-        "clients": PATIENT_CLIENTS,
-        "seconds": PATIENT_S,
-        "timeout_s": PATIENT_TIMEOUT_S,
-        "statuses": counted,
-        "elapsed_s": round(loop.elapsed, 1),
-        "answers_per_s": round(counted.get("200", 0) / loop.elapsed, 1),
-    }
+    setting = {"clients": PATIENT_CLIENTS, "seconds": PATIENT_S, "timeout_s": PATIENT_TIMEOUT_S}
+    return setting | {"statuses": statuses(loop.outcomes)}
 
 
 NOT_ACCEPTED = ("client_ClientConnectorError",)
@@ -670,8 +669,6 @@ def run_image_test(
         if counted != {"200": BURST_REQUESTS}:
             raise ImageTestFailed(f"burst: {counted}, not {BURST_REQUESTS} x 200")
         processes = container_memory(container)
-        cgroup = container.run("stats", "--no-stream", "--format", "{{.MemUsage}}", container.name)
-        say(f"the engine's memory figure (page cache included): {cgroup}")
         for process in processes:
             say(f"memory {process}")
         say(f"{PATIENT_CLIENTS} patient clients for {PATIENT_S:.0f} s")
@@ -691,7 +688,6 @@ def run_image_test(
     unloadable = unloadable_start(container, say)
     return {
         "image": image,
-        "engine": " ".join(container.engine),
         "limits": container.limits,
         "sized_from": sized_from(),
         "image_bytes": image_bytes,
@@ -702,13 +698,11 @@ def run_image_test(
         "sizing": sizing,
         "stop_s": round(stop_s, 1),
         "grace_s": grace_s,
-        "burst_requests": BURST_REQUESTS,
         "patient": patient,
         "under_stop": under_stop,
         "lost_under_stop": lost,
         "checks": list(outcomes),
         "processes": processes,
-        "engine_mem_usage": cgroup,
         "stated": stated,
         "unloadable": unloadable,
     }
@@ -787,10 +781,69 @@ def unloadable_start(first: Container, say: Callable[[str], None]) -> dict[str, 
     return {"exit_code": int(exit_code), "exited_s": exited_s, "cause": cause[:300]}
 
 
+IMAGE_RECORD = ROOT / "deploy" / "image-test.json"
+MEMORY_STEP_MIB = 256
+
+
+def startup_budget_s(deployment: Path = DEPLOYMENT) -> int:
+    """The TorchServe container's startup probe: ``periodSeconds x failureThreshold``."""
+    probe = torchserve_container(deployment)["startupProbe"]
+    return int(probe["periodSeconds"]) * int(probe["failureThreshold"])
+
+
+def worker_mib(record: dict[str, Any]) -> int:
+    """One worker's budgeted memory as the image record's start measured it."""
+    for line in record["sizing"]:
+        if match := re.search(r"a worker holds (\d+) MiB", line):
+            return int(match.group(1))
+    raise ValueError("the image record has no worker memory line")
+
+
+def memory_for(models: int, worker: int) -> str:
+    """The engine's ``--memory`` for ``models`` workers of ``worker`` MiB in half of it."""
+    return f"{math.ceil(2 * models * worker / MEMORY_STEP_MIB) * MEMORY_STEP_MIB}m"
+
+
+def models_start(
+    engine: list[str], image: str, models: int, say: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """``image`` of ``models`` models started as the pod runs it (its CPUs, the startup probe
+    run in the container as kubelet runs it), the probe's seconds against the Deployment's
+    budget; always removed. Only the memory is not the pod's: the start keeps the workers
+    within half of it, so ``memory_for`` gives what ``models`` workers of the image record's
+    measured size need (three do not fit the Deployment's limit)."""
+    budget_s, base = startup_budget_s(), Container.of(engine, image)
+    memory = memory_for(models, worker_mib(json.loads(IMAGE_RECORD.read_text())))
+    container = replace(base, limits=base.limits | {"memory": memory})
+    say(f"start with {container.limits}; the startup probe's budget is {budget_s} s")
+    try:
+        container.start()
+        ready_s = wait_started(
+            lambda: container.succeeds("exec", container.name, *STARTUP_PROBE),
+            budget_s,
+            lambda: container.logs(200),
+            lambda: container.state("Running") == "true",
+        )
+        status, text = container.management("GET", "/models")
+        served = sorted(model["modelName"] for model in json.loads(text)["models"])
+        sizing = sizing_lines(container)
+    finally:
+        container.remove()
+    say(f"startup probe passed after {ready_s} s: {served}")
+    if status != 200 or len(served) != models:
+        raise ImageTestFailed(f"{models} models asked for, {served} served")
+    found = {"image": image, "limits": container.limits, "models": served, "ready_s": ready_s}
+    return found | {"startup_budget_s": budget_s, "sizing": sizing, "sized_from": sized_from()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = tool_parser("image-test", __doc__)
     parser.add_argument("--image", default=os.environ.get("IMAGE", "bert-serve:0.1.0"))
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "image" / "image-test.json")
+    parser.add_argument("--models", type=int, help="models-start: how many the image serves")
     args = parser.parse_args(argv)
     engine = engine_command()
+    if args.models:
+        started = partial(models_start, engine, args.image, args.models)
+        return recorded("models-start", args.out, started)
     return recorded("image-test", args.out, lambda say: run_image_test(args.image, engine, say))

@@ -289,7 +289,6 @@ VERBS = {
     "rm": rm,
     "cp": lambda state, args: "",
     "image": lambda state, args: "123456",  # image inspect --format {{.Size}} IMAGE
-    "stats": lambda state, args: "1.1GB / 2GB",
     "logs": logs,
 }
 

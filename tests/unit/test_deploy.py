@@ -459,13 +459,13 @@ def test_three_models_start_within_the_startup_probes_budget() -> None:
     the pod's CPUs on the sizing here now, passed its startup probe within the budget the
     Deployment gives it. After a change to the sizing: make models-start
     MODELS_START_OUT=deploy/models-start.json."""
-    from lab import image, models_start
+    from lab import image
 
     record = json.loads((DEPLOY / "models-start.json").read_text())
     assert record["sized_from"] == image.sized_from(), "rerun make models-start"
     assert record["limits"]["cpus"] == image.pod_limits()["cpus"]
     assert len(record["models"]) == 3
-    assert record["startup_budget_s"] == models_start.startup_budget_s()
+    assert record["startup_budget_s"] == image.startup_budget_s()
     assert 0 < record["ready_s"] < record["startup_budget_s"]
 
 
