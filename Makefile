@@ -89,7 +89,7 @@ status:
 
 ## metrics: a live summary of the handler's metrics of the `make serve` server (60 s)
 metrics:
-	$(PY) scripts/metrics_summary.py --state-dir $(STATE_DIR)
+	$(PY) -m bert_serve_server metrics --state-dir $(STATE_DIR)
 
 ## smoke: curl smoke tests against the server `make serve` started
 smoke:
@@ -145,7 +145,7 @@ soak: $(MAR) | $(STAMP)
 ## deploy-layout: the container / KServe layout (config/ + model-store/) -> build/kserve
 ##        (MODELS="sentiment=DIR toxicity=DIR2": a model store of several models)
 deploy-layout: $(if $(strip $(MODELS)),,$(MAR)) | $(STAMP)
-	$(PY) scripts/deploy_layout.py --out build/kserve $(if $(strip $(MODELS)),--models "$(MODELS)")
+	$(PY) -m bert_serve_server layout --out build/kserve $(if $(strip $(MODELS)),--models "$(MODELS)")
 
 ## image: the container image (deploy/Dockerfile) and the proxy's (deploy/proxy/, PROXY_IMAGE=...)
 ##        with podman or docker; prints their sizes and the server image's parts

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the bert-serve image (deploy/Dockerfile) with podman or docker, then print its size
 # and what makes it up. The context is build/image/context: the layout of
-# scripts/deploy_layout.py, the entrypoint, and a wheelhouse from `pip download` with the
+# python -m bert_serve_server layout, the entrypoint, and a wheelhouse from `pip download` with the
 # server package's wheel (server/).
 #   IMAGE       the tag (default bert-serve:0.1.0)
 #   PROXY_IMAGE the proxy's tag (default bert-serve-proxy:0.1.0): deploy/proxy/, Debian's nginx
@@ -47,7 +47,7 @@ fi
 source scripts/torch_build.sh
 context=build/image/context
 wheels="build/image/wheels-$torch_build"
-"$python" scripts/deploy_layout.py --out "$context" ${MODELS:+--models "$MODELS"} >/dev/null
+"$python" -m bert_serve_server layout --out "$context" ${MODELS:+--models "$MODELS"} >/dev/null
 cp deploy/entrypoint.sh "$context/entrypoint.sh"
 # The runtime packages at the locked versions (requirements/server.lock, the tested ones),
 # torch as the build asked for.

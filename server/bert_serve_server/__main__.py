@@ -4,6 +4,8 @@
     package --model-dir DIR [...]                              a .mar (``archive``)
     size --out FILE [--plan-out|--plan PLAN] -- TORCHSERVE_ARGS  the sizing step (``sizing``)
     ready [--live] [--config FILE]                             the pod's probe (``ready``)
+    metrics [--state-dir DIR]                                  a live summary (``live_metrics``)
+    layout [--out DIR] [--models ...]                          the container layout (``layout``)
 
 Each command imports only its own module: ``size`` runs in the image, where ``handler/`` and
 the checkout are absent.
@@ -29,6 +31,14 @@ def main(argv: list[str] | None = None) -> int:
         from bert_serve_server import ready
 
         return ready.main(rest)
+    if command == "metrics":
+        from bert_serve_server import live_metrics
+
+        return live_metrics.main(rest)
+    if command == "layout":
+        from bert_serve_server import layout
+
+        return layout.main(rest)
     if command in ("-h", "--help", ""):
         print(__doc__)
         return 0 if command else 2

@@ -1,9 +1,21 @@
 """The handler's metrics as a live summary: TorchServe's Prometheus endpoint, scraped twice and
-read as rates over the interval (``make metrics``)."""
+read as rates over the interval (``make metrics``).
+
+Every ``--every`` seconds for at most ``--seconds``, per served model (one line each, its name
+first): batches/s, mean formed batch size, forward passes per batch, accepted/s, rejected/s by
+reason, truncated, padding efficiency, tokenize and forward milliseconds per batch,
+TorchServe's mean queue time, and p50/p99 of the handler's histograms (handler time, forward
+time, batch size, batch tokens) as the bucket that holds each.
+
+    python -m bert_serve_server metrics [--state-dir .run] [--seconds 60] [--every 2]
+"""
 
 from __future__ import annotations
 
+import argparse
 import re
+import time
+from pathlib import Path
 
 import requests
 
@@ -140,3 +152,30 @@ def summary(before: Series, after: Series, seconds: float) -> str:
         f"tokenize {delta('TokenizeMs') / per_batch:5.1f} ms | forward {delta('ForwardMs') / per_batch:6.1f} ms | "
         f"queue {queue_ms:6.1f} ms | rejected: {rejected_text} | {quantiles_text(before, after)}"
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    from bert_serve_server.control import DEFAULT_STATE_DIR, server_for
+
+    parser = argparse.ArgumentParser(
+        prog="python -m bert_serve_server metrics",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR)
+    parser.add_argument("--seconds", type=float, default=60)
+    parser.add_argument("--every", type=float, default=2)
+    args = parser.parse_args(argv)
+    server = server_for(args.state_dir.resolve())
+    deadline = time.monotonic() + args.seconds
+    models = server.model_names()
+    width = max(len(model) for model in models)
+    previous, previous_time = scrape_models(server.metrics_url, models), time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(args.every)
+        current, now = scrape_models(server.metrics_url, models), time.monotonic()
+        for model in models:
+            line = summary(previous[model], current[model], now - previous_time)
+            print(f"{model:<{width}} | {line}", flush=True)
+        previous, previous_time = current, now
+    return 0

@@ -235,7 +235,9 @@ def test_smoke_and_metrics_cover_each_model(served: Served) -> None:
     summary = subprocess.run(
         [
             sys.executable,
-            "scripts/metrics_summary.py",
+            "-m",
+            "bert_serve_server",
+            "metrics",
             "--state-dir",
             state,
             "--seconds",

@@ -2,7 +2,7 @@
 
 Nothing here needs a cluster or a Docker engine: the plain manifests are checked against
 the Kubernetes OpenAPI schemas that kubernetes-validate ships, and every port, path and
-batch setting in deploy/ is compared with the layout scripts/deploy_layout.py generates.
+batch setting in deploy/ is compared with the layout python -m bert_serve_server layout generates.
 """
 
 from __future__ import annotations
