@@ -108,5 +108,5 @@ def best_of(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
         size: max(run, second["by_batch_size"][size], key=lambda run: run["texts_per_s"])
         for size, run in first["by_batch_size"].items()
     }
-    kept = {key: first[key] for key in ("processes", "torch_threads")}
+    kept = {key: first[key] for key in ("processes", "torch_threads", "precision")}
     return with_best(runs) | {"passes": 2} | kept
