@@ -30,7 +30,7 @@ def test_a_variant_archive_is_read_with_its_own_settings(
     assert archive_limits(mar) == (1234, 7)
     assert not runs_on_gpu(Machine(8, 16 * GIB, gpus=1), mar)
     default = package_variant(tmp_path / "default", model_dir=tiny_model_dir)
-    assert archive_handler_config(default)["precision"] == "fp32"
+    assert archive_handler_config(default)["precision"] == "auto"
     assert runs_on_gpu(Machine(8, 16 * GIB, gpus=1), default)
 
 

@@ -120,21 +120,21 @@ def packed_handler_settings(archive: Path) -> dict:
 def test_make_precision_packages_that_precision_and_back(
     head_model_dir: Callable[..., Path], tmp_path: Path
 ) -> None:
-    """``make serve PRECISION=bf16`` serves a .mar whose handler config says bf16; the same
-    make without PRECISION repackages the config as written (fp32)."""
+    """``make serve PRECISION=fp32`` serves a .mar whose handler config says fp32; the same
+    make without PRECISION repackages the config as written (auto)."""
     archive = tmp_path / "store" / "bert.mar"
     model_dir = head_model_dir("single_label")
     assert "packaged" in make_mar(archive, model_dir)
-    assert packed_handler_settings(archive)["precision"] == "fp32"
+    assert packed_handler_settings(archive)["precision"] == "auto"
 
-    assert "packaged" in make_mar(archive, model_dir, precision="bf16")
+    assert "packaged" in make_mar(archive, model_dir, precision="fp32")
     settings = packed_handler_settings(archive)
     written = yaml.safe_load(MODEL_CONFIG.read_text())["handler"]
-    assert settings == written | {"precision": "bf16"}
-    assert "packaged" not in make_mar(archive, model_dir, precision="bf16")
+    assert settings == written | {"precision": "fp32"}
+    assert "packaged" not in make_mar(archive, model_dir, precision="fp32")
 
-    assert "packaged" in make_mar(archive, model_dir), "switching back to fp32 did not repackage"
-    assert packed_handler_settings(archive)["precision"] == "fp32"
+    assert "packaged" in make_mar(archive, model_dir), "switching back to auto did not repackage"
+    assert packed_handler_settings(archive)["precision"] == "auto"
 
 
 def test_packagings_at_the_same_time_do_not_mix(
