@@ -406,6 +406,7 @@ def opened_archive(mar: Path, as_a_worker: bool = False) -> Iterator[Callable[..
             import handler
             import handler.inference  # loaded while the archive's folder exists
             from handler.model import load_model
+            from handler.precision import AUTO
             from handler.settings import HandlerSettings
 
             if not Path(handler.__file__ or "").is_relative_to(unpacked):
@@ -419,11 +420,8 @@ def opened_archive(mar: Path, as_a_worker: bool = False) -> Iterator[Callable[..
 
             def load(threads: int, gpus: int, precision: str | None) -> tuple[Any, Any]:
                 settings = configured
-                if precision is not None:  # the start's choice, where the archive says auto
-                    from handler.precision import AUTO
-
-                    if settings.precision == AUTO:
-                        settings = replace(settings, precision=precision)
+                if precision is not None and settings.precision == AUTO:
+                    settings = replace(settings, precision=precision)
                 torch.set_num_threads(threads)
                 loaded = load_model(Path(unpacked, "model"), settings, 0 if gpus else None)
                 return loaded, settings

@@ -140,6 +140,7 @@ def test_the_timeout_follows_the_archive_and_can_be_stated(tmp_path: Path) -> No
 
 SLOW_HANDLER = {
     "handler/__init__.py": "",
+    "handler/precision.py": "AUTO = 'auto'\n",
     "handler/settings.py": (
         "class HandlerSettings:\n"
         "    max_length, max_chars, max_texts_per_request = 8, 100, 4\n"
