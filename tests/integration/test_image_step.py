@@ -40,5 +40,7 @@ def test_the_images_sizing_step_runs_from_the_server_package_alone(tmp_path: Pat
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
-    assert int(result.stdout.strip()) >= 1
+    threads, precisions = result.stdout.splitlines()
+    assert int(threads) >= 1
+    assert precisions == "bert:1.0=fp32", "the suite states fp32 (tests/conftest.py)"
     assert "job_queue_size=" in out.read_text()
