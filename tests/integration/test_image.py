@@ -113,7 +113,7 @@ def test_image_builds_answers_and_stops_cleanly() -> None:
         cores = min(probe.read_machine(gpus=0).cores, float(result["limits"]["cpus"]))
         memory = int(result["limits"]["memory"].removesuffix("m")) * 2**20
         worker_bytes = sizing.budgeted_bytes(
-            probe.measured_memory(str(MAR_PATH), MAR_PATH.stat().st_mtime_ns)
+            probe.measured_memory(str(MAR_PATH), MAR_PATH.stat().st_mtime_ns, precision="fp32")
         )
         expected = rules.workers_for(rules.Machine(cores, memory, 0), worker_bytes)[0]
         assert roles.count("worker") == expected, (roles, expected)
