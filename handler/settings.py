@@ -5,7 +5,7 @@ section of ``config/model-config.yaml`` (TorchServe hands it to the worker as
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 THREADS_ENV = "OMP_NUM_THREADS"
@@ -65,6 +65,12 @@ class HandlerSettings:
     """The most rows (windows, a short text is one) a request may bring; a request past it
     answers 413. 0: the windows of one text of ``max_chars`` one-character tokens, or
     ``max_texts_per_request`` if more (``windows_per_request``)."""
+    stride: int = field(init=False, default=0)
+    """Resolved at start: ``window_stride``, or where -1 a quarter of ``max_length``."""
+    windows_per_request: int = field(init=False, default=0)
+    """Resolved at start: ``max_windows_per_request``, or where 0 the windows of a text of
+    ``max_chars`` tokens (one a character, the most most tokenizers make of plain text) with a
+    single text's 2 special tokens, at least ``max_texts_per_request``."""
 
     def __post_init__(self) -> None:
         _require(self.max_length >= 8, f"max_length must be at least 8, got {self.max_length}")
@@ -110,28 +116,18 @@ class HandlerSettings:
             "explain_internal_batch_size must be >= 0 (0: from max_batch_tokens), "
             f"got {self.explain_internal_batch_size}",
         )
-
-    @property
-    def stride(self) -> int:
-        """The tokens a window repeats: ``window_stride``, or where -1 a quarter of ``max_length``."""
-        return self.max_length // 4 if self.window_stride < 0 else self.window_stride
-
-    @property
-    def windows_per_request(self) -> int:
-        """``max_windows_per_request``, or where 0 the windows of a text of ``max_chars``
-        tokens (one a character, the most most tokenizers make of plain text) with a single
-        text's 2 special tokens, at least ``max_texts_per_request``."""
-        if self.max_windows_per_request:
-            return self.max_windows_per_request
+        stride = self.max_length // 4 if self.window_stride < 0 else self.window_stride
         room = self.max_length - 2
-        windows = 1 + max(0, -(-(self.max_chars - room) // (room - self.stride)))
-        return max(windows, self.max_texts_per_request)
+        windows = 1 + max(0, -(-(self.max_chars - room) // (room - stride)))
+        per_request = self.max_windows_per_request or max(windows, self.max_texts_per_request)
+        object.__setattr__(self, "stride", stride)  # derived once, read on every request
+        object.__setattr__(self, "windows_per_request", per_request)
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any] | None) -> HandlerSettings:
         """Build settings from the yaml section, rejecting unknown keys and wrong types."""
         raw = dict(raw or {})
-        known = {field.name: field for field in fields(cls)}
+        known = {item.name: item for item in fields(cls) if item.init}
         unknown = sorted(set(raw) - set(known))
         _require(not unknown, f"unknown handler settings {unknown}; known: {sorted(known)}")
         values = {name: _checked(name, getattr(cls, name), value) for name, value in raw.items()}
