@@ -4,7 +4,9 @@ its numbers (docs/chaos/README.md says what each injects and requires): the shor
 its own server, always stopped; in ``--quick`` the parts on the default config share one
 (``SharedServer``). Every loop is bounded in count and time. Writes ``chaos.json`` ({part:
 result}; with ``--only`` the other parts in it are kept) and, with the spike, ``spike.png``;
-exits 1 if a part failed.
+exits 1 if a part failed. Every server of the run serves fp32 unless ``BERT_SERVE_PRECISION``
+says otherwise: the soak and the restart compare scores within 1e-4 and 1e-6, which a reduced
+precision's batch-mates move by up to 5e-3.
 
     python -m lab chaos --quick --out /tmp/chaos     # every duration a few seconds
     python -m lab chaos --only kill_runs --kills 50 --out docs/chaos
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -25,6 +28,7 @@ from typing import Any
 
 import requests
 from bert_serve_server.control import REPLACE_LIMIT_S, Server, running
+from bert_serve_server.sizing import VARIABLES
 
 from bert_serve.client import DEFAULT_TIMEOUT_S
 from lab.load import ClosedLoop, Job, percentile
@@ -240,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--forms", nargs="+", choices=SPIKE_FORMS, default=list(SPIKE_FORMS))
     parser.add_argument("--no-peer", action="store_true", help="spike: without LitServe")
     args = parser.parse_args(argv)
+    os.environ.setdefault(VARIABLES["precision"], "fp32")  # the module docstring says why
     shared = SharedServer() if args.quick else None
     plan = dataclasses.replace(
         durations(args.seconds, args.quick, args.kills),
