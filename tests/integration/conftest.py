@@ -2,7 +2,7 @@
 
 Every test under tests/integration/ is marked ``integration`` (``make unit`` leaves them out).
 Tests marked ``alone`` run after the others, one at a time with nothing beside them
-(scripts/test.sh runs the rest over several processes, the longest files first); among them,
+(scripts/test.sh runs the rest over several processes, each file whole on one); among them,
 those marked ``runs_last`` (the container image build) run last: they load the machine for
 minutes and write outside the checkout, so whatever they leave behind cannot touch another
 test's fixtures.
@@ -24,35 +24,15 @@ from tests.conftest import MAR_PATH, REAL_MODEL_DIR
 INTEGRATION_DIR = Path(__file__).resolve().parent
 
 
-LONGEST_FIRST = (
-    "test_bench.py",
-    "test_serving.py",
-    "test_heads_serving.py",
-    "test_worker_death.py",
-    "test_client.py",
-    "test_openapi_conformance.py",
-    "test_serve_scripts.py",
-    "test_metrics_default_config.py",
-    "test_soak.py",
-)
-"""The files that take 40 s or more (docs/testing.md's profile), longest first, collected before
-the others: over several processes, each file whole on one (scripts/test.sh), a long file taken
-last ran on one process while the others had nothing left (the last minute of that run at about
-half the machine)."""
-
-
-def run_order(item: pytest.Item) -> tuple[bool, int]:
-    """``runs_last`` after every other test; the long files before the rest, longest first."""
-    name = Path(item.path).name
-    first = LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
-    return item.get_closest_marker("runs_last") is not None, first
+def runs_last(item: pytest.Item) -> bool:
+    return item.get_closest_marker("runs_last") is not None
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if INTEGRATION_DIR in Path(item.path).resolve().parents:
             item.add_marker(pytest.mark.integration)
-    items.sort(key=run_order)
+    items.sort(key=runs_last)
 
 
 @pytest.fixture(scope="session")
