@@ -158,15 +158,18 @@ image: $(if $(strip $(MODELS)),,$(MAR)) | $(STAMP)
 	IMAGE=$(IMAGE) PROXY_IMAGE=$(PROXY_IMAGE) VENV_PYTHON=$(PY) MODELS="$(MODELS)" bash scripts/image.sh
 
 ## image-test: run that image: READY, the README's requests, /metrics, memory, SIGTERM -> build/image/
+##        (MEASURED=DIR: its first container starts on what pod-test kept there)
 image-test: | $(STAMP)
-	$(LAB) image-test --image $(IMAGE) --out $(IMAGE_TEST_OUT)
+	$(LAB) image-test --image $(IMAGE) --out $(IMAGE_TEST_OUT) $(if $(MEASURED),--measured $(MEASURED))
 
 ## pod-test: the Deployment as one pod (podman kube play: both containers, limits, Secret,
 ##        ConfigMap, read-only roots), through the proxy: patient clients, a killed frontend,
 ##        SIGTERM under new connections with 1 and 2 workers -> build/image/pod-test.json
+##        (MEASURED=DIR: what its first pod's start measured is copied there)
 POD_TEST_OUT ?= build/image/pod-test.json
 pod-test: | $(STAMP)
-	$(LAB) pod-test --image $(IMAGE) --proxy-image $(PROXY_IMAGE) --out $(POD_TEST_OUT)
+	$(LAB) pod-test --image $(IMAGE) --proxy-image $(PROXY_IMAGE) --out $(POD_TEST_OUT) \
+		$(if $(MEASURED),--keep-measured $(MEASURED))
 
 ## models-start: an image of three models (the default one under three names) started with the
 ##        pod's CPUs and the memory three workers need: seconds until the startup probe passes

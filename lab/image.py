@@ -8,7 +8,10 @@ the image's own (``CHECKS``, ``CONTAINER_CHECKS``), a warm burst and each proces
 (PSS, RSS), 256 patient clients never refused, SIGTERM under load (exit 0 within the grace
 period, no accepted request lost); then a container with ``STATED_ENV`` (it runs, and says,
 what is stated) and one whose model cannot load (it exits non-zero with the traceback). The
-record's ``sized_from`` hashes what its figures depend on (tests/unit/test_deploy.py).
+record's ``sized_from`` hashes what its figures depend on (tests/unit/test_deploy.py). With
+``--measured DIR`` (what ``make pod-test``'s first pod measured, ``--keep-measured``), the first
+container starts on those measurements, as a container restarted in its pod does; the record
+says so (``measured``).
 
 ``make models-start`` (``python -m lab models-start --image IMAGE --models 3 --out FILE``, this
 module with ``--models``): ``models_start``.
@@ -74,6 +77,9 @@ STATED_ENV = {
 }
 """What step 7 states (``bert_serve_server.sizing``): every value the start would otherwise
 measure or derive, so it measures nothing; 2 workers where the pod's limits give 1."""
+MEASURED_INSIDE = "/home/model-server/measured"
+"""What a start measured, in the container: deploy/entrypoint.sh's ``BERT_SERVE_MEASURE_CACHE``
+(``$HOME/measured``, the home the image's WORKDIR and the pod's emptyDir)."""
 IMAGE_ARCHIVE = "/mnt/models/model-store/bert.mar"
 """Where the image holds the default model's archive (deploy/Dockerfile)."""
 ARCHIVE_SOURCE = ROOT / "model_store" / "bert.mar"
@@ -348,12 +354,20 @@ class Container(EngineCalls):
         return replace(self, name=f"{self.name}-{suffix}", http=free_port(), metrics=free_port())
 
     def start(
-        self, env: Mapping[str, str] | None = None, volumes: Mapping[Path, str] | None = None
+        self,
+        env: Mapping[str, str] | None = None,
+        volumes: Mapping[Path, str] | None = None,
+        measured: Path | None = None,
     ) -> None:
+        """Run it with ``env`` stated, ``volumes`` mounted read-only and, where given, the
+        folder ``measured`` as its measurements (writable: a start may measure what it lacks)."""
         inside_http = port_of(self.addresses["inference_address"])
         inside_metrics = port_of(self.addresses["metrics_address"])
         stated = [arg for key, value in (env or {}).items() for arg in ("--env", f"{key}={value}")]
         mounts = [f"{host}:{inside}:ro" for host, inside in (volumes or {}).items()]
+        if measured is not None:
+            measured.chmod(0o777)  # the image's user, whatever the engine maps it to
+            mounts.append(f"{measured}:{MEASURED_INSIDE}")
         mounted = [arg for mount in mounts for arg in ("--volume", mount)]
         self.run(
             "run", "--detach", "--name", self.name, *LIMITS, *stated, *mounted,
@@ -634,17 +648,18 @@ def run_checks(
 
 
 def run_image_test(
-    image: str, engine: list[str], say: Callable[[str], None] = print
+    image: str, engine: list[str], say: Callable[[str], None] = print, measured: Path | None = None
 ) -> dict[str, Any]:
-    """Everything the module docstring lists, against one fresh container of ``image``;
-    raises ImageTestFailed on the first step that fails (all request checks are run first)."""
+    """Everything the module docstring lists, against one fresh container of ``image`` (on the
+    measurements in ``measured``, where given); raises ImageTestFailed on the first step that
+    fails (all request checks are run first)."""
     grace_s = grace_period_s()
     container = Container.of(engine, image)
     image_bytes = int(container.run("image", "inspect", "--format", "{{.Size}}", image))
     try:
         started = time.monotonic()
-        say(f"start with the pod's limits {container.limits}")
-        container.start()
+        say(f"start with the pod's limits {container.limits}, measurements from {measured}")
+        container.start(measured=measured)
         seen = wait_ready(container, started)
         say(
             f"/ping Healthy after {seen.ping_s:.1f} s, the readiness probe ready after "
@@ -690,6 +705,7 @@ def run_image_test(
         "image": image,
         "limits": container.limits,
         "sized_from": sized_from(),
+        "measured": "its own" if measured is None else f"carried in from {measured}",
         "image_bytes": image_bytes,
         "ping_s": round(seen.ping_s or 0, 1),
         "probe_ready_s": round(seen.probe_s or 0, 1),
@@ -841,9 +857,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--image", default=os.environ.get("IMAGE", "bert-serve:0.1.0"))
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "image" / "image-test.json")
     parser.add_argument("--models", type=int, help="models-start: how many the image serves")
+    parser.add_argument(
+        "--measured", type=Path, help="start the first container on these measurements"
+    )
     args = parser.parse_args(argv)
     engine = engine_command()
     if args.models:
         started = partial(models_start, engine, args.image, args.models)
         return recorded("models-start", args.out, started)
-    return recorded("image-test", args.out, lambda say: run_image_test(args.image, engine, say))
+    return recorded(
+        "image-test", args.out, lambda say: run_image_test(args.image, engine, say, args.measured)
+    )

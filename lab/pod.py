@@ -4,7 +4,8 @@ from a Secret, read-only roots), through the proxy with the key, against deploy/
 bars: 256 patient clients never refused; a killed frontend ends its container, which is
 restarted and ready again; SIGTERM while clients keep opening new connections (as kubelet
 sends it): none refused, every container exits 0 within the grace period; the same with 2
-workers stated (``STATED_ENV``).
+workers stated (``STATED_ENV``). With ``--keep-measured DIR``, what the first pod's start
+measured is copied into DIR once it is ready (``make image-test --measured`` starts on it).
 
 What podman needs that a cluster has: an infra image where catatonit is absent, ulimits that
 fit (a containers.conf of the run's own), the Secret as a podman secret of base64 values. Names
@@ -32,6 +33,7 @@ from bert_serve_server.config import ROOT, free_port
 
 from lab.image import (
     DEPLOYMENT,
+    MEASURED_INSIDE,
     PATIENT_CLIENTS,
     PATIENT_TIMEOUT_S,
     READY_TIMEOUT_S,
@@ -338,7 +340,9 @@ def infra_image(engine: list[str], tag: str, state: Path) -> str | None:
     return name
 
 
-def run_pod_test(images: dict[str, str], say: Callable[[str], None]) -> dict[str, Any]:
+def run_pod_test(
+    images: dict[str, str], say: Callable[[str], None], keep_measured: Path | None = None
+) -> dict[str, Any]:
     engine, tag, grace_s = engine_command(), f"t{os.getpid()}", grace_period_s(DEPLOYMENT)
     state = ROOT / "build" / "pod" / tag
     record: dict[str, Any] = {"images": images, "limits": container_limits(), "grace_s": grace_s}
@@ -350,6 +354,12 @@ def run_pod_test(images: dict[str, str], say: Callable[[str], None]) -> dict[str
         say("kube play: the Deployment as written")
         with played(Pod(engine, tag, state / "one-worker", images, env=env)) as pod:
             record["ready_s"] = wait_ready(pod)
+            if keep_measured is not None:
+                keep_measured.mkdir(parents=True, exist_ok=True)
+                pod.run(
+                    "cp", f"{pod.container('torchserve')}:{MEASURED_INSIDE}/.", str(keep_measured)
+                )
+                say(f"kept what it measured in {keep_measured}")
             say(f"ready after {record['ready_s']} s; {PATIENT_CLIENTS} patient clients")
             record["patient"] = patient(pod)
             say("killing the frontend")
@@ -375,6 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         "--proxy-image", default=os.environ.get("PROXY_IMAGE", "bert-serve-proxy:0.1.0")
     )
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "image" / "pod-test.json")
+    parser.add_argument("--keep-measured", type=Path, help="copy the first pod's measurements here")
     args = parser.parse_args(argv)
     images = {"torchserve": args.image, "proxy": args.proxy_image}
-    return recorded("pod-test", args.out, lambda say: run_pod_test(images, say))
+    return recorded("pod-test", args.out, lambda say: run_pod_test(images, say, args.keep_measured))

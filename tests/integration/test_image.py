@@ -1,11 +1,14 @@
-"""The container image, built and answering: `make image image-test` (scripts/image.sh, then
-python -m lab image-test, under the pod's CPU and memory limits: the readiness probe false while
-the workers load, READY, the README's requests, a list, a pair, v2, /metrics, the health check,
-memory, 256 patient clients none refused, SIGTERM under load within the grace period with no
-accepted request lost; a container with its settings stated, and one whose model cannot load;
-the containers are always removed), then `make pod-test` on the same images (the Deployment
-as one pod under podman kube play: patient clients through the proxy, a killed frontend,
-SIGTERM while clients open new connections, with 1 worker and 2 forced; lab/pod.py).
+"""The container image, built and answering: `make image pod-test image-test` (scripts/image.sh;
+then the Deployment as one pod under podman kube play: patient clients through the proxy, a
+killed frontend, SIGTERM while clients open new connections, with 1 worker and 2 forced,
+lab/pod.py; then python -m lab image-test, under the pod's CPU and memory limits: the readiness
+probe false while the workers load, READY, the README's requests, a list, a pair, v2, /metrics,
+the health check, memory, 256 patient clients none refused, SIGTERM under load within the grace
+period with no accepted request lost; a container with its settings stated, and one whose model
+cannot load; the containers are always removed). The pod's start measures the model as written;
+the image test's first container starts on what it measured (``MEASURED``), as a container
+restarted in its pod does, sparing the second minute-long measurement of the same image under
+the same limits.
 
 Skips, saying why, where no container engine works (scripts/container_engine.sh): no podman,
 or a docker client without an engine, and where a package archive the build fetches from
@@ -24,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -93,13 +97,14 @@ def test_image_builds_answers_and_stops_cleanly() -> None:
     image, proxy_image = built[0] if built else (f"bert-serve:{tag}", f"bert-serve-proxy:{tag}")
     out = ROOT / "build" / "image" / f"image-test-{os.getpid()}.json"
     pod_out = ROOT / "build" / "image" / f"pod-test-{os.getpid()}.json"
+    measured = ROOT / "build" / "image" / f"measured-{os.getpid()}"
     try:
         if built:
             check_build(*built[1:])
         returncode, output = run_process_group(
-            ["make", "--no-print-directory", *([] if built else ["image"]), "image-test",
-             "pod-test", f"IMAGE={image}", f"PROXY_IMAGE={proxy_image}", f"IMAGE_TEST_OUT={out}",
-             f"POD_TEST_OUT={pod_out}"],
+            ["make", "--no-print-directory", *([] if built else ["image"]), "pod-test",
+             "image-test", f"IMAGE={image}", f"PROXY_IMAGE={proxy_image}", f"IMAGE_TEST_OUT={out}",
+             f"POD_TEST_OUT={pod_out}", f"MEASURED={measured}"],
             TIMEOUT_S,
         )  # fmt: skip
         check_build(returncode, output)
@@ -119,6 +124,7 @@ def test_image_builds_answers_and_stops_cleanly() -> None:
         assert roles.count("worker") == expected, (roles, expected)
         assert result["probe_not_ready_polls"] > 0 and not result["lost_under_stop"]
         assert result["unloadable"]["exit_code"] != 0
+        assert result["measured"].startswith("carried in") and any(measured.iterdir())
         pod = json.loads(pod_out.read_text())
         for stop in (pod["stop"], pod["two_workers"]["stop"]):
             assert set(stop["statuses"]) == {"200"} and stop["stop_s"] <= pod["grace_s"], stop
@@ -130,3 +136,4 @@ def test_image_builds_answers_and_stops_cleanly() -> None:
         )
         out.unlink(missing_ok=True)
         pod_out.unlink(missing_ok=True)
+        shutil.rmtree(measured, ignore_errors=True)
