@@ -9,9 +9,7 @@ the image's own (``CHECKS``, ``CONTAINER_CHECKS``), a warm burst and each proces
 period, no accepted request lost); then a container with ``STATED_ENV`` (it runs, and says,
 what is stated) and one whose model cannot load (it exits non-zero with the traceback). The
 record's ``sized_from`` hashes what its figures depend on (tests/unit/test_deploy.py). With
-``--measured DIR`` (what ``make pod-test``'s first pod measured, ``--keep-measured``), the first
-container starts on those measurements, as a container restarted in its pod does; the record
-says so (``measured``).
+``--measured DIR`` (``pod-test --keep-measured``) the first starts on what the pod measured.
 
 ``make models-start`` (``python -m lab models-start --image IMAGE --models 3 --out FILE``, this
 module with ``--models``): ``models_start``.
@@ -78,8 +76,7 @@ STATED_ENV = {
 """What step 7 states (``bert_serve_server.sizing``): every value the start would otherwise
 measure or derive, so it measures nothing; 2 workers where the pod's limits give 1."""
 MEASURED_INSIDE = "/home/model-server/measured"
-"""What a start measured, in the container: deploy/entrypoint.sh's ``BERT_SERVE_MEASURE_CACHE``
-(``$HOME/measured``, the home the image's WORKDIR and the pod's emptyDir)."""
+"""deploy/entrypoint.sh's ``BERT_SERVE_MEASURE_CACHE``: ``$HOME/measured`` in the container."""
 IMAGE_ARCHIVE = "/mnt/models/model-store/bert.mar"
 """Where the image holds the default model's archive (deploy/Dockerfile)."""
 ARCHIVE_SOURCE = ROOT / "model_store" / "bert.mar"
@@ -354,13 +351,9 @@ class Container(EngineCalls):
         return replace(self, name=f"{self.name}-{suffix}", http=free_port(), metrics=free_port())
 
     def start(
-        self,
-        env: Mapping[str, str] | None = None,
-        volumes: Mapping[Path, str] | None = None,
-        measured: Path | None = None,
-    ) -> None:
-        """Run it with ``env`` stated, ``volumes`` mounted read-only and, where given, the
-        folder ``measured`` as its measurements (writable: a start may measure what it lacks)."""
+        self, env: Mapping[str, str] | None = None, volumes: Mapping[Path, str] | None = None,
+        measured: Path | None = None,  # writable: a start may measure what it lacks
+    ) -> None:  # fmt: skip
         inside_http = port_of(self.addresses["inference_address"])
         inside_metrics = port_of(self.addresses["metrics_address"])
         stated = [arg for key, value in (env or {}).items() for arg in ("--env", f"{key}={value}")]
@@ -650,9 +643,8 @@ def run_checks(
 def run_image_test(
     image: str, engine: list[str], say: Callable[[str], None] = print, measured: Path | None = None
 ) -> dict[str, Any]:
-    """Everything the module docstring lists, against one fresh container of ``image`` (on the
-    measurements in ``measured``, where given); raises ImageTestFailed on the first step that
-    fails (all request checks are run first)."""
+    """Everything the module docstring lists, against one fresh container of ``image``;
+    raises ImageTestFailed on the first step that fails (all request checks are run first)."""
     grace_s = grace_period_s()
     container = Container.of(engine, image)
     image_bytes = int(container.run("image", "inspect", "--format", "{{.Size}}", image))
@@ -857,9 +849,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--image", default=os.environ.get("IMAGE", "bert-serve:0.1.0"))
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "image" / "image-test.json")
     parser.add_argument("--models", type=int, help="models-start: how many the image serves")
-    parser.add_argument(
-        "--measured", type=Path, help="start the first container on these measurements"
-    )
+    parser.add_argument("--measured", type=Path, help="start on these measurements")
     args = parser.parse_args(argv)
     engine = engine_command()
     if args.models:

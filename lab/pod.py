@@ -354,12 +354,9 @@ def run_pod_test(
         say("kube play: the Deployment as written")
         with played(Pod(engine, tag, state / "one-worker", images, env=env)) as pod:
             record["ready_s"] = wait_ready(pod)
-            if keep_measured is not None:
-                keep_measured.mkdir(parents=True, exist_ok=True)
-                pod.run(
-                    "cp", f"{pod.container('torchserve')}:{MEASURED_INSIDE}/.", str(keep_measured)
-                )
-                say(f"kept what it measured in {keep_measured}")
+            if keep := keep_measured:  # once ready: every measurement made
+                keep.mkdir(parents=True, exist_ok=True)
+                pod.run("cp", f"{pod.container('torchserve')}:{MEASURED_INSIDE}/.", str(keep))
             say(f"ready after {record['ready_s']} s; {PATIENT_CLIENTS} patient clients")
             record["patient"] = patient(pod)
             say("killing the frontend")

@@ -1,26 +1,18 @@
 #!/usr/bin/env bash
-# The whole suite, as `make test` and CI run it, in two pytest runs:
+# The whole suite, as `make test` and CI run it:
 # - the unit layer (every test not marked integration) in random order (pytest-randomly: the
-#   header prints the seed; `--randomly-seed=N` repeats an order, `-p no:randomly` keeps the
-#   files' order) spread over one pytest-xdist process per CPU, at most 4: they start no server;
-#   a process that runs out of tests takes some of another's (--dist worksteal: a module of
-#   long tests shuffled to the end no longer runs on one process while the other waits);
-# - the integration layer (a real torchserve on free local ports, the curl smoke script, the
-#   image) in file order, in two runs: first every test not marked `alone` over one pytest-xdist
-#   process per CPU, at most 4, each file whole on one process (its servers start one at a
-#   time, half a machine of 2 cores each: a start is mostly one thread); then the `alone`
-#   tests (chaos, the image and pod, the operating run with Prometheus, the defaults' bars) on
-#   one process: they load the whole machine and check what it does under load.
-# The whole suite (no arguments) with a container engine: the image test's two images are built
-# beside the integration tests not marked `alone` (`make image`, its output in
-# build/image-build.log), whose first minute, the session servers' starts, leaves a core idle;
-# a build waits on its disk and, on a machine without the layers, on Debian's and PyPI's
-# archives more than on the CPU. The `alone` run waits for the build. The test takes the images
-# from BERT_SERVE_TEST_IMAGES; run any other way, it builds them itself.
-# Every test's time (its fixtures' setup and teardown included) goes to JUnit XML,
-# build/test-times-unit.xml, build/test-times.xml and build/test-times-alone.xml:
-# docs/testing.md's profile is read from them.
-# Arguments go to both runs (a run that selects no test is not a failure).
+#   header prints the seed; `--randomly-seed=N` repeats it) over one pytest-xdist process per
+#   CPU, at most 4, a process out of tests taking some of another's (--dist worksteal);
+# - the integration layer (real torchserve instances on free local ports, the smoke script, the
+#   image): every test not marked `alone` over one process per CPU, at most 4, each file whole
+#   on one; then the `alone` tests (chaos, the image and pod, the operating run, the defaults'
+#   bars) in file order on one process: they load the machine and check what it does under it.
+# With no arguments and a container engine, the image test's two images are built beside the
+# integration tests not marked `alone` (output: build/image-build.log; the test takes them from
+# BERT_SERVE_TEST_IMAGES; run any other way, it builds them itself); the `alone` run waits for
+# the build. Each test's time goes to build/test-times-unit.xml, build/test-times.xml and
+# build/test-times-alone.xml (docs/testing.md). Arguments go to every run (a run that selects
+# no test is not a failure).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p build

@@ -4,9 +4,8 @@ its numbers (docs/chaos/README.md says what each injects and requires): the shor
 its own server, always stopped; in ``--quick`` the parts on the default config share one
 (``SharedServer``). Every loop is bounded in count and time. Writes ``chaos.json`` ({part:
 result}; with ``--only`` the other parts in it are kept) and, with the spike, ``spike.png``;
-exits 1 if a part failed. Every server of the run serves fp32 unless ``BERT_SERVE_PRECISION``
-says otherwise: the soak and the restart compare scores within 1e-4 and 1e-6, which a reduced
-precision's batch-mates move by up to 5e-3.
+exits 1 if a part failed. Its servers serve fp32 unless ``BERT_SERVE_PRECISION`` says: the soak
+and the restart want scores within 1e-4 and 1e-6; bf16's batch-mates move them by up to 5e-3.
 
     python -m lab chaos --quick --out /tmp/chaos     # every duration a few seconds
     python -m lab chaos --only kill_runs --kills 50 --out docs/chaos
