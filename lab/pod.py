@@ -5,7 +5,7 @@ bars: 256 patient clients never refused; a killed frontend ends its container, w
 restarted and ready again; SIGTERM while clients keep opening new connections (as kubelet
 sends it): none refused, every container exits 0 within the grace period; the same with 2
 workers stated (``STATED_ENV``). With ``--keep-measured DIR``, what the first pod's start
-measured is copied into DIR once it is ready (``make image-test --measured`` starts on it).
+measured is copied into DIR once it is ready (``image-test --measured DIR`` starts on it).
 
 What podman needs that a cluster has: an infra image where catatonit is absent, ulimits that
 fit (a containers.conf of the run's own), the Secret as a podman secret of base64 values. Names
