@@ -243,9 +243,14 @@ def wait_ready(pod: Pod, timeout_s: float = READY_TIMEOUT_S) -> float:
 
 
 def patient(pod: Pod) -> dict[str, Any]:
+    """``patient_clients`` through the proxy; a refusal fails with the start's queue sizing."""
     result = patient_clients(pod.predict, pod.headers)
     if set(result["statuses"]) != {"200"}:
-        raise ImageTestFailed(f"patient clients through the proxy got {result['statuses']}")
+        lines = pod.logs("torchserve").splitlines()
+        queue = [line for line in lines if line.startswith("sizing: ") and "queue" in line]
+        raise ImageTestFailed(
+            f"patient clients through the proxy got {result['statuses']}; " + "; ".join(queue)
+        )
     return result
 
 
