@@ -658,7 +658,7 @@ def run_image_test(
             f"{seen.probe_s:.1f} s (not ready {seen.probe_not_ready} times before), "
             f"READY after {seen.ready_s:.1f} s"
         )
-        sizing = sizing_lines(container)
+        sizing = sizing_lines(container.logs(tail=None))
         for line in sizing:
             say(f"sizing: {line}")
         outcomes = run_checks(container.target()) | run_checks(container, CONTAINER_CHECKS)
@@ -716,9 +716,9 @@ def run_image_test(
     }
 
 
-def sizing_lines(container: Container) -> list[str]:
-    """The lines the start printed about its sizing (``sizing: ...``), the prefix removed."""
-    lines = container.logs(tail=None).splitlines()
+def sizing_lines(log: str) -> list[str]:
+    """The lines a start printed in ``log`` about its sizing (``sizing: ...``), prefix removed."""
+    lines = log.splitlines()
     return [line.removeprefix("sizing: ") for line in lines if line.startswith("sizing: ")]
 
 
@@ -734,7 +734,9 @@ def stated_start(first: Container, say: Callable[[str], None]) -> dict[str, Any]
         status, text = container.management("GET", "/models/bert")
         (model,) = json.loads(text)
         running = {"workers": len(model["workers"]), "batchSize": model["batchSize"]}
-        said = [line for line in sizing_lines(container) if line.startswith("stated: ")]
+        said = [
+            line for line in sizing_lines(container.logs(tail=None)) if line.startswith("stated: ")
+        ]
         say(f"READY after {seen.ready_s:.1f} s: {running}; {said}")
         unsaid = [name for name in STATED_ENV if not any(f"({name})" in line for line in said)]
         wanted = {"workers": int(STATED_ENV["BERT_SERVE_WORKERS"])}
@@ -834,7 +836,7 @@ def models_start(
         )
         status, text = container.management("GET", "/models")
         served = sorted(model["modelName"] for model in json.loads(text)["models"])
-        sizing = sizing_lines(container)
+        sizing = sizing_lines(container.logs(tail=None))
     finally:
         container.remove()
     say(f"startup probe passed after {ready_s} s: {served}")

@@ -47,6 +47,7 @@ from lab.image import (
     patient_clients,
     pod_spec,
     recorded,
+    sizing_lines,
     wait_started,
 )
 from lab.load import ClosedLoop, statuses
@@ -246,8 +247,7 @@ def patient(pod: Pod) -> dict[str, Any]:
     """``patient_clients`` through the proxy; a refusal fails with the start's queue sizing."""
     result = patient_clients(pod.predict, pod.headers)
     if set(result["statuses"]) != {"200"}:
-        lines = pod.logs("torchserve").splitlines()
-        queue = [line for line in lines if line.startswith("sizing: ") and "queue" in line]
+        queue = [line for line in sizing_lines(pod.logs("torchserve")) if "queue" in line]
         raise ImageTestFailed(
             f"patient clients through the proxy got {result['statuses']}; " + "; ".join(queue)
         )
