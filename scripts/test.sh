@@ -7,6 +7,8 @@
 #   image): every test not marked `alone` over one process per CPU, at most 4, each file whole
 #   on one; then the `alone` tests (chaos, the image and pod, the operating run, the defaults'
 #   bars) in file order on one process: they load the machine and check what it does under it.
+# With no arguments, the shipped archive is first measured alone (build/measure.log): else each
+# integration process waits for one measurement of it, made beside the other tests.
 # With no arguments and a container engine, the image test's two images are built beside the
 # integration tests not marked `alone` (output: build/image-build.log; the test takes them from
 # BERT_SERVE_TEST_IMAGES; run any other way, it builds them itself); the `alone` run waits for
@@ -16,8 +18,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p build
-# One measurement cache for both runs (tests/conftest.py makes one per run where none is set):
-# the integration layer's starts take what the unit layer measured of the same archive.
+# One measurement cache for every run (tests/conftest.py makes one per run where none is set)
 made_cache=""
 if [ -z "${BERT_SERVE_MEASURE_CACHE:-}" ]; then
     BERT_SERVE_MEASURE_CACHE="$(mktemp -d -t bert-serve-measured-XXXXXX)"
@@ -40,6 +41,10 @@ pytest=(.venv/bin/python -m pytest -ra --durations=25)
 "${pytest[@]}" -m "not integration" -n auto --maxprocesses 4 --dist worksteal \
     --junitxml=build/test-times-unit.xml "$@"
 unit=$?
+# in fp32, as tests/conftest.py pins the suite's starts
+[ "$#" -ne 0 ] || BERT_SERVE_PRECISION="${BERT_SERVE_PRECISION:-fp32}" .venv/bin/python -m \
+    bert_serve_server size --out build/measured.properties -- --ts-config config/config.properties \
+    >build/measure.log 2>&1 || echo "test.sh: measuring bert.mar failed (build/measure.log)" >&2
 if [ "$#" -eq 0 ] && engine_line="$(bash scripts/container_engine.sh 2>/dev/null)"; then
     read -ra engine <<<"$engine_line"
     tag="test-$$"
