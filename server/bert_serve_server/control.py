@@ -538,6 +538,18 @@ def running(
             stop(server)
 
 
+def distinct_local_ports() -> dict[str, str]:
+    """``local_port_overrides`` drawn again until no two listeners share a port: each port is
+    free when drawn and its probe closed before the next, so one can come twice: TorchServe
+    then serves inference and management on that one port, and such a start was seen never
+    READY."""
+    while True:
+        overrides = local_port_overrides()
+        ports = [value.rsplit(":", 1)[-1] for value in overrides.values()]
+        if len(set(ports)) == len(ports):
+            return overrides
+
+
 def start_on_free_ports(
     state_dir: Path,
     overrides: dict[str, str],
@@ -550,7 +562,7 @@ def start_on_free_ports(
         try:
             return start(
                 state_dir,
-                overrides=local_port_overrides() | overrides,
+                overrides=distinct_local_ports() | overrides,
                 base_config=base_config,
                 env=env,
             )

@@ -157,6 +157,22 @@ def test_a_frontend_that_exits_during_start_is_started_again_on_new_ports(
         server_module.start_on_free_ports(tmp_path, {})
 
 
+def test_no_two_listeners_of_a_start_share_a_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A drawing that gives one port to two listeners is drawn again."""
+    draws = iter(
+        [
+            {
+                "inference_address": "http://127.0.0.1:4000",
+                "management_address": "http://127.0.0.1:4000",
+            },
+            {"inference_address": "http://127.0.0.1:4000", "grpc_inference_port": "4000"},
+            {"inference_address": "http://127.0.0.1:4000", "grpc_inference_port": "4001"},
+        ]
+    )
+    monkeypatch.setattr(server_module, "local_port_overrides", lambda: next(draws))
+    assert server_module.distinct_local_ports()["grpc_inference_port"] == "4001"
+
+
 def test_the_log_tail_names_the_frontends_last_words(tmp_path: Path) -> None:
     from bert_serve_server.control import log_tail
 
