@@ -48,7 +48,7 @@ def reshaped(
         config.id2label = dict(enumerate(labels))
         config.label2id = {label: i for i, label in enumerate(labels)}
     torch.manual_seed(0)
-    model = AutoModelForSequenceClassification.from_config(config)  # type: ignore[no-untyped-call]
+    model = AutoModelForSequenceClassification.from_config(config)
     if head_std is not None:
         with torch.no_grad():
             model.classifier.weight.normal_(0.0, head_std)
