@@ -1,11 +1,20 @@
 #!/usr/bin/env bash
-# The whole suite, as `make test` and CI run it, in the runs docs/testing.md describes (unit;
-# integration, with the `image` test beside it; then the `alone` tests). With no arguments the
-# shipped archive is measured beside the unit layer (build/measure.log) for the starts after it,
-# and with a container engine the image test's images are built beside the integration layer
-# (build/image-build.log, BERT_SERVE_TEST_IMAGES*) before it runs there (build/test-image.log);
-# else it builds them itself, last. Test times: build/test-times*.xml. Arguments go to every
-# run (a run that selects no test is not a failure).
+# The whole suite, as `make test` and CI run it:
+# - the unit layer (every test not marked integration) in random order (pytest-randomly: the
+#   header prints the seed; `--randomly-seed=N` repeats it) over one pytest-xdist process per
+#   CPU, at most 4, a process out of tests taking some of another's (--dist worksteal);
+# - the integration layer (real torchserve instances on free local ports, the smoke script, the
+#   image): every test not marked `alone` over one process per CPU, at most 4, each file whole
+#   on one; then the `alone` tests (chaos, the image and pod, the operating run, the defaults'
+#   bars) in file order on one process: they load the machine and check what it does under it.
+# With no arguments, the shipped archive is first measured alone (build/measure.log): else each
+# integration process waits for one measurement of it, made beside the other tests.
+# With no arguments and a container engine, the image test's two images are built beside the
+# integration tests not marked `alone` (output: build/image-build.log; the test takes them from
+# BERT_SERVE_TEST_IMAGES; run any other way, it builds them itself); the `alone` run waits for
+# the build. Each test's time goes to build/test-times-unit.xml, build/test-times.xml and
+# build/test-times-alone.xml (docs/testing.md). Arguments go to every run (a run that selects
+# no test is not a failure).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p build
@@ -16,9 +25,10 @@ if [ -z "${BERT_SERVE_MEASURE_CACHE:-}" ]; then
     export BERT_SERVE_MEASURE_CACHE
     made_cache=1
 fi
-build="" measure="" integration_run="" engine=() images=()
+build=""
+engine=()
+images=()
 cleanup() {
-    kill $measure $integration_run 2>/dev/null
     [ -z "$made_cache" ] || rm -rf "$BERT_SERVE_MEASURE_CACHE"
     if [ -n "$build" ]; then
         kill "$build" 2>/dev/null
@@ -28,20 +38,17 @@ cleanup() {
 }
 trap cleanup EXIT
 pytest=(.venv/bin/python -m pytest -ra --durations=25)
-if [ "$#" -eq 0 ]; then  # in fp32, as tests/conftest.py pins the suite's starts
-    BERT_SERVE_PRECISION="${BERT_SERVE_PRECISION:-fp32}" .venv/bin/python -m bert_serve_server \
-        size --out build/measured.properties -- --ts-config config/config.properties \
-        >build/measure.log 2>&1 &
-    measure=$!
-fi
 "${pytest[@]}" -m "not integration" -n auto --maxprocesses 4 --dist worksteal \
     --junitxml=build/test-times-unit.xml "$@"
 unit=$?
-[ -z "$measure" ] || wait "$measure" || echo "test.sh: measuring bert.mar failed (build/measure.log)" >&2
-measure=""
+# in fp32, as tests/conftest.py pins the suite's starts
+[ "$#" -ne 0 ] || BERT_SERVE_PRECISION="${BERT_SERVE_PRECISION:-fp32}" .venv/bin/python -m \
+    bert_serve_server size --out build/measured.properties -- --ts-config config/config.properties \
+    >build/measure.log 2>&1 || echo "test.sh: measuring bert.mar failed (build/measure.log)" >&2
 if [ "$#" -eq 0 ] && engine_line="$(bash scripts/container_engine.sh 2>/dev/null)"; then
     read -ra engine <<<"$engine_line"
-    images=("bert-serve:test-$$" "bert-serve-proxy:test-$$")
+    tag="test-$$"
+    images=("bert-serve:$tag" "bert-serve-proxy:$tag")
     export BERT_SERVE_TEST_IMAGES="${images[*]}"
     export BERT_SERVE_TEST_IMAGE_LOG="$PWD/build/image-build.log"
     # its own process group (timeout's), killed whole past the image test's 30 minutes
@@ -49,30 +56,23 @@ if [ "$#" -eq 0 ] && engine_line="$(bash scripts/container_engine.sh 2>/dev/null
         PROXY_IMAGE="${images[1]}" >"$BERT_SERVE_TEST_IMAGE_LOG" 2>&1 &
     build=$!
 fi
-"${pytest[@]}" -m "integration and not alone and not image" -p no:randomly -n auto \
-    --maxprocesses 4 --dist loadfile --junitxml=build/test-times.xml "$@" &
-integration_run=$!
-image=5
+"${pytest[@]}" -m "integration and not alone" -p no:randomly -n auto --maxprocesses 4 \
+    --dist loadfile --junitxml=build/test-times.xml "$@"
+integration=$?
 if [ -n "$build" ]; then
     BERT_SERVE_TEST_IMAGE_STATUS=0
     wait "$build" || BERT_SERVE_TEST_IMAGE_STATUS=$?
     export BERT_SERVE_TEST_IMAGE_STATUS
-    "${pytest[@]}" -m image -p no:randomly --junitxml=build/test-times-image.xml \
-        >build/test-image.log 2>&1
-    image=$?
 fi
-wait "$integration_run"
-integration=$? integration_run=""
-[ -z "$build" ] || cat build/test-image.log
-selected="integration and alone"
-[ -n "$build" ] || selected="integration and (alone or image)"
-"${pytest[@]}" -m "$selected" -p no:randomly --junitxml=build/test-times-alone.xml "$@"
+"${pytest[@]}" -m "integration and alone" -p no:randomly --junitxml=build/test-times-alone.xml "$@"
 alone=$?
-for status in "$unit" "$integration" "$image" "$alone"; do
+for status in "$unit" "$integration" "$alone"; do
     # 5: no test selected (arguments that name only one layer's tests)
-    [ "$status" -eq 0 ] || [ "$status" -eq 5 ] || exit "$status"
+    if [ "$status" -ne 0 ] && [ "$status" -ne 5 ]; then
+        exit "$status"
+    fi
 done
-if [ "$unit$integration$image$alone" = 5555 ]; then
+if [ "$unit" -eq 5 ] && [ "$integration" -eq 5 ] && [ "$alone" -eq 5 ]; then
     echo "no test selected" >&2
     exit 5
 fi

@@ -2,10 +2,10 @@
 
 Every test under tests/integration/ is marked ``integration`` (``make unit`` leaves them out).
 Tests marked ``alone`` run after the others, one at a time with nothing beside them
-(scripts/test.sh runs the rest over several processes, each file whole on one, and the ``image``
-test on one more beside them). Within a run, those marked ``runs_last`` (the container image
-build) run last: they load the machine for minutes and write outside the checkout, so whatever
-they leave behind cannot touch another test's fixtures.
+(scripts/test.sh runs the rest over several processes, each file whole on one); among them,
+those marked ``runs_last`` (the container image build) run last: they load the machine for
+minutes and write outside the checkout, so whatever they leave behind cannot touch another
+test's fixtures.
 """
 
 from __future__ import annotations

@@ -15,14 +15,11 @@ or a docker client without an engine, and where a package archive the build fetc
 (Debian's mirror, PyPI) cannot be reached (scripts/image.sh says so). Otherwise a failed build
 is a failure.
 
-Its bars leave room for a loaded machine (the grace period 90 s where a stop takes about 15 s;
-patient clients wait 60 s for answers that take seconds), so under `make test` it runs beside
-the integration layer (marked ``image``, scripts/test.sh): the images are built there, their
-names in ``BERT_SERVE_TEST_IMAGES``, the build's output in ``BERT_SERVE_TEST_IMAGE_LOG`` and its
+It runs after every other test (``runs_last``), and the build runs in its own process group,
+killed whole when it runs past TIMEOUT_S, so a hung build leaves nothing running behind it.
+Under `make test` the images are built beside the other tests (scripts/test.sh): their names
+are in ``BERT_SERVE_TEST_IMAGES``, the build's output in ``BERT_SERVE_TEST_IMAGE_LOG`` and its
 exit status in ``BERT_SERVE_TEST_IMAGE_STATUS``, judged here as this test's own build would be.
-Run any other way, it runs after every other test (``runs_last``). The build runs in its own
-process group, killed whole when it runs past TIMEOUT_S, so a hung build leaves nothing running
-behind it.
 """
 
 from __future__ import annotations
@@ -41,7 +38,8 @@ from bert_serve_server import probe, rules, sizing
 from lab.image import pod_limits
 from tests.conftest import MAR_PATH, ROOT
 
-pytestmark = pytest.mark.image
+# alone (scripts/test.sh): the pod's limits, 256 patient clients, stops within the grace
+pytestmark = pytest.mark.alone
 
 # From nothing (debootstrap base + first build + run) 7 to 12 min on a loaded machine of this
 # project; a rebuild with nothing changed plus the run, 2.5 min (deploy/README.md).
