@@ -115,7 +115,7 @@ def durations(seconds: float, quick: bool, kills: int | None = None) -> Duration
         kills=2 if kills is None else kills,
         long_delay_kills=1 if kills is None else kills,
         attempt_s=QUICK_ATTEMPT_S,
-        spike_s=2.0,
+        spike_s=1.0,
     )
 
 
