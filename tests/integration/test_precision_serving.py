@@ -8,13 +8,14 @@ Where this CPU has no native bf16, ``auto`` serves fp32 and a bf16 worker refuse
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import requests
 from bert_serve_server.archive import package_variant
 from bert_serve_server.control import Server, running
 
-from handler.precision import cpu_has_native_bf16
+from handler.precision import CPU_SPEEDUP, cpu_has_native_bf16
 from tests.conftest import MAR_PATH, PRECISION_ENV
 from tests.integration.conftest import link_or_copy, stated_settings
 
@@ -53,8 +54,11 @@ def test_bf16_mar_serves_the_fp32_labels_with_close_scores(
 def test_the_shipped_archive_serves_the_precision_its_start_chose(
     server: Server, tmp_path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Unpinned, the start settles ``auto`` (bf16 where this CPU has it and it measures faster,
-    else fp32), says why, and its workers serve that precision with fp32's labels."""
+    """Unpinned, the start settles ``auto`` (bf16 where this CPU has it, its labels agree and
+    it measures at least ``CPU_SPEEDUP`` times fp32's texts/s, else fp32), says why, and its
+    workers serve that precision with fp32's labels. The speed-up is measured beside the other
+    tests, so which side of the bar it lands on is not asserted: the choice follows the ratio the
+    start states (a loaded run measured 1.06x and chose fp32)."""
     monkeypatch.delenv(PRECISION_ENV)
     store = tmp_path / "store"
     store.mkdir()
@@ -76,7 +80,12 @@ def test_the_shipped_archive_serves_the_precision_its_start_chose(
         log = auto_server.model_log.read_text()
     assert len(why) == 1 and f"-> {chosen}: {chosen}:" in why[0]
     if cpu_has_native_bf16():
-        assert chosen == "bf16", why
+        ratio = re.search(r"(\d+\.\d+)x fp32's texts/s", why[0])
+        assert ratio, f"bf16's labels did not agree with fp32's: {why}"
+        if chosen == "bf16":  # the ratio is printed to 2 places: 1.096 reads 1.10, under the bar
+            assert float(ratio.group(1)) >= CPU_SPEEDUP, why
+        else:
+            assert f"under {CPU_SPEEDUP}x" in why[0] and float(ratio.group(1)) <= CPU_SPEEDUP, why
     else:
         assert chosen == "fp32" and "no native bf16" in why[0]
     assert f"precision auto: {chosen}, the start's choice" in log and f" in {chosen}:" in log
