@@ -642,6 +642,7 @@ def wait_ready(server: Server, timeout: float, log_start: int | None = None) -> 
     if log_start is None:
         log_start = log.stat().st_size if log.is_file() else 0
     time.sleep(1)
+    died_at: float | None = None
     while time.monotonic() < deadline:
         if server.pid() is None:
             raise FrontendExited(
@@ -649,6 +650,10 @@ def wait_ready(server: Server, timeout: float, log_start: int | None = None) -> 
                 f"its last lines: {log_tail(server)}"
             )
         if log.is_file() and (errors := worker_load_errors(read_from(log, log_start))):
+            died_at = died_at or time.monotonic()
+            if NO_CAUSE in errors.values() and time.monotonic() - died_at < CAUSE_WAIT_S:
+                time.sleep(0.2)  # the traceback comes after the death line
+                continue
             served = {name: server.versions(name) for name in server.model_names()}
             failed = failed_models(served, errors)
             if len(server.model_names()) == 1 and len(server.versions(server.model_name)) == 1:
@@ -674,6 +679,10 @@ LOG_TAIL_LINES = 8
 
 
 WORKER_DIED = "Backend worker process died."
+NO_CAUSE = "a worker died while loading the model"
+CAUSE_WAIT_S = 5.0
+"""How long a start waits, once a worker died with no error line yet, for its traceback: the
+worker prints the death line first, and TorchServe logs each line as it relays it."""
 ERROR_LINE = re.compile(r" - (\w[\w.]*(?:Error|Exception|Refused): .*)$")
 
 
@@ -685,7 +694,7 @@ def worker_load_error(log_text: str) -> str | None:
     if not any(line.endswith(WORKER_DIED) for line in lines):
         return None
     errors = [match.group(1) for match in map(ERROR_LINE.search, lines) if match]
-    return errors[0] if errors else "a worker died while loading the model"
+    return errors[0] if errors else NO_CAUSE
 
 
 WORKER_TAG = re.compile(r" W-\d+-(\S+)-std(?:out|err) ")
