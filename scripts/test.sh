@@ -5,10 +5,11 @@
 #   CPU, at most 4, a process out of tests taking some of another's (--dist worksteal);
 # - the integration layer (real torchserve instances on free local ports, the smoke script, the
 #   image): every test not marked `alone` over one process per CPU, at most 4, each file whole
-#   on one; then the `alone` tests (chaos, the image and pod, the operating run, the defaults'
-#   bars) in file order on one process: they load the machine and check what it does under it.
-# With no arguments, the shipped archive is first measured alone (build/measure.log): else each
-# integration process waits for one measurement of it, made beside the other tests.
+#   on one, its servers' torch threads waiting passively (OMP_WAIT_POLICY: the servers share
+#   the CPUs); then the `alone` tests (chaos, the image and pod, the operating run, the
+#   defaults' bars) in file order on one process, as shipped: they check what it does under load.
+# With no arguments, the shipped archive is first measured alone (build/measure.log), as a start
+# on the shipped config measures it, in fp32 as tests/conftest.py pins every start.
 # With no arguments and a container engine, the image test's two images are built beside the
 # integration tests not marked `alone` (output: build/image-build.log; the test takes them from
 # BERT_SERVE_TEST_IMAGES; run any other way, it builds them itself); the `alone` run waits for
@@ -38,13 +39,12 @@ cleanup() {
 }
 trap cleanup EXIT
 pytest=(.venv/bin/python -m pytest -ra --durations=25)
-"${pytest[@]}" -m "not integration" -n auto --maxprocesses 4 --dist worksteal \
-    --junitxml=build/test-times-unit.xml "$@"
-unit=$?
-# in fp32, as tests/conftest.py pins the suite's starts
 [ "$#" -ne 0 ] || BERT_SERVE_PRECISION="${BERT_SERVE_PRECISION:-fp32}" .venv/bin/python -m \
     bert_serve_server size --out build/measured.properties -- --ts-config config/config.properties \
     >build/measure.log 2>&1 || echo "test.sh: measuring bert.mar failed (build/measure.log)" >&2
+"${pytest[@]}" -m "not integration" -n auto --maxprocesses 4 --dist worksteal \
+    --junitxml=build/test-times-unit.xml "$@"
+unit=$?
 if [ "$#" -eq 0 ] && engine_line="$(bash scripts/container_engine.sh 2>/dev/null)"; then
     read -ra engine <<<"$engine_line"
     tag="test-$$"
@@ -56,8 +56,8 @@ if [ "$#" -eq 0 ] && engine_line="$(bash scripts/container_engine.sh 2>/dev/null
         PROXY_IMAGE="${images[1]}" >"$BERT_SERVE_TEST_IMAGE_LOG" 2>&1 &
     build=$!
 fi
-"${pytest[@]}" -m "integration and not alone" -p no:randomly -n auto --maxprocesses 4 \
-    --dist loadfile --junitxml=build/test-times.xml "$@"
+OMP_WAIT_POLICY=PASSIVE "${pytest[@]}" -m "integration and not alone" -p no:randomly -n auto \
+    --maxprocesses 4 --dist loadfile --junitxml=build/test-times.xml "$@"
 integration=$?
 if [ -n "$build" ]; then
     BERT_SERVE_TEST_IMAGE_STATUS=0

@@ -36,7 +36,7 @@ import pytest
 from bert_serve_server import probe, rules, sizing
 
 from lab.image import pod_limits
-from tests.conftest import MAR_PATH, ROOT
+from tests.conftest import ROOT, start_memory
 
 # alone (scripts/test.sh): the pod's limits, 256 patient clients, stops within the grace
 pytestmark = pytest.mark.alone
@@ -117,9 +117,7 @@ def test_image_builds_answers_and_stops_cleanly() -> None:
         assert result["limits"] == pod_limits()
         cores = min(probe.read_machine(gpus=0).cores, float(result["limits"]["cpus"]))
         memory = int(result["limits"]["memory"].removesuffix("m")) * 2**20
-        worker_bytes = sizing.budgeted_bytes(
-            probe.measured_memory(str(MAR_PATH), MAR_PATH.stat().st_mtime_ns, precision="fp32")
-        )
+        worker_bytes = sizing.budgeted_bytes(start_memory())
         expected = rules.workers_for(rules.Machine(cores, memory, 0), worker_bytes)[0]
         assert roles.count("worker") == expected, (roles, expected)
         assert result["probe_not_ready_polls"] > 0 and not result["lost_under_stop"]

@@ -19,7 +19,7 @@ import pytest
 import yaml
 from bert_serve_server import probe, sizing
 
-from tests.conftest import MAR_PATH, ROOT
+from tests.conftest import ROOT, start_memory
 
 MIB = 2**20
 LIMITS = {"max_chars": 60, "max_texts_per_request": 4096, "torch_threads": 1}
@@ -34,8 +34,7 @@ def test_the_measured_worker_memory_covers_the_image_records_worker() -> None:
     record = json.loads((ROOT / "deploy" / "image-test.json").read_text())
     workers = [p["pss_mib"] for p in record["processes"] if p["role"] == "worker"]
     assert workers, "the record measured a worker"
-    # in fp32, as the suite's starts measure it (tests/conftest.py), so they share it
-    memory = probe.measured_memory(str(MAR_PATH), MAR_PATH.stat().st_mtime_ns, precision="fp32")
+    memory = start_memory()
     assert sizing.budgeted_bytes(memory) / MIB >= max(workers), (memory, workers)
     assert memory.peak_bytes >= memory.pss_bytes > 0 and memory.uss_bytes > 0
 
