@@ -6,8 +6,8 @@ sees), its ports on free 127.0.0.1 ports, always removed; in order: READY (/ping
 and the pod's readiness probe not ready at first, then answering), the request checks and
 the image's own (``CHECKS``, ``CONTAINER_CHECKS``), a warm burst and each process's memory from the host
 (PSS, RSS), 256 patient clients never refused, SIGTERM under load (exit 0 within the grace
-period, no accepted request lost); then a container with ``STATED_ENV`` (it runs, and says,
-what is stated) and one whose model cannot load (it exits non-zero with the traceback). The
+period, no accepted request lost); then a container whose model cannot load (it exits non-zero
+with the traceback). The
 record's ``sized_from`` hashes what its figures depend on (tests/unit/test_deploy.py). With
 ``--measured DIR`` (``pod-test --keep-measured``) the first starts on what the pod measured.
 
@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -73,8 +73,9 @@ STATED_ENV = {
     "BERT_SERVE_QUEUE": "64",
     "BERT_SERVE_HEAP": "384m",
 }
-"""What step 7 states (``bert_serve_server.sizing``): every value the start would otherwise
-measure or derive, so it measures nothing; 2 workers where the pod's limits give 1."""
+"""What the pod test's second pod states (``bert_serve_server.sizing``, lab/pod.py): every value
+the start would otherwise measure or derive, so it measures nothing; 2 workers where the pod's
+limits give 1."""
 MEASURED_INSIDE = "/home/model-server/measured"
 """deploy/entrypoint.sh's ``BERT_SERVE_MEASURE_CACHE``: ``$HOME/measured`` in the container."""
 IMAGE_ARCHIVE = "/mnt/models/model-store/bert.mar"
@@ -100,6 +101,18 @@ except urllib.error.HTTPError as error:
 print(status)
 sys.stdout.write(body.decode(errors="replace"))
 """
+
+
+def management(
+    calls: EngineCalls, container: str, method: str, path: str, body: bytes = b""
+) -> tuple[int, str]:
+    """A request to the management API inside the image's ``container`` (it listens there
+    only): its status and body."""
+    base = container_addresses()["management_address"]
+    request = (MANAGEMENT_REQUEST, method, path, body.decode(), base)
+    out = calls.run("exec", container, "python3.11", "-c", *request)
+    status, _, text = out.partition("\n")
+    return int(status), text
 
 
 class ImageTestFailed(AssertionError):
@@ -350,20 +363,16 @@ class Container(EngineCalls):
         """Another container of the same image and limits, with ports of its own."""
         return replace(self, name=f"{self.name}-{suffix}", http=free_port(), metrics=free_port())
 
-    def start(
-        self, env: Mapping[str, str] | None = None, volumes: Mapping[Path, str] | None = None,
-        measured: Path | None = None,  # writable: a start may measure what it lacks
-    ) -> None:  # fmt: skip
+    def start(self, volumes: dict[Path, str] | None = None, measured: Path | None = None) -> None:
         inside_http = port_of(self.addresses["inference_address"])
         inside_metrics = port_of(self.addresses["metrics_address"])
-        stated = [arg for key, value in (env or {}).items() for arg in ("--env", f"{key}={value}")]
         mounts = [f"{host}:{inside}:ro" for host, inside in (volumes or {}).items()]
         if measured is not None:
-            measured.chmod(0o777)  # the image's user, whatever the engine maps it to
+            measured.chmod(0o777)  # a start may measure what it lacks, as the image's user
             mounts.append(f"{measured}:{MEASURED_INSIDE}")
         mounted = [arg for mount in mounts for arg in ("--volume", mount)]
         self.run(
-            "run", "--detach", "--name", self.name, *LIMITS, *stated, *mounted,
+            "run", "--detach", "--name", self.name, *LIMITS, *mounted,
             "--cpus", self.limits["cpus"], "--memory", self.limits["memory"],
             "--publish", f"127.0.0.1:{self.http}:{inside_http}",
             "--publish", f"127.0.0.1:{self.metrics}:{inside_metrics}",
@@ -375,14 +384,6 @@ class Container(EngineCalls):
 
     def logs(self, tail: int | None = 40) -> str:
         return self.output("logs", *(["--tail", str(tail)] if tail else []), self.name)
-
-    def management(self, method: str, path: str, body: bytes = b"") -> tuple[int, str]:
-        """A request to the management API, which listens inside the container only."""
-        base = self.addresses["management_address"]
-        request = (MANAGEMENT_REQUEST, method, path, body.decode(), base)
-        out = self.run("exec", self.name, "python3.11", "-c", *request)
-        status, _, text = out.partition("\n")
-        return int(status), text
 
     def probe_ready(self) -> bool:
         """The pod's readiness probe."""
@@ -398,7 +399,7 @@ class Container(EngineCalls):
 def workers_ready(container: Container) -> bool:
     """All workers READY, from the management API's description of the model."""
     try:
-        status, text = container.management("GET", "/models/bert")
+        status, text = management(container, container.name, "GET", "/models/bert")
         states = [worker["status"] for worker in json.loads(text)[0]["workers"]]
     except (RuntimeError, ValueError, LookupError, TypeError):
         return False
@@ -567,9 +568,8 @@ def workflow_refused(container: Container) -> list[str]:
         container.run("cp", str(archive.path), f"{container.name}:{IN_CONTAINER_WAR}")
     found = []
     for url in (f"file://{IN_CONTAINER_WAR}", Path(IN_CONTAINER_WAR).name):
-        status, text = container.management(
-            "POST", f"/workflows?url={url}&workflow_name={WORKFLOW_NAME}", b""
-        )
+        query = f"/workflows?url={url}&workflow_name={WORKFLOW_NAME}"
+        status, text = management(container, container.name, "POST", query)
         if status != 404:
             found.append(f"POST /workflows?url={url} answered {status}: {text[:200]}")
     ran = container.run("exec", container.name, "ls", "-A", "/tmp")
@@ -691,7 +691,6 @@ def run_image_test(
             raise ImageTestFailed(f"accepted requests lost at the stop: {lost}")
     finally:
         container.remove()
-    stated = stated_start(container, say)
     unloadable = unloadable_start(container, say)
     return {
         "image": image,
@@ -711,7 +710,6 @@ def run_image_test(
         "lost_under_stop": lost,
         "checks": list(outcomes),
         "processes": processes,
-        "stated": stated,
         "unloadable": unloadable,
     }
 
@@ -720,34 +718,6 @@ def sizing_lines(log: str) -> list[str]:
     """The lines a start printed in ``log`` about its sizing (``sizing: ...``), prefix removed."""
     lines = log.splitlines()
     return [line.removeprefix("sizing: ") for line in lines if line.startswith("sizing: ")]
-
-
-def stated_start(first: Container, say: Callable[[str], None]) -> dict[str, Any]:
-    """A container of the same image with ``STATED_ENV``: READY, running the stated workers
-    and ``batchSize``, each variable named in its sizing lines, answering; always removed."""
-    container = first.sibling("stated")
-    say(f"start with {STATED_ENV}")
-    try:
-        started = time.monotonic()
-        container.start(STATED_ENV)
-        seen = wait_ready(container, started)
-        status, text = container.management("GET", "/models/bert")
-        (model,) = json.loads(text)
-        running = {"workers": len(model["workers"]), "batchSize": model["batchSize"]}
-        said = [
-            line for line in sizing_lines(container.logs(tail=None)) if line.startswith("stated: ")
-        ]
-        say(f"READY after {seen.ready_s:.1f} s: {running}; {said}")
-        unsaid = [name for name in STATED_ENV if not any(f"({name})" in line for line in said)]
-        wanted = {"workers": int(STATED_ENV["BERT_SERVE_WORKERS"])}
-        wanted["batchSize"] = int(STATED_ENV["BERT_SERVE_BATCH_SIZE"])
-        if status != 200 or running != wanted or unsaid or not answers(container):
-            raise ImageTestFailed(
-                f"stated {STATED_ENV}: ran {running} (not {wanted}), not said: {unsaid}"
-            )
-    finally:
-        container.remove()
-    return {"env": STATED_ENV, "ready_s": round(seen.ready_s or 0, 1)} | running | {"said": said}
 
 
 def unloadable_archive(source: Path, out: Path) -> Path:
@@ -834,7 +804,7 @@ def models_start(
             lambda: container.logs(200),
             lambda: container.state("Running") == "true",
         )
-        status, text = container.management("GET", "/models")
+        status, text = management(container, container.name, "GET", "/models")
         served = sorted(model["modelName"] for model in json.loads(text)["models"])
         sizing = sizing_lines(container.logs(tail=None))
     finally:

@@ -3,9 +3,10 @@ deploy/k8s/deployment.yaml as written (both containers, limits, the proxy's Conf
 from a Secret, read-only roots), through the proxy with the key, against deploy/README.md's
 bars: 256 patient clients never refused; a killed frontend ends its container, which is
 restarted and ready again; SIGTERM while clients keep opening new connections (as kubelet
-sends it): none refused, every container exits 0 within the grace period; the same with 2
-workers stated (``STATED_ENV``). With ``--keep-measured DIR``, what the first pod's start
-measured is copied into DIR once it is ready (``image-test --measured DIR`` starts on it).
+sends it): none refused, every container exits 0 within the grace period; the same with every
+sizing value stated (``STATED_ENV``: 2 workers), run and said. With ``--keep-measured DIR``,
+what the first pod's start measured is copied into DIR once it is ready (``image-test
+--measured DIR`` starts on it).
 
 What podman needs that a cluster has: an infra image where catatonit is absent, ulimits that
 fit (a containers.conf of the run's own), the Secret as a podman secret of base64 values. Names
@@ -43,6 +44,7 @@ from lab.image import (
     ImageTestFailed,
     engine_command,
     grace_period_s,
+    management,
     mixed,
     patient_clients,
     pod_spec,
@@ -254,6 +256,31 @@ def patient(pod: Pod) -> dict[str, Any]:
     return result
 
 
+def stated_outcome(status: int, description: str, log: str) -> dict[str, Any]:
+    """What a start with ``STATED_ENV`` runs (``status`` and ``description`` of the model from
+    the management API) and says (its ``stated: ... (VARIABLE)`` sizing lines in ``log``);
+    ImageTestFailed where it runs other than stated or leaves a variable unsaid."""
+    if status != 200:
+        raise ImageTestFailed(f"the management API answered {status}: {description[:300]}")
+    (model,) = json.loads(description)
+    running = {"workers": len(model["workers"]), "batchSize": model["batchSize"]}
+    wanted = {"workers": int(STATED_ENV["BERT_SERVE_WORKERS"])}
+    wanted["batchSize"] = int(STATED_ENV["BERT_SERVE_BATCH_SIZE"])
+    said = [line for line in sizing_lines(log) if line.startswith("stated: ")]
+    unsaid = [name for name in STATED_ENV if not any(f"({name})" in line for line in said)]
+    if running != wanted or unsaid:
+        raise ImageTestFailed(
+            f"stated {STATED_ENV}: ran {running} (not {wanted}), not said: {unsaid}"
+        )
+    return {"env": STATED_ENV} | running | {"said": said}
+
+
+def stated_running(pod: Pod) -> dict[str, Any]:
+    """``stated_outcome`` of the pod's TorchServe container, read inside it."""
+    status, text = management(pod, pod.container("torchserve"), "GET", "/models/bert")
+    return stated_outcome(status, text, pod.logs("torchserve"))
+
+
 def stop_under_new_connections(pod: Pod, grace_s: int) -> dict[str, Any]:
     """SIGTERM to the pod's containers after ``SIGTERM_AFTER_S`` of clients opening a new
     connection for each request, which go on for ``NEW_CONNECTIONS_S`` after it: as kubelet
@@ -371,7 +398,7 @@ def run_pod_test(
         say(f"kube play with 2 workers stated: {STATED_ENV}")
         two = Pod(engine, f"{tag}-w2", state / "two-workers", images, STATED_ENV, env=env)
         with played(two) as pod:
-            record["two_workers"] = {"ready_s": wait_ready(pod)}
+            record["two_workers"] = {"ready_s": wait_ready(pod), "stated": stated_running(pod)}
             say("SIGTERM while clients open new connections, 2 workers")
             record["two_workers"]["stop"] = stop_under_new_connections(pod, grace_s)
     finally:

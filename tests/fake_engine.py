@@ -170,10 +170,6 @@ class Box:
         return int(json.loads(self.record.read_text())["pid"]) if self.record.exists() else 0
 
     @property
-    def env(self) -> dict[str, str]:
-        return dict(json.loads(self.record.read_text())["env"]) if self.record.exists() else {}
-
-    @property
     def running(self) -> bool:
         return self.record.exists() and not self.exit_file.exists() and alive(self.pid)
 
@@ -197,7 +193,7 @@ def run(state: Path, args: list[str]) -> str:
     mounted = [args[i + 1].split(":")[0] for i, arg in enumerate(args) if arg == "--volume"]
     unknown = [kind for kind in map(model_type, mounted) if kind not in KNOWN_MODEL_TYPES]
     if unknown:  # the start's measurement fails to load it, and the container exits 1
-        box.record.write_text(json.dumps({"pid": 0, "env": {}, "log": failed_load(unknown[0])}))
+        box.record.write_text(json.dumps({"pid": 0, "log": failed_load(unknown[0])}))
         box.exit_file.write_text("1")
         return name
     ports = [args[i + 1].split(":")[1] for i, arg in enumerate(args) if arg == "--publish"]
@@ -206,8 +202,7 @@ def run(state: Path, args: list[str]) -> str:
         stub = subprocess.Popen(
             command, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True
         )
-    env = dict(args[i + 1].split("=", 1) for i, arg in enumerate(args) if arg == "--env")
-    box.record.write_text(json.dumps({"pid": stub.pid, "env": env}))
+    box.record.write_text(json.dumps({"pid": stub.pid}))
     return name
 
 
@@ -221,13 +216,11 @@ def failed_load(kind: str) -> str:
 
 
 def logs(state: Path, args: list[str]) -> str:
-    """The start's sizing lines: each stated variable, as the entrypoint prints it; or the
-    log of a start that failed."""
+    """The stub's stderr; or the log of a start that failed."""
     box = Box(state, args[-1])
     if box.record.exists() and "log" in json.loads(box.record.read_text()):
         return str(json.loads(box.record.read_text())["log"])
-    stated = [f"sizing: stated: {name.lower()} {value} ({name})" for name, value in box.env.items()]
-    return "\n".join(stated + (box.log.read_text().splitlines() if box.log.exists() else []))
+    return box.log.read_text() if box.log.exists() else ""
 
 
 def inspect(state: Path, args: list[str]) -> str:
@@ -260,10 +253,7 @@ def exec_(state: Path, args: list[str]) -> str:
     if args[4] == "POST" and args[5].startswith("/workflows?"):
         return "404\n" + json.dumps({"code": 404, "type": "WorkflowNotFoundException"})
     assert args[4:6] == ["GET", "/models/bert"], args
-    env = Box(state, args[0]).env
-    workers = [{"status": "READY"}] * int(env.get("BERT_SERVE_WORKERS", "2"))
-    batch_size = int(env.get("BERT_SERVE_BATCH_SIZE", "8"))
-    return "200\n" + json.dumps([{"workers": workers, "batchSize": batch_size}])
+    return "200\n" + json.dumps([{"workers": [{"status": "READY"}] * 2, "batchSize": 8}])
 
 
 def kill(state: Path, args: list[str]) -> str:

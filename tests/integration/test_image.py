@@ -1,14 +1,14 @@
 """The container image, built and answering: `make image pod-test image-test` (scripts/image.sh;
 then the Deployment as one pod under podman kube play: patient clients through the proxy, a
-killed frontend, SIGTERM while clients open new connections, with 1 worker and 2 forced,
-lab/pod.py; then python -m lab image-test, under the pod's CPU and memory limits: the readiness
-probe false while the workers load, READY, the README's requests, a list, a pair, v2, /metrics,
-the health check, memory, 256 patient clients none refused, SIGTERM under load within the grace
-period with no accepted request lost; a container with its settings stated, and one whose model
-cannot load; the containers are always removed). The pod's start measures the model as written;
-the image test's first container starts on what it measured (``MEASURED``), as a container
-restarted in its pod does, sparing the second minute-long measurement of the same image under
-the same limits.
+killed frontend, SIGTERM while clients open new connections, with 1 worker and with every sizing
+value stated (2 workers, run and said), lab/pod.py; then python -m lab image-test, under the
+pod's CPU and memory limits: the readiness probe false while the workers load, READY, the
+README's requests, a list, a pair, v2, /metrics, the health check, memory, 256 patient clients
+none refused, SIGTERM under load within the grace period with no accepted request lost; a
+container whose model cannot load; the containers are always removed). The pod's start measures
+the model as written; the image test's first container starts on what it measured
+(``MEASURED``), as a container restarted in its pod does, sparing the second minute-long
+measurement of the same image under the same limits.
 
 Skips, saying why, where no container engine works (scripts/container_engine.sh): no podman,
 or a docker client without an engine, and where a package archive the build fetches from
@@ -124,6 +124,8 @@ def test_image_builds_answers_and_stops_cleanly() -> None:
         assert result["unloadable"]["exit_code"] != 0
         assert result["measured"].startswith("carried in") and any(measured.iterdir())
         pod = json.loads(pod_out.read_text())
+        stated = pod["two_workers"]["stated"]
+        assert (stated["workers"], stated["batchSize"]) == (2, 4), stated
         for stop in (pod["stop"], pod["two_workers"]["stop"]):
             assert set(stop["statuses"]) == {"200"} and stop["stop_s"] <= pod["grace_s"], stop
     finally:

@@ -435,10 +435,12 @@ def test_the_image_record_is_of_the_current_entrypoint_and_sizing_under_the_pods
 def test_the_pod_record_is_of_the_current_pod_and_nothing_was_lost_at_its_stops() -> None:
     """deploy/pod-test.json was measured by `make pod-test` (the Deployment under podman kube
     play) on the entrypoint, manifest, proxy and readiness that are here now: patient clients
-    all answered, a killed frontend's container restarted, and both stops (1 worker, 2 forced)
+    all answered, a killed frontend's container restarted, the stated pod ran what was stated
+    (2 workers, batchSize 4), and both stops (1 worker, 2 stated)
     with every request answered and every container exiting 0 within the grace period. After
     a change to any of them: make pod-test POD_TEST_OUT=deploy/pod-test.json."""
     from lab import pod
+    from lab.image import STATED_ENV
     from lab.pod import MEASURED, measured_from
 
     record = json.loads((DEPLOY / "pod-test.json").read_text())
@@ -449,6 +451,8 @@ def test_the_pod_record_is_of_the_current_pod_and_nothing_was_lost_at_its_stops(
     assert record["limits"] == pod.container_limits()
     assert set(record["patient"]["statuses"]) == {"200"}
     assert record["frontend_killed"]["restarts"] >= 1
+    stated = record["two_workers"]["stated"]
+    assert (stated["workers"], stated["batchSize"]) == (2, 4) and stated["env"] == STATED_ENV
     for stop in (record["stop"], record["two_workers"]["stop"]):
         assert set(stop["statuses"]) == {"200"} and stop["stop_s"] <= record["grace_s"]
         assert set(stop["exit_codes"].values()) == {"0"}

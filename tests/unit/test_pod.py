@@ -7,11 +7,12 @@ import base64
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 from bert_serve_server.config import ROOT
 
 from lab import pod
-from lab.image import STATED_ENV
+from lab.image import STATED_ENV, ImageTestFailed, container_addresses
 from tests.unit.test_deploy import by_kind
 
 IMAGES = {"torchserve": "bert-serve:t", "proxy": "bert-serve-proxy:t"}
@@ -46,8 +47,8 @@ def test_the_pod_is_the_deployment_as_written_with_names_images_and_ports_of_its
 
 
 def test_two_workers_are_stated_in_torchserves_environment() -> None:
-    """The second pod states what the image test's stated start does: TorchServe's container
-    gets every ``STATED_ENV`` variable, after those the Deployment sets."""
+    """The second pod states every sizing value: TorchServe's container gets every
+    ``STATED_ENV`` variable, after those the Deployment sets."""
     _, deployment = pod.kube_documents("t2", IMAGES, {}, STATED_ENV)
     (torchserve,) = [
         c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "torchserve"
@@ -57,6 +58,68 @@ def test_two_workers_are_stated_in_torchserves_environment() -> None:
     stated = [{"name": name, "value": value} for name, value in STATED_ENV.items()]
     assert torchserve["env"] == original["env"] + stated
     assert torchserve.get("args") == original.get("args")
+
+
+def stated_log(names: list[str]) -> str:
+    """A start's log that says each of ``names`` was stated, as deploy/entrypoint.sh does."""
+    lines = [f"sizing: stated: {name.lower()} {STATED_ENV[name]} ({name})" for name in names]
+    return "\n".join(["starting", *lines, "sizing: queue 64"])
+
+
+def described(workers: int, batch_size: int) -> str:
+    """The management API's description of the model: ``workers`` READY, ``batch_size``."""
+    return json.dumps([{"workers": [{"status": "READY"}] * workers, "batchSize": batch_size}])
+
+
+def test_a_pod_that_runs_and_says_what_was_stated_passes() -> None:
+    got = pod.stated_outcome(200, described(2, 4), stated_log(list(STATED_ENV)))
+    assert (got["workers"], got["batchSize"], got["env"]) == (2, 4, STATED_ENV)
+    assert len(got["said"]) == len(STATED_ENV) and got["said"][0].startswith("stated: ")
+
+
+@pytest.mark.parametrize(
+    ("status", "description", "names", "problem"),
+    [
+        (200, described(1, 4), list(STATED_ENV), r"ran \{'workers': 1, 'batchSize': 4\}"),
+        (200, described(2, 8), list(STATED_ENV), r"'batchSize': 8\} \(not"),
+        (200, described(2, 4), list(STATED_ENV)[1:], r"not said: \['BERT_SERVE_WORKERS'\]"),
+        (404, '{"code": 404}', list(STATED_ENV), "the management API answered 404"),
+    ],
+)
+def test_a_pod_that_runs_other_than_stated_or_leaves_a_setting_unsaid_fails(
+    status: int, description: str, names: list[str], problem: str
+) -> None:
+    with pytest.raises(ImageTestFailed, match=problem):
+        pod.stated_outcome(status, description, stated_log(names))
+
+
+class ManagedPod:
+    """A pod whose TorchServe container answers the management request with ``answer``."""
+
+    container = pod.Pod.container
+    name = "bert-serve-t3-pod-0"
+
+    def __init__(self, answer: str) -> None:
+        self.answer, self.calls = answer, []
+
+    def run(self, *args: str, timeout: float = 120) -> str:
+        self.calls.append(args)
+        return self.answer
+
+    def logs(self, container: str) -> str:
+        assert container == "torchserve"
+        return stated_log(list(STATED_ENV))
+
+
+def test_the_stated_pod_is_read_inside_its_torchserve_container() -> None:
+    """The management API listens inside the container only: the pod test reads the model's
+    description there, at the image's management address."""
+    managed = ManagedPod("200\n" + described(2, 4))
+    assert pod.stated_running(managed)["workers"] == 2  # type: ignore[arg-type]
+    ((verb, container, python, _, _, method, path, body, base),) = managed.calls
+    assert (verb, container, python) == ("exec", "bert-serve-t3-pod-0-torchserve", "python3.11")
+    assert (method, path, body) == ("GET", "/models/bert", "")
+    assert base == container_addresses()["management_address"]
 
 
 def test_the_secret_is_a_json_map_of_base64_values_and_the_ulimits_fit() -> None:
