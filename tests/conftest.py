@@ -51,6 +51,16 @@ def start_memory() -> Any:
     return probe.measured_memory(str(MAR_PATH), MAR_PATH.stat().st_mtime_ns, first, "fp32")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """scripts/test.sh's integration runs collect tests/integration only: a test marked
+    ``integration`` anywhere else would run in none of its runs."""
+    folder = ROOT / "tests" / "integration"
+    astray = [item.nodeid for item in items if item.get_closest_marker("integration")]
+    astray = [nodeid for nodeid in astray if not (ROOT / nodeid).is_relative_to(folder)]
+    if astray:
+        raise pytest.UsageError(f"marked integration outside {folder}: {astray}")
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     folder = config.stash.get(MEASURE_CACHE_KEY, None)
     if folder:
