@@ -7,9 +7,9 @@ and the pod's readiness probe not ready at first, then answering), the request c
 the image's own (``CHECKS``, ``CONTAINER_CHECKS``), a warm burst and each process's memory from the host
 (PSS, RSS), 256 patient clients never refused, SIGTERM under load (exit 0 within the grace
 period, no accepted request lost); then a container whose model cannot load (it exits non-zero
-with the traceback). The
-record's ``sized_from`` hashes what its figures depend on (tests/unit/test_deploy.py). With
-``--measured DIR`` (``pod-test --keep-measured``) the first starts on what the pod measured.
+with the traceback). The record's ``sized_from`` hashes what its figures depend on
+(tests/unit/test_deploy.py). With ``--measured DIR`` (``pod-test --keep-measured``) the first
+starts on what the pod measured.
 
 ``make models-start`` (``python -m lab models-start --image IMAGE --models 3 --out FILE``, this
 module with ``--models``): ``models_start``.
