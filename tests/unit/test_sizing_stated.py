@@ -1,7 +1,7 @@
 """What a deployment states is run as stated: environment variables (bert_serve_server/sizing.py),
 a saved plan (nothing measured), the edges of stated heaps and workers, the CPUs a
-pod is paid for (probe.py) and the command line's refusals (sizing.py). Machines and
-measurements are faked; no model is loaded."""
+pod is paid for (probe.py), the command line's refusals (sizing.py) and the settings table
+that lists the variables. Machines and measurements are faked; no model is loaded."""
 
 from __future__ import annotations
 
@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bert_serve_server import probe, rules, sizing
+from bert_serve_server import control, probe, rules, sizing
 from bert_serve_server.config import effective_properties, properties_text, read_properties
 from bert_serve_server.rules import Machine
 from bert_serve_server.sizing import Stated, StatedValueError, quantity_bytes, read_stated
+
+from tests.conftest import ROOT
 
 GIB = 2**30
 MIB = 2**20
@@ -498,3 +500,12 @@ def test_an_archive_that_states_its_precision_is_not_measured_for_it(
 def entry_of_file(path: Path) -> dict[str, Any]:
     (entry,) = json.loads(read_properties(path)["models"])["bert"].values()
     return dict(entry)
+
+
+def test_every_variable_a_start_or_stop_reads_is_in_the_settings_table() -> None:
+    """docs/configuration.md's table is the one place a deployment learns what it can state:
+    each ``BERT_SERVE_*`` variable the server reads has a row there."""
+    page = (ROOT / "docs" / "configuration.md").read_text()
+    rows = "\n".join(line for line in page.splitlines() if line.startswith("| `BERT_SERVE_"))
+    read = {*control.START_VARIABLES, control.STOP_ENV, probe.TIMEOUT_ENV, probe.CACHE_ENV}
+    assert {name for name in read if f"`{name}`" not in rows} == set()
